@@ -1,0 +1,17 @@
+"""skattn: attention sequence-to-sequence models as scikit-learn estimators.
+
+The estimator (and with it torch and scikit-learn) is imported lazily, so that the torch-free
+modules (`skattn.text`, `skattn.decoding`, `skattn.reference`) stay light for `serving`.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["Seq2Seq", "__version__"]
+
+
+def __getattr__(name):
+    if name == "Seq2Seq":
+        from skattn.estimator import Seq2Seq
+
+        return Seq2Seq
+    raise AttributeError(f"module 'skattn' has no attribute {name!r}")
