@@ -1,0 +1,307 @@
+"""Datasets for sequence-to-sequence tasks, generated or shipped with the package (no downloads).
+
+- :func:`make_reversal`: random strings and their reversals (the seeds' digit-reversal task).
+- :func:`make_number_words`: numbers in digits and in words (``"42" -> "forty-two"``).
+- :func:`load_cmudict`: the standard CMUdict 0.7b grapheme-to-phoneme train/test split, packaged
+  in ``skattn/data`` (see its README for the license); :func:`group_pronunciations` and
+  :func:`split_by_word` for evaluating against several references and for a development set.
+
+``random_state`` follows scikit-learn: ``None``, an int seed, or a NumPy ``Generator`` /
+``RandomState``; the same int gives the same data.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Sequence
+from importlib import resources
+from numbers import Integral, Real
+
+import numpy as np
+
+__all__ = [
+    "group_pronunciations",
+    "load_cmudict",
+    "make_number_words",
+    "make_reversal",
+    "split_by_word",
+]
+
+CMUDICT_SPLITS = ("train", "test")
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _rng(random_state: None | int | np.random.Generator | np.random.RandomState):
+    """A NumPy Generator from a scikit-learn-style ``random_state``."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(np.iinfo(np.int32).max))
+    if random_state is None or (
+        isinstance(random_state, Integral) and not isinstance(random_state, bool)
+    ):
+        return np.random.default_rng(random_state)
+    raise ValueError(
+        f"random_state must be None, an int, or a NumPy Generator/RandomState, got {random_state!r}"
+    )
+
+
+# ---------------------------------------------------------------- generated tasks
+
+
+def make_reversal(
+    n_samples: int,
+    min_length: int,
+    max_length: int,
+    alphabet: str = "0123456789",
+    random_state: None | int | np.random.Generator | np.random.RandomState = None,
+) -> tuple[list[str], list[str]]:
+    """Random strings and their reversals: ``"3141" -> "1413"``.
+
+    Parameters
+    ----------
+    n_samples : int
+        Number of pairs (>= 1).
+    min_length, max_length : int
+        Each string's length is drawn uniformly from ``[min_length, max_length]`` (inclusive;
+        ``0 <= min_length <= max_length``).
+    alphabet : str, default="0123456789"
+        The characters, each drawn uniformly and independently.
+    random_state : None, int, Generator or RandomState, default=None
+
+    Returns
+    -------
+    X : list of str, length n_samples
+    y : list of str, length n_samples
+        ``y[i] == X[i][::-1]``.
+
+    Examples
+    --------
+    >>> X, y = make_reversal(3, min_length=4, max_length=6, random_state=0)
+    >>> all(t == s[::-1] for s, t in zip(X, y))
+    True
+    """
+    n_samples = _check_int(n_samples, "n_samples", 1)
+    min_length = _check_int(min_length, "min_length", 0)
+    max_length = _check_int(max_length, "max_length", 0)
+    if max_length < min_length:
+        raise ValueError(f"max_length must be >= min_length, got {max_length} < {min_length}")
+    if not isinstance(alphabet, str) or not alphabet:
+        raise ValueError(f"alphabet must be a non-empty str, got {alphabet!r}")
+    rng = _rng(random_state)
+    lengths = rng.integers(min_length, max_length, endpoint=True, size=n_samples)  # (N,)
+    symbols = rng.integers(len(alphabet), size=int(lengths.sum()))  # all strings, concatenated
+    text = "".join(alphabet[i] for i in symbols)
+    ends = np.cumsum(lengths)  # (N,)
+    X = [text[end - n : end] for n, end in zip(lengths.tolist(), ends.tolist(), strict=True)]
+    return X, [x[::-1] for x in X]
+
+
+def make_number_words(
+    n_samples: int,
+    min_value: int = 0,
+    max_value: int = 9999,
+    lang: str = "en",
+    to: str = "cardinal",
+    random_state: None | int | np.random.Generator | np.random.RandomState = None,
+) -> tuple[list[str], list[str]]:
+    """Numbers written in digits and in words, through ``num2words``: ``"42" -> "forty-two"``.
+
+    Parameters
+    ----------
+    n_samples : int
+        Number of pairs (>= 1); values are drawn uniformly, with replacement.
+    min_value, max_value : int, default=0, 9999
+        The inclusive range of the values (``0 <= min_value <= max_value``).
+    lang : str, default="en"
+        Any language code that num2words knows (``"en"``, ``"fr"``, ``"de"``, ...).
+    to : {"cardinal", "ordinal", "year"}, default="cardinal"
+        The written form: ``"forty-two"``, ``"forty-second"`` or a year reading.
+    random_state : None, int, Generator or RandomState, default=None
+
+    Returns
+    -------
+    X : list of str
+        The numbers in digits.
+    y : list of str
+        The numbers in words.
+
+    Examples
+    --------
+    >>> make_number_words(1, min_value=42, max_value=42)
+    (['42'], ['forty-two'])
+    """
+    from num2words import CONVERTER_CLASSES, num2words
+
+    n_samples = _check_int(n_samples, "n_samples", 1)
+    min_value = _check_int(min_value, "min_value", 0)
+    max_value = _check_int(max_value, "max_value", 0)
+    if max_value < min_value:
+        raise ValueError(f"max_value must be >= min_value, got {max_value} < {min_value}")
+    if lang not in CONVERTER_CLASSES:
+        raise ValueError(f"lang must be one of {sorted(CONVERTER_CLASSES)}, got {lang!r}")
+    forms = ("cardinal", "ordinal", "year")
+    if to not in forms:
+        raise ValueError(f"to must be one of {list(forms)}, got {to!r}")
+    values = _rng(random_state).integers(min_value, max_value, endpoint=True, size=n_samples)
+    values = [int(v) for v in values]
+    return [str(v) for v in values], [num2words(v, lang=lang, to=to) for v in values]
+
+
+# ---------------------------------------------------------------- CMUdict
+
+
+def _read_cmudict(split: str) -> list[tuple[str, tuple[str, ...]]]:
+    path = resources.files("skattn").joinpath("data", f"cmudict-0.7b.{split}.gz")
+    entries = []
+    with path.open("rb") as raw, gzip.open(raw, "rt", encoding="ascii") as lines:
+        for number, line in enumerate(lines, start=1):
+            word, sep, phonemes = line.rstrip("\n").partition("  ")
+            if not sep or not word or not phonemes.split():
+                raise ValueError(f"malformed line {number} in cmudict-0.7b.{split}: {line!r}")
+            entries.append((word, tuple(phonemes.split())))
+    return entries
+
+
+def load_cmudict(
+    split: str = "train", *, lowercase: bool = False
+) -> tuple[list[str], list[list[str]]]:
+    """The standard CMUdict 0.7b grapheme-to-phoneme split, shipped with the package.
+
+    The split of Yao & Zweig (2015) and later published G2P results: ``"train"`` holds 114,399
+    pronunciations of 106,794 distinct words, ``"test"`` 12,855 of 11,994. Stress is removed.
+    A word with several pronunciations appears once per pronunciation (adjacent lines), and all
+    of a word's pronunciations lie on the same side of the split. Take a development set out of
+    ``"train"`` with :func:`split_by_word`; never tune on ``"test"``.
+
+    Parameters
+    ----------
+    split : {"train", "test"}, default="train"
+    lowercase : bool, default=False
+        Words are upper-case as in the dictionary (``"CAUSE"``, ``"'COURSE"``); ``True``
+        lower-cases them. Phonemes stay ARPAbet upper-case.
+
+    Returns
+    -------
+    words : list of str
+        The grapheme sequences, one per line (letters plus ``'``, ``.``, ``-`` and digits as
+        the dictionary spells them).
+    pronunciations : list of list of str
+        The ARPAbet phonemes of each line, e.g. ``["K", "AH", "Z"]``.
+
+    Examples
+    --------
+    >>> words, prons = load_cmudict("test")
+    >>> len(words), len(set(words))
+    (12855, 11994)
+    """
+    if split not in CMUDICT_SPLITS:
+        raise ValueError(f"split must be one of {list(CMUDICT_SPLITS)}, got {split!r}")
+    entries = _read_cmudict(split)
+    words = [w.lower() if lowercase else w for w, _ in entries]
+    return words, [list(p) for _, p in entries]
+
+
+def group_pronunciations(
+    words: Sequence[str], pronunciations: Sequence[Sequence[str]]
+) -> tuple[list[str], list[list[list[str]]]]:
+    """Gather all pronunciations of each word: the references for "matches any" metrics.
+
+    Parameters
+    ----------
+    words : sequence of str
+        One word per entry, repeated for each pronunciation.
+    pronunciations : sequence of token lists
+        Aligned with ``words``.
+
+    Returns
+    -------
+    unique_words : list of str
+        Each word once, in first-seen order.
+    references : list of list of list of str
+        ``references[i]`` holds every distinct pronunciation of ``unique_words[i]`` in
+        first-seen order; the form ``skattn.metrics`` takes for several references.
+
+    Examples
+    --------
+    >>> group_pronunciations(["A", "B", "A"], [["AH"], ["B", "IY"], ["EY"]])
+    (['A', 'B'], [[['AH'], ['EY']], [['B', 'IY']]])
+    """
+    if len(words) != len(pronunciations):
+        raise ValueError(
+            "pronunciations must have as many items as words, "
+            f"got {len(pronunciations)} and {len(words)}"
+        )
+    grouped: dict[str, list[list[str]]] = {}
+    for word, pronunciation in zip(words, pronunciations, strict=True):
+        references = grouped.setdefault(word, [])
+        if list(pronunciation) not in references:
+            references.append(list(pronunciation))
+    return list(grouped), list(grouped.values())
+
+
+def split_by_word(
+    X: Sequence[str],
+    y: Sequence,
+    dev_size: float | int = 0.05,
+    random_state: None | int | np.random.Generator | np.random.RandomState = None,
+) -> tuple[list[str], list[str], list, list]:
+    """Split off a development set by distinct word, never by line.
+
+    All entries of a word (all its pronunciations) land on the same side, so the development
+    set measures generalisation to unseen words, as the CMUdict test split does.
+
+    Parameters
+    ----------
+    X : sequence of str
+        The words, repeated once per entry.
+    y : sequence
+        The targets, aligned with ``X``.
+    dev_size : float or int, default=0.05
+        A float in (0, 1): the fraction of distinct words held out; an int >= 1: their number.
+    random_state : None, int, Generator or RandomState, default=None
+
+    Returns
+    -------
+    X_train, X_dev, y_train, y_dev : list
+        In the order of ``sklearn.model_selection.train_test_split``; entries keep their
+        original order within each side.
+
+    Examples
+    --------
+    >>> X_tr, X_dev, y_tr, y_dev = split_by_word(["A", "A", "B", "C"], [1, 2, 3, 4], 1, 0)
+    >>> len(set(X_tr) & set(X_dev)), len(set(X_dev))
+    (0, 1)
+    """
+    if len(X) != len(y):
+        raise ValueError(f"y must have as many items as X, got {len(y)} and {len(X)}")
+    unique = list(dict.fromkeys(X))
+    n_words = len(unique)
+    if isinstance(dev_size, Real) and not isinstance(dev_size, (bool, Integral)):
+        if not 0 < dev_size < 1:
+            raise ValueError(f"dev_size must be in (0, 1) as a fraction, got {dev_size!r}")
+        n_dev = int(round(dev_size * n_words))
+    else:
+        n_dev = _check_int(dev_size, "dev_size", 1)
+    if not 1 <= n_dev < n_words:
+        raise ValueError(
+            f"dev_size must leave at least one word on each side of {n_words} distinct words, "
+            f"got {dev_size!r}"
+        )
+    chosen = _rng(random_state).choice(n_words, size=n_dev, replace=False)
+    dev_words = {unique[i] for i in chosen}
+    in_dev = [x in dev_words for x in X]
+    return (
+        [x for x, d in zip(X, in_dev, strict=True) if not d],
+        [x for x, d in zip(X, in_dev, strict=True) if d],
+        [t for t, d in zip(y, in_dev, strict=True) if not d],
+        [t for t, d in zip(y, in_dev, strict=True) if d],
+    )

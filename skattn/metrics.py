@@ -1,0 +1,389 @@
+"""Sequence metrics: exact match, token accuracy, edit-distance error rates, BLEU; and scorers.
+
+Every metric takes ``y_true`` and ``y_pred``, two equal-length sequences of items. An item is a
+string (split into tokens by ``tokenizer``: ``"char"`` for characters, ``"space"`` for words or
+phonemes) or a list of string tokens. An item of ``y_true`` may also hold *several references*,
+given as a list of token lists (for example all pronunciations of a word); the reference closest
+to the prediction counts. A list of strings is always one token list: to give several string
+references, pass them tokenized (``[r.split() for r in refs]``).
+
+Edit distances come from ``rapidfuzz``, BLEU from ``sacrebleu``. scikit-learn is not imported:
+the scorers are plain ``(estimator, X, y) -> float`` callables, which ``GridSearchCV`` and
+``cross_val_score`` accept as ``scoring``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rapidfuzz.distance import Levenshtein
+
+from skattn.text import TOKENIZERS, tokenize
+
+__all__ = [
+    "SCORERS",
+    "SequenceScorer",
+    "bleu_scorer",
+    "character_error_rate",
+    "corpus_bleu",
+    "edit_distance",
+    "exact_match",
+    "exact_match_scorer",
+    "make_sequence_scorer",
+    "phoneme_error_rate",
+    "token_accuracy",
+    "token_accuracy_scorer",
+    "token_error_rate",
+    "token_error_rate_scorer",
+    "word_error_rate",
+    "word_error_rate_scorer",
+]
+
+Item = str | Sequence[str]
+Tokens = list[str]
+
+
+# ---------------------------------------------------------------- input handling
+
+
+def _is_token_list(item: Any) -> bool:
+    return isinstance(item, (list, tuple)) and all(isinstance(t, str) for t in item)
+
+
+def _as_tokens(item: Any, tokenizer: str, name: str) -> Tokens:
+    """One item (a str or a token list) as a list of tokens."""
+    if isinstance(item, str):
+        return tokenize(item, tokenizer)
+    if _is_token_list(item):
+        return list(item)
+    raise ValueError(f"{name} items must be str or lists of str tokens, got {item!r}")
+
+
+def _as_references(item: Any, tokenizer: str) -> list[Tokens]:
+    """One ``y_true`` item as a non-empty list of candidate references."""
+    if isinstance(item, (list, tuple)) and item and all(isinstance(r, (list, tuple)) for r in item):
+        return [_as_tokens(r, tokenizer, "y_true") for r in item]
+    return [_as_tokens(item, tokenizer, "y_true")]
+
+
+def _check_tokenizer(tokenizer: str) -> None:
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {tokenizer!r}")
+
+
+def _pairs(y_true: Sequence, y_pred: Sequence, tokenizer: str) -> list[tuple[list[Tokens], Tokens]]:
+    """Validate and tokenize: one ``(references, prediction)`` pair per item."""
+    _check_tokenizer(tokenizer)
+    if isinstance(y_true, str) or isinstance(y_pred, str):
+        raise ValueError("y_true and y_pred must be sequences of items, not a single str")
+    if len(y_true) == 0:
+        raise ValueError("y_true must hold at least one item")
+    if len(y_pred) != len(y_true):
+        raise ValueError(
+            f"y_pred must have as many items as y_true, got {len(y_pred)} and {len(y_true)}"
+        )
+    return [
+        (_as_references(ref, tokenizer), _as_tokens(pred, tokenizer, "y_pred"))
+        for ref, pred in zip(y_true, y_pred, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def edit_distance(a: Item, b: Item) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions, each cost 1).
+
+    Parameters
+    ----------
+    a, b : str or list of str
+        Strings are compared character by character, lists token by token.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> edit_distance("kitten", "sitting")
+    3
+    >>> edit_distance(["K", "AH", "Z"], ["K", "AO", "Z", "IH"])
+    2
+    """
+    return Levenshtein.distance(a, b)
+
+
+def exact_match(y_true: Sequence, y_pred: Sequence, *, tokenizer: str = "char") -> float:
+    """Fraction of items whose prediction equals one of its references, token for token.
+
+    Parameters
+    ----------
+    y_true : sequence
+        References: str, token list, or a list of token lists (several references).
+    y_pred : sequence
+        Predictions: str or token list.
+    tokenizer : {"char", "space"}, default="char"
+        How string items are split before comparison.
+
+    Returns
+    -------
+    float in [0, 1]
+
+    Examples
+    --------
+    >>> exact_match(["abc", "abd"], ["abc", "abc"])
+    0.5
+    """
+    pairs = _pairs(y_true, y_pred, tokenizer)
+    return sum(pred in refs for refs, pred in pairs) / len(pairs)
+
+
+def word_error_rate(y_true: Sequence, y_pred: Sequence, *, tokenizer: str = "space") -> float:
+    """Word error rate as grapheme-to-phoneme work reports it: ``1 - exact_match``.
+
+    An item (a word) is an error unless its predicted pronunciation matches one of its
+    references exactly. This is *not* the speech-recognition WER (an edit distance over words);
+    for that, use ``token_error_rate(y_true, y_pred, tokenizer="space")``.
+
+    Parameters
+    ----------
+    y_true, y_pred : sequence
+        As in :func:`exact_match`.
+    tokenizer : {"char", "space"}, default="space"
+
+    Returns
+    -------
+    float in [0, 1]
+
+    Examples
+    --------
+    >>> word_error_rate([[["K", "AH", "Z"], ["K", "AO", "Z"]], "AH M"], ["K AO Z", "AH N"])
+    0.5
+    """
+    return 1.0 - exact_match(y_true, y_pred, tokenizer=tokenizer)
+
+
+def token_accuracy(y_true: Sequence, y_pred: Sequence, *, tokenizer: str = "char") -> float:
+    """Fraction of token positions where the prediction holds the reference's token.
+
+    .. math:: \\text{acc} = \\frac{\\sum_n |\\{i : \\hat y_{n,i} = y_{n,i}\\}|}
+              {\\sum_n \\max(|y_n|, |\\hat y_n|)}
+
+    Positions are compared one to one (no alignment), so a missing, extra or shifted token
+    costs every position after it; the denominator counts the longer of the two sequences, so
+    a prediction that runs on is penalised. With several references, the one that scores best
+    for the item counts.
+
+    Parameters
+    ----------
+    y_true, y_pred : sequence
+        As in :func:`exact_match`.
+    tokenizer : {"char", "space"}, default="char"
+
+    Returns
+    -------
+    float in [0, 1]
+        1.0 when every reference and prediction is empty.
+
+    Examples
+    --------
+    >>> token_accuracy(["1234"], ["1243"])
+    0.5
+    >>> token_accuracy(["12"], ["1234"])
+    0.5
+    """
+
+    def counts(ref: Tokens, pred: Tokens) -> tuple[int, int]:
+        return sum(a == b for a, b in zip(ref, pred, strict=False)), max(len(ref), len(pred))
+
+    correct = total = 0
+    for refs, pred in _pairs(y_true, y_pred, tokenizer):
+        c, n = max(
+            (counts(ref, pred) for ref in refs), key=lambda cn: cn[0] / cn[1] if cn[1] else 1.0
+        )
+        correct += c
+        total += n
+    return correct / total if total else 1.0
+
+
+def token_error_rate(y_true: Sequence, y_pred: Sequence, *, tokenizer: str = "char") -> float:
+    """Corpus token error rate by edit distance (CER on characters, PER on phonemes).
+
+    .. math:: \\text{TER} = \\frac{\\sum_n d(y_n^*, \\hat y_n)}{\\sum_n |y_n^*|},
+              \\qquad y_n^* = \\arg\\min_{r \\in R_n} d(r, \\hat y_n)
+
+    where ``d`` is the Levenshtein distance and ``R_n`` the references of item ``n`` (ties go
+    to the longer reference). Can exceed 1 when predictions hold many insertions.
+
+    Parameters
+    ----------
+    y_true, y_pred : sequence
+        As in :func:`exact_match`.
+    tokenizer : {"char", "space"}, default="char"
+
+    Returns
+    -------
+    float >= 0
+
+    Examples
+    --------
+    >>> token_error_rate(["kitten"], ["sitting"])
+    0.5
+    """
+    errors = length = 0
+    for refs, pred in _pairs(y_true, y_pred, tokenizer):
+        distance, ref_length = min((edit_distance(ref, pred), -len(ref)) for ref in refs)
+        errors += distance
+        length -= ref_length
+    if length == 0:
+        raise ValueError("y_true must hold at least one reference token")
+    return errors / length
+
+
+def character_error_rate(y_true: Sequence, y_pred: Sequence) -> float:
+    """Token error rate over characters: ``token_error_rate(..., tokenizer="char")``."""
+    return token_error_rate(y_true, y_pred, tokenizer="char")
+
+
+def phoneme_error_rate(y_true: Sequence, y_pred: Sequence) -> float:
+    """Token error rate over space-separated phonemes (PER), ``tokenizer="space"``.
+
+    Examples
+    --------
+    >>> phoneme_error_rate(["K AH Z", "AH M"], ["K AO Z", "AH M"])
+    0.2
+    """
+    return token_error_rate(y_true, y_pred, tokenizer="space")
+
+
+def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = None) -> float:
+    """Corpus BLEU (0 to 100) computed by sacrebleu.
+
+    Parameters
+    ----------
+    y_true : sequence
+        References: str, token list, or a list of token lists (several references; items may
+        have different numbers of them).
+    y_pred : sequence
+        Predictions: str or token list.
+    tokenize : str, optional
+        sacrebleu's tokenizer. Default: ``"13a"`` (its standard) when every item is a string,
+        ``"none"`` when token lists are given (they are joined with spaces as they are).
+
+    Returns
+    -------
+    float in [0, 100]
+
+    Examples
+    --------
+    >>> round(corpus_bleu(["the cat sat on the mat"], ["the cat sat on the mat"]), 6)
+    100.0
+    """
+    import sacrebleu
+
+    _pairs(y_true, y_pred, "space")  # validation only
+    any_tokens = False
+
+    def as_text(item: Item) -> str:
+        nonlocal any_tokens
+        if isinstance(item, str):
+            return item
+        any_tokens = True
+        return " ".join(item)
+
+    def references(item: Any) -> list[str]:
+        if (
+            isinstance(item, (list, tuple))
+            and item
+            and all(isinstance(r, (list, tuple)) for r in item)
+        ):
+            return [as_text(r) for r in item]
+        return [as_text(item)]
+
+    hypotheses = [as_text(pred) for pred in y_pred]
+    per_item = [references(ref) for ref in y_true]
+    n_streams = max(len(refs) for refs in per_item)
+    streams = [[refs[k] if k < len(refs) else None for refs in per_item] for k in range(n_streams)]
+    if tokenize is None:
+        tokenize = "none" if any_tokens else "13a"
+    return float(sacrebleu.corpus_bleu(hypotheses, streams, tokenize=tokenize).score)
+
+
+# ---------------------------------------------------------------- scorers
+
+
+class SequenceScorer:
+    """A ``scoring`` callable for scikit-learn model selection: ``(estimator, X, y) -> float``.
+
+    Calls ``estimator.predict(X)`` and returns ``sign * metric(y, y_pred, **kwargs)``, with
+    ``sign = -1`` for error rates so that greater is always better (scikit-learn's convention,
+    as ``make_scorer(..., greater_is_better=False)``).
+
+    Parameters
+    ----------
+    metric : callable
+        ``metric(y_true, y_pred, **kwargs) -> float``; must be picklable (a module-level
+        function) for ``n_jobs > 1``.
+    greater_is_better : bool, default=True
+    **kwargs
+        Passed to ``metric``.
+    """
+
+    def __init__(self, metric: Callable[..., float], greater_is_better: bool = True, **kwargs):
+        self.metric = metric
+        self.greater_is_better = greater_is_better
+        self.kwargs = kwargs
+
+    def __call__(self, estimator: Any, X: Sequence, y: Sequence) -> float:
+        sign = 1.0 if self.greater_is_better else -1.0
+        return sign * self.metric(list(y), list(estimator.predict(X)), **self.kwargs)
+
+    def __repr__(self) -> str:
+        args = [self.metric.__name__]
+        if not self.greater_is_better:
+            args.append("greater_is_better=False")
+        args += [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"SequenceScorer({', '.join(args)})"
+
+
+def make_sequence_scorer(
+    metric: Callable[..., float], *, greater_is_better: bool = True, **kwargs: Any
+) -> SequenceScorer:
+    """Build a scorer from a metric, as ``sklearn.metrics.make_scorer`` does.
+
+    Parameters
+    ----------
+    metric : callable
+        ``metric(y_true, y_pred, **kwargs) -> float``.
+    greater_is_better : bool, default=True
+        ``False`` for error rates: the scorer then returns the negated metric.
+    **kwargs
+        Passed to ``metric``, e.g. ``tokenizer="space"``.
+
+    Returns
+    -------
+    SequenceScorer
+
+    Examples
+    --------
+    >>> per = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="space")
+    """
+    if not callable(metric):
+        raise ValueError(f"metric must be callable, got {metric!r}")
+    return SequenceScorer(metric, greater_is_better, **kwargs)
+
+
+exact_match_scorer = SequenceScorer(exact_match)
+token_accuracy_scorer = SequenceScorer(token_accuracy)
+token_error_rate_scorer = SequenceScorer(token_error_rate, greater_is_better=False)
+word_error_rate_scorer = SequenceScorer(word_error_rate, greater_is_better=False)
+bleu_scorer = SequenceScorer(corpus_bleu)
+
+SCORERS: dict[str, SequenceScorer] = {
+    "exact_match": exact_match_scorer,
+    "token_accuracy": token_accuracy_scorer,
+    "neg_token_error_rate": token_error_rate_scorer,
+    "neg_word_error_rate": word_error_rate_scorer,
+    "bleu": bleu_scorer,
+}

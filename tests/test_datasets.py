@@ -1,0 +1,193 @@
+import numpy as np
+import pytest
+
+from skattn.datasets import (
+    group_pronunciations,
+    load_cmudict,
+    make_number_words,
+    make_reversal,
+    split_by_word,
+)
+from skattn.metrics import phoneme_error_rate, word_error_rate
+
+
+@pytest.fixture(scope="module")
+def cmudict_train():
+    return load_cmudict("train")
+
+
+@pytest.fixture(scope="module")
+def cmudict_test():
+    return load_cmudict("test")
+
+
+def test_make_reversal_pairs_and_lengths():
+    X, y = make_reversal(200, min_length=3, max_length=7, random_state=0)
+    assert len(X) == len(y) == 200
+    assert all(t == s[::-1] for s, t in zip(X, y, strict=True))
+    lengths = {len(s) for s in X}
+    assert lengths == set(range(3, 8))  # both ends reached with 200 draws
+    assert set("".join(X)) <= set("0123456789")
+
+
+def test_make_reversal_alphabet_and_fixed_length():
+    X, y = make_reversal(50, min_length=8, max_length=8, alphabet="ab", random_state=1)
+    assert {len(s) for s in X} == {8}
+    assert set("".join(X)) == {"a", "b"}
+
+
+def test_make_reversal_seeded():
+    assert make_reversal(20, 1, 9, random_state=3) == make_reversal(20, 1, 9, random_state=3)
+    assert make_reversal(20, 1, 9, random_state=3) != make_reversal(20, 1, 9, random_state=4)
+    rng = np.random.default_rng(5)
+    assert (
+        make_reversal(5, 2, 4, random_state=rng)[0] != make_reversal(5, 2, 4, random_state=rng)[0]
+    )
+    X, _ = make_reversal(5, 2, 4, random_state=np.random.RandomState(0))
+    assert len(X) == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"n_samples": 0}, "n_samples"),
+        ({"n_samples": 2.5}, "n_samples"),
+        ({"min_length": -1}, "min_length"),
+        ({"max_length": 1, "min_length": 3}, "max_length"),
+        ({"alphabet": ""}, "alphabet"),
+        ({"alphabet": ["a", "b"]}, "alphabet"),
+        ({"random_state": "seed"}, "random_state"),
+    ],
+)
+def test_make_reversal_validation(kwargs, name):
+    args = {"n_samples": 3, "min_length": 1, "max_length": 4, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        make_reversal(**args)
+
+
+def test_make_number_words():
+    assert make_number_words(1, min_value=42, max_value=42) == (["42"], ["forty-two"])
+    X, y = make_number_words(30, max_value=999, random_state=0)
+    assert all(0 <= int(x) <= 999 for x in X)
+    assert y[X.index(X[0])] == y[0]
+    assert make_number_words(1, 3, 3, to="ordinal") == (["3"], ["third"])
+    assert make_number_words(1, 42, 42, lang="fr") == (["42"], ["quarante-deux"])
+    assert make_number_words(10, random_state=7) == make_number_words(10, random_state=7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"lang": "xx"}, "lang"),
+        ({"to": "currency"}, "to"),
+        ({"min_value": -1}, "min_value"),
+        ({"min_value": 10, "max_value": 5}, "max_value"),
+        ({"n_samples": -3}, "n_samples"),
+    ],
+)
+def test_make_number_words_validation(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        make_number_words(**{"n_samples": 2, **kwargs})
+
+
+def test_cmudict_counts(cmudict_train, cmudict_test):
+    words, prons = cmudict_train
+    assert len(words) == len(prons) == 114_399
+    assert len(set(words)) == 106_794
+    words, prons = cmudict_test
+    assert len(words) == len(prons) == 12_855
+    assert len(set(words)) == 11_994
+
+
+def test_cmudict_standard_split_is_disjoint(cmudict_train, cmudict_test):
+    assert not set(cmudict_train[0]) & set(cmudict_test[0])
+
+
+def test_cmudict_format(cmudict_train):
+    words, prons = cmudict_train
+    assert words[0] == "'CAUSE" and prons[0] == ["K", "AH", "Z"]
+    assert all(isinstance(p, list) and p for p in prons)
+    phonemes = {ph for p in prons for ph in p}
+    assert len(phonemes) == 39  # ARPAbet without stress
+    assert not any(ch.isdigit() for ph in phonemes for ch in ph)
+
+
+def test_cmudict_lowercase():
+    words, _ = load_cmudict("test", lowercase=True)
+    assert all(w == w.lower() for w in words)
+
+
+def test_cmudict_bad_split():
+    with pytest.raises(ValueError, match="split"):
+        load_cmudict("dev")
+
+
+def test_group_pronunciations(cmudict_test):
+    words, refs = group_pronunciations(*cmudict_test)
+    assert len(words) == len(refs) == 11_994
+    # stress removal makes some pronunciations identical: each distinct one is kept once
+    distinct = {(w, tuple(p)) for w, p in zip(*cmudict_test, strict=True)}
+    assert sum(len(r) for r in refs) == len(distinct) < 12_855
+    assert all(r and all(isinstance(p, list) for p in r) for r in refs)
+
+
+def test_group_pronunciations_small():
+    words, refs = group_pronunciations(["A", "B", "A", "A"], [["AH"], ["B"], ["EY"], ["AH"]])
+    assert words == ["A", "B"]
+    assert refs == [[["AH"], ["EY"]], [["B"]]]
+    with pytest.raises(ValueError, match="pronunciations"):
+        group_pronunciations(["A"], [])
+
+
+def test_split_by_word_keeps_words_together(cmudict_train):
+    words, prons = cmudict_train
+    X_tr, X_dev, y_tr, y_dev = split_by_word(words, prons, dev_size=0.05, random_state=0)
+    assert not set(X_tr) & set(X_dev)
+    assert len(X_tr) + len(X_dev) == len(words)
+    assert len(set(X_dev)) == round(0.05 * 106_794)
+    # every pronunciation of a dev word went with it
+    dev_words = set(X_dev)
+    expected = {(w, tuple(p)) for w, p in zip(words, prons, strict=True) if w in dev_words}
+    assert {(w, tuple(p)) for w, p in zip(X_dev, y_dev, strict=True)} == expected
+    assert len(X_tr) == len(y_tr)
+
+
+def test_split_by_word_seeded_and_sized():
+    X = [w for w in "abcdefghij" for _ in range(2)]
+    y = list(range(len(X)))
+    first = split_by_word(X, y, dev_size=3, random_state=1)
+    assert first == split_by_word(X, y, dev_size=3, random_state=1)
+    assert len(set(first[1])) == 3 and len(first[1]) == 6
+    assert sorted(first[2] + first[3]) == y
+
+
+@pytest.mark.parametrize("dev_size", [0, 0.0, 1.0, 10, 1.5, True, "0.1"])
+def test_split_by_word_bad_size(dev_size):
+    X = list("abcdefghij")
+    with pytest.raises(ValueError, match="dev_size"):
+        split_by_word(X, X, dev_size=dev_size)
+
+
+def test_split_by_word_mismatched_lengths():
+    with pytest.raises(ValueError, match="y"):
+        split_by_word(["a", "b"], [1])
+
+
+def test_grouped_references_make_any_pronunciation_right(cmudict_test):
+    words, refs = group_pronunciations(*cmudict_test)
+    last = [r[-1] for r in refs]
+    assert word_error_rate(refs, last) == 0.0
+    assert phoneme_error_rate(refs, last) == 0.0
+    # dropping each word's last phoneme: every word wrong, PER = words / reference phonemes
+    clipped = [r[0][:-1] for r in refs]
+    assert word_error_rate(refs, clipped) == 1.0
+    assert 0 < phoneme_error_rate(refs, clipped) < 0.5
+
+
+def test_docstring_examples():
+    import doctest
+
+    import skattn.datasets
+
+    result = doctest.testmod(skattn.datasets)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,221 @@
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from skattn import metrics
+from skattn.metrics import (
+    character_error_rate,
+    corpus_bleu,
+    edit_distance,
+    exact_match,
+    exact_match_scorer,
+    make_sequence_scorer,
+    phoneme_error_rate,
+    token_accuracy,
+    token_error_rate,
+    token_error_rate_scorer,
+    word_error_rate,
+)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "distance"),
+    [
+        ("kitten", "sitting", 3),
+        ("flaw", "lawn", 2),
+        ("", "abc", 3),
+        ("abc", "abc", 0),
+        (["K", "AH", "Z"], ["K", "AO", "Z", "IH"], 2),
+        (["AH", "M"], [], 2),
+    ],
+)
+def test_edit_distance_known_values(a, b, distance):
+    assert edit_distance(a, b) == distance
+    assert edit_distance(b, a) == distance
+
+
+def test_multi_character_tokens_are_single_symbols():
+    # one phoneme "AH" is a different symbol from the two tokens "A", "H": 1 substitution + 1
+    # insertion, where the strings "AH" and "AO" differ by one character substitution
+    assert edit_distance(["AH"], ["A", "H"]) == 2
+    assert edit_distance(["AH", "M"], ["AO", "M"]) == edit_distance("AHM", "AOM") == 1
+
+
+def test_exact_match():
+    assert exact_match(["abc", "abd", "x"], ["abc", "abc", "x"]) == pytest.approx(2 / 3)
+    assert exact_match([["a", "b"]], ["ab"]) == 1.0  # token list vs str under "char"
+    assert exact_match(["K AH Z"], [["K", "AH", "Z"]], tokenizer="space") == 1.0
+    assert exact_match(["K AH Z"], [["K", "AH", "Z"]], tokenizer="char") == 0.0
+
+
+def test_exact_match_with_several_references():
+    y_true = [[["K", "AH", "Z"], ["K", "AO", "Z"]], [["AH", "M"]]]
+    assert exact_match(y_true, ["K AO Z", "AH N"], tokenizer="space") == 0.5
+    assert word_error_rate(y_true, ["K AO Z", "AH N"]) == 0.5
+    assert word_error_rate(y_true, ["K IH Z", "AH N"]) == 1.0
+
+
+def test_token_accuracy():
+    assert token_accuracy(["1234"], ["1243"]) == 0.5
+    assert token_accuracy(["12"], ["1234"]) == 0.5  # extra tokens count against
+    assert token_accuracy(["1234"], ["12"]) == 0.5
+    # pooled over tokens, not averaged over items: (4 + 0) / (4 + 2)
+    assert token_accuracy(["1234", "56"], ["1234", "65"]) == pytest.approx(4 / 6)
+    assert token_accuracy([""], [""]) == 1.0
+
+
+def test_token_accuracy_best_reference():
+    y_true = [[["a", "b", "c"], ["a", "x", "c"]]]
+    assert token_accuracy(y_true, ["axc"]) == 1.0
+    assert token_accuracy(y_true, ["ayc"]) == pytest.approx(2 / 3)
+
+
+def test_token_error_rate_corpus_level():
+    # (3 + 0) / (6 + 3): pooled, not a mean of per-item rates
+    assert token_error_rate(["kitten", "abc"], ["sitting", "abc"]) == pytest.approx(3 / 9)
+    assert character_error_rate(["kitten"], ["sitting"]) == 0.5
+    assert phoneme_error_rate(["K AH Z", "AH M"], ["K AO Z", "AH M"]) == pytest.approx(1 / 5)
+    assert token_error_rate(["ab"], ["abxyz"]) == 1.5  # insertions can exceed 1
+
+
+def test_token_error_rate_closest_reference_counts():
+    refs = [[["K", "AH", "Z"], ["K", "AO", "Z", "IH", "Z"]]]
+    # closest reference is the first (distance 1 vs 3): 1 / 3
+    assert token_error_rate(refs, [["K", "AO", "Z"]], tokenizer="space") == pytest.approx(1 / 3)
+    # ties in distance: the longer reference counts (distance 1 each; 1 / 2 not 1 / 1)
+    tied = [[["a"], ["a", "b"]]]
+    assert token_error_rate(tied, [["b"]]) == pytest.approx(1 / 2)
+
+
+def test_token_error_rate_needs_reference_tokens():
+    with pytest.raises(ValueError, match="y_true"):
+        token_error_rate([""], ["abc"])
+
+
+def test_metrics_accept_numpy_object_arrays():
+    y = np.array(["abc", "de"], dtype=object)
+    assert exact_match(y, np.array(["abc", "dx"], dtype=object)) == 0.5
+
+
+@pytest.mark.parametrize(
+    "metric", [exact_match, token_accuracy, token_error_rate, word_error_rate, corpus_bleu]
+)
+def test_validation(metric):
+    with pytest.raises(ValueError, match="y_pred"):
+        metric(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="y_true"):
+        metric([], [])
+    with pytest.raises(ValueError, match="y_true"):
+        metric("ab", "ab")
+    with pytest.raises(ValueError, match="y_pred"):
+        metric(["a"], [3])
+
+
+def test_bad_tokenizer_names_the_parameter():
+    with pytest.raises(ValueError, match="tokenizer"):
+        exact_match(["a"], ["a"], tokenizer="bpe")
+
+
+def test_bleu_identical_corpus_is_100():
+    refs = ["the cat sat on the mat", "a dog barked at the moon tonight"]
+    assert corpus_bleu(refs, refs) == pytest.approx(100.0)
+    tokens = [r.split() for r in refs]
+    assert corpus_bleu(tokens, tokens) == pytest.approx(100.0)
+
+
+def test_bleu_matches_sacrebleu_and_uses_several_references():
+    import sacrebleu
+
+    hyps = ["the cat is on the mat", "there is a cat here"]
+    refs = ["the cat sat on the mat", "a cat is here"]
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert corpus_bleu(refs, hyps) == pytest.approx(expected)
+    assert 0 < expected < 100
+    # a second reference equal to the hypothesis lifts the first item's n-gram matches
+    multi = [[refs[0].split(), hyps[0].split()], [refs[1].split()]]
+    assert corpus_bleu(multi, hyps) > corpus_bleu([r.split() for r in refs], hyps)
+
+
+def test_bleu_disjoint_is_zero():
+    assert corpus_bleu(["a b c d"], ["w x y z"]) == 0.0
+
+
+class _LookupEstimator:
+    """Predicts from a fixed table: enough to exercise a scorer."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def predict(self, X):
+        return [self.table[x] for x in X]
+
+
+def test_scorers_sign_convention():
+    est = _LookupEstimator({"ab": "ba", "cd": "dx"})
+    X, y = ["ab", "cd"], ["ba", "dc"]
+    assert exact_match_scorer(est, X, y) == 0.5
+    assert token_error_rate_scorer(est, X, y) == -0.25
+    per = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="space")
+    assert per(_LookupEstimator({"x": "K AO"}), ["x"], ["K AH"]) == -0.5
+    assert "greater_is_better=False" in repr(per)
+    assert pickle.loads(pickle.dumps(token_error_rate_scorer))(est, X, y) == -0.25
+
+
+def test_make_sequence_scorer_validates():
+    with pytest.raises(ValueError, match="metric"):
+        make_sequence_scorer("exact_match")
+
+
+def test_scorer_inside_grid_search():
+    from sklearn.base import BaseEstimator
+    from sklearn.model_selection import GridSearchCV
+
+    class Shift(BaseEstimator):
+        """Reverses the string when reverse=True, else echoes it."""
+
+        def __init__(self, reverse=False):
+            self.reverse = reverse
+
+        def fit(self, X, y):
+            return self
+
+        def predict(self, X):
+            return [x[::-1] if self.reverse else x for x in X]
+
+    X = ["abc", "12", "xyz", "hello", "ab", "qrs"]
+    y = [x[::-1] for x in X]
+    search = GridSearchCV(
+        Shift(),
+        {"reverse": [False, True]},
+        scoring={"em": exact_match_scorer, "ter": token_error_rate_scorer},
+        refit="em",
+        cv=3,
+    )
+    search.fit(X, y)
+    assert search.best_params_ == {"reverse": True}
+    np.testing.assert_allclose(search.cv_results_["mean_test_em"], [0.0, 1.0])
+    assert search.cv_results_["mean_test_ter"][1] == 0.0
+    assert search.cv_results_["mean_test_ter"][0] < 0
+
+
+def test_metrics_import_is_cheap():
+    code = "import sys, skattn.metrics; print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_public_names_exist():
+    for name in metrics.__all__:
+        assert hasattr(metrics, name)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import skattn.metrics
+
+    result = doctest.testmod(skattn.metrics)
+    assert result.attempted > 0 and result.failed == 0
