@@ -1,0 +1,31 @@
+"""Torch attention: masked softmax with temperature, scorers, global and local attention.
+
+``masked_softmax`` -> ``SCORERS`` / ``make_scorer`` (one class per score function, keys
+precomputed once per sentence) -> ``Attention`` (padding and local windows, heads, context).
+"""
+
+from skattn.attention.attention import Attention
+from skattn.attention.local import LOCAL_KINDS
+from skattn.attention.scorers import (
+    SCORERS,
+    AdditiveScorer,
+    DotScorer,
+    GeneralScorer,
+    ScaledDotScorer,
+    Scorer,
+    make_scorer,
+)
+from skattn.attention.softmax import masked_softmax
+
+__all__ = [
+    "LOCAL_KINDS",
+    "SCORERS",
+    "AdditiveScorer",
+    "Attention",
+    "DotScorer",
+    "GeneralScorer",
+    "ScaledDotScorer",
+    "Scorer",
+    "make_scorer",
+    "masked_softmax",
+]
