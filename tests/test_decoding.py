@@ -1,0 +1,258 @@
+"""Tests for skattn.decoding against a hand-made NumPy backend with known answers.
+
+The backend is a per-item table indexed by a rolling hash of the item's whole history, which the
+carry holds: the next-token distribution and the attention weights depend on every previous
+token, so a wrong reorder of the carry during beam search shows up as wrong tokens, weights or
+scores, and both can be recomputed from a hypothesis' tokens with a scalar loop.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from skattn.decoding import BOS_ID, EOS_ID, Hypothesis, beam_decode, greedy_decode
+
+VOCAB = 6  # PAD, BOS, EOS, UNK, and two real tokens (4, 5)
+T = 4  # source length seen by the "attention"
+STATES = 97  # rolling-hash states of a history
+
+
+def next_state(state, token):
+    return (state * 7 + token + 1) % STATES
+
+
+class HistoryBackend:
+    """step/select over a dict carry, recording the batch size of every step call."""
+
+    def __init__(self, n_tables: int, seed: int, eos_bias: float = 0.0):
+        rng = np.random.default_rng(seed)
+        logits = rng.normal(scale=2.0, size=(n_tables, STATES, VOCAB))
+        logits[..., [0, 1, 3]] -= 8.0  # specials are unlikely, but finite
+        logits[..., EOS_ID] += eos_bias
+        self.log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        self.att = rng.normal(size=(n_tables, STATES, T))
+        self.calls: list[int] = []
+
+    def carry(self, tables) -> dict:
+        tables = np.asarray(tables, dtype=np.int64)
+        return {"table": tables, "state": np.zeros(tables.size, dtype=np.int64)}
+
+    def weights(self, table, state, position):
+        e = self.att[table, state] + 0.5 * position  # (N, T)
+        w = np.exp(e - e.max(-1, keepdims=True))
+        return w / w.sum(-1, keepdims=True)
+
+    def step(self, y_prev, carry, position):
+        self.calls.append(y_prev.size)
+        table, state = carry["table"], next_state(carry["state"], y_prev)  # (N,), (N,)
+        log_probs = self.log_p[table, state]  # (N, V)
+        weights = self.weights(table, state, position)  # (N, T)
+        return log_probs, {"table": table, "state": state}, weights
+
+    @staticmethod
+    def select(carry, rows):
+        return {name: value[rows] for name, value in carry.items()}
+
+    def sequence_log_probs(self, table, tokens):
+        """Per-token log-probabilities and attention rows of one sequence (a scalar loop)."""
+        state, y_prev, out, rows = 0, BOS_ID, [], []
+        for position, token in enumerate(tokens):
+            state = next_state(state, y_prev)
+            out.append(self.log_p[table, state, token])
+            rows.append(self.weights(table, state, position))
+            y_prev = token
+        return np.array(out), np.array(rows)
+
+
+def reference_greedy(backend, table, max_length):
+    state, token, tokens = 0, BOS_ID, []
+    while len(tokens) < max_length and token != EOS_ID:
+        state = next_state(state, token)
+        token = int(np.argmax(backend.log_p[table, state]))
+        tokens.append(token)
+    return tokens
+
+
+def brute_force_best(backend, table, max_length, length_penalty):
+    """The best EOS-terminated sequence of at most max_length tokens, by exhaustive search."""
+    best_score, best = -np.inf, None
+    non_eos = [v for v in range(VOCAB) if v != EOS_ID]
+    for length in range(max_length):
+        for body in itertools.product(non_eos, repeat=length):
+            lp, _ = backend.sequence_log_probs(table, [*body, EOS_ID])
+            score = lp.sum() / (length + 1) ** length_penalty
+            if score > best_score:
+                best_score, best = score, list(body)
+    return best, best_score
+
+
+def check_hypothesis(backend, table, hyp, max_length):
+    """Tokens, weights and the summed log-probability agree with a scalar recomputation."""
+    assert isinstance(hyp, Hypothesis)
+    assert EOS_ID not in hyp.tokens and len(hyp.tokens) <= max_length
+    emitted_eos = hyp.weights.shape[0] == len(hyp.tokens) + 1
+    assert emitted_eos or len(hyp.tokens) == max_length
+    full = hyp.tokens + [EOS_ID] if emitted_eos else hyp.tokens
+    lp, rows = backend.sequence_log_probs(table, full)
+    np.testing.assert_allclose(hyp.weights, rows, rtol=0, atol=1e-12)
+    return lp.sum()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_matches_scalar_reference(seed):
+    backend = HistoryBackend(n_tables=5, seed=seed)
+    hyps = greedy_decode(backend.step, backend.select, backend.carry(range(5)), 5, max_length=6)
+    assert len(hyps) == 5
+    for table, hyp in enumerate(hyps):
+        expected = reference_greedy(backend, table, 6)
+        assert hyp.tokens == [t for t in expected if t != EOS_ID]
+        total = check_hypothesis(backend, table, hyp, 6)
+        assert hyp.score == pytest.approx(total, abs=1e-12)
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_beam_finds_exhaustive_optimum(seed, length_penalty):
+    # 31 EOS-terminated sequences exist at max_length=3, so a beam of 64 never prunes.
+    backend = HistoryBackend(n_tables=4, seed=10 + seed, eos_bias=1.0)
+    hyps = beam_decode(
+        backend.step,
+        backend.select,
+        backend.carry(range(4)),
+        4,
+        beam_size=64,
+        max_length=3,
+        length_penalty=length_penalty,
+    )
+    for table, hyp in enumerate(hyps):
+        best, best_score = brute_force_best(backend, table, 3, length_penalty)
+        assert hyp.tokens == best
+        assert hyp.score == pytest.approx(best_score, abs=1e-12)
+        total = check_hypothesis(backend, table, hyp, 3)
+        assert hyp.score == pytest.approx(total / (len(hyp.tokens) + 1) ** length_penalty)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_beam_of_one_is_greedy(seed):
+    backend = HistoryBackend(n_tables=6, seed=20 + seed)
+    carry = backend.carry(range(6))
+    greedy = greedy_decode(backend.step, backend.select, carry, 6, max_length=7)
+    beam = beam_decode(backend.step, backend.select, carry, 6, 1, 7, length_penalty=0.0)
+    for g, b in zip(greedy, beam, strict=True):
+        assert g.tokens == b.tokens
+        np.testing.assert_array_equal(g.weights, b.weights)
+        assert g.score == pytest.approx(b.score)
+
+
+def test_beam_beats_greedy_on_a_garden_path():
+    # From BOS, token 4 is likelier (0.6) than 5 (0.4), but after 4 every continuation is
+    # uncertain, while after 5 the model is sure to stop: greedy walks the garden path.
+    backend = HistoryBackend(n_tables=1, seed=0)
+    after_bos = next_state(0, BOS_ID)
+    logits = np.full((STATES, VOCAB), -20.0)
+    logits[:, [EOS_ID, 4, 5]] = np.log(1 / 3)  # uncertain everywhere ...
+    logits[after_bos] = -20.0
+    logits[after_bos, [4, 5]] = np.log([0.6, 0.4])  # ... except at the start
+    logits[next_state(after_bos, 5)] = -20.0
+    logits[next_state(after_bos, 5), EOS_ID] = 0.0  # ... and after 5, which surely stops
+    backend.log_p = (logits - np.log(np.exp(logits).sum(-1, keepdims=True)))[None]
+    carry = backend.carry([0])
+    greedy = greedy_decode(backend.step, backend.select, carry, 1, max_length=4)[0]
+    beam = beam_decode(backend.step, backend.select, carry, 1, 2, 4, length_penalty=0.0)[0]
+    assert greedy.tokens == [4]
+    assert beam.tokens == [5]
+    assert beam.score == pytest.approx(np.log(0.4), abs=1e-6)
+    assert greedy.score == pytest.approx(np.log(0.6 / 3), abs=1e-6)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_result_does_not_depend_on_the_batch(beam_size):
+    backend = HistoryBackend(n_tables=7, seed=3)
+    tables = [6, 0, 3, 3, 1, 5, 2, 4]
+
+    def decode(items):
+        carry = backend.carry(items)
+        if beam_size == 1:
+            return greedy_decode(backend.step, backend.select, carry, len(items), 8)
+        return beam_decode(backend.step, backend.select, carry, len(items), beam_size, 8)
+
+    together = decode(tables)
+    for i, table in enumerate(tables):
+        (alone,) = decode([table])
+        assert together[i].tokens == alone.tokens
+        np.testing.assert_array_equal(together[i].weights, alone.weights)
+        assert together[i].score == alone.score
+    reordered = decode(tables[::-1])
+    assert [h.tokens for h in reordered[::-1]] == [h.tokens for h in together]
+
+
+def test_finished_items_are_dropped_and_each_stops_at_its_own_eos():
+    backend = HistoryBackend(n_tables=6, seed=5, eos_bias=1.5)
+    hyps = greedy_decode(backend.step, backend.select, backend.carry(range(6)), 6, 10)
+    steps = [h.weights.shape[0] for h in hyps]
+    assert len(set(steps)) > 1, "the fixture should stop items at different steps"
+    # Step call i sees exactly the items that have not yet finished.
+    assert backend.calls == [sum(s > i for s in steps) for i in range(max(steps))]
+
+
+def test_max_length_truncates_without_eos():
+    backend = HistoryBackend(n_tables=2, seed=1, eos_bias=-30.0)
+    for hyps in (
+        greedy_decode(backend.step, backend.select, backend.carry([0, 1]), 2, 3),
+        beam_decode(backend.step, backend.select, backend.carry([0, 1]), 2, 2, 3),
+    ):
+        for table, hyp in enumerate(hyps):
+            assert len(hyp.tokens) == 3 and hyp.weights.shape == (3, T)
+            check_hypothesis(backend, table, hyp, 3)
+
+
+def test_beam_weights_follow_reordered_beams():
+    backend = HistoryBackend(n_tables=5, seed=8)
+    hyps = beam_decode(backend.step, backend.select, backend.carry(range(5)), 5, 4, 6)
+    for table, hyp in enumerate(hyps):
+        total = check_hypothesis(backend, table, hyp, 6)
+        length = hyp.weights.shape[0]
+        assert hyp.score == pytest.approx(total / length)
+
+
+def test_empty_batch_decodes_nothing():
+    backend = HistoryBackend(n_tables=1, seed=0)
+    assert greedy_decode(backend.step, backend.select, backend.carry([]), 0, 5) == []
+    assert beam_decode(backend.step, backend.select, backend.carry([]), 0, 3, 5) == []
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"batch_size": -1}, "batch_size"),
+        ({"max_length": 0}, "max_length"),
+        ({"beam_size": 0}, "beam_size"),
+        ({"beam_size": 2.0}, "beam_size"),
+        ({"length_penalty": -0.5}, "length_penalty"),
+        ({"length_penalty": float("nan")}, "length_penalty"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
+    backend = HistoryBackend(n_tables=1, seed=0)
+    args = {"batch_size": 1, "beam_size": 2, "max_length": 3, "length_penalty": 1.0} | kwargs
+    with pytest.raises(ValueError, match=name):
+        beam_decode(backend.step, backend.select, backend.carry([0]), **args)
+    if name in ("batch_size", "max_length"):
+        with pytest.raises(ValueError, match=name):
+            greedy_decode(
+                backend.step,
+                backend.select,
+                backend.carry([0]),
+                batch_size=args["batch_size"],
+                max_length=args["max_length"],
+            )
+
+
+def test_step_returning_wrong_shapes_is_reported():
+    def step(y_prev, carry, position):
+        return np.zeros((y_prev.size + 1, VOCAB)), carry, np.zeros((y_prev.size, T))
+
+    with pytest.raises(ValueError, match="log_probs"):
+        greedy_decode(step, HistoryBackend.select, {}, 2, 3)

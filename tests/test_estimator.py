@@ -1,0 +1,462 @@
+"""Tests for skattn.Seq2Seq: learning, the scikit-learn protocol, decoding and persistence."""
+
+import copy
+import json
+import pickle
+
+import joblib
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import FunctionTransformer
+from sklearn.utils import estimator_checks
+
+from skattn import Seq2Seq
+from skattn.datasets import make_reversal
+from skattn.estimator import _length_batches
+
+TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
+
+
+def lower_all(X):
+    return [x.lower() for x in X]
+
+
+# ---------------------------------------------------------------- learning
+
+
+def test_reversal_reaches_high_exact_match(fitted_reversal, reversal_data):
+    _, _, X_test, y_test = reversal_data
+    assert fitted_reversal.score(X_test, y_test) >= 0.9
+    predictions = fitted_reversal.predict(X_test[:20])
+    assert all(isinstance(p, str) for p in predictions)
+    assert sum(p == t for p, t in zip(predictions, y_test[:20], strict=True)) >= 18
+
+
+def test_history_records_every_epoch(fitted_reversal):
+    history = fitted_reversal.history_
+    assert len(history) == fitted_reversal.n_iter_ >= 1
+    assert [h["epoch"] for h in history] == list(range(1, len(history) + 1))
+    for record in history:
+        assert set(record) == {
+            "epoch",
+            "steps",
+            "train_loss",
+            "val_loss",
+            "val_exact_match",
+            "seconds",
+        }
+        assert record["train_loss"] > 0 and record["val_loss"] > 0 and record["seconds"] > 0
+        assert 0 <= record["val_exact_match"] <= 1
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[-1]["steps"] == fitted_reversal.n_steps_
+    # The kept weights are those of the best validation loss.
+    best = min(history, key=lambda h: h["val_loss"])
+    assert fitted_reversal.best_epoch_ == best["epoch"]
+
+
+def test_fitted_attributes(fitted_reversal, reversal_data):
+    X_train, y_train, _, _ = reversal_data
+    model = fitted_reversal
+    assert set(model.source_vocab_.tokens) == set("0123456789")
+    assert set(model.target_vocab_.tokens) == set("0123456789")
+    assert model.output_kind_ == "str"
+    assert model.max_source_length_ == max(map(len, X_train))
+    assert model.max_output_length_ == 2 * max(map(len, y_train)) + 10
+    assert model.device_ == torch.device("cpu")
+    assert not model.module_.training
+
+
+def test_predict_attention_rows_sum_to_one(fitted_reversal):
+    X = ["12345", "907", "", "5555"]
+    maps = fitted_reversal.predict_attention(X)
+    predictions = fitted_reversal.predict(X)
+    assert len(maps) == len(X)
+    for source, prediction, weights in zip(X, predictions, maps, strict=True):
+        assert weights.shape == (len(prediction), len(source) + 1)
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+        assert (weights >= 0).all()
+    # Reversal learns the anti-diagonal alignment: output i reads around source n - 1 - i.
+    n = len(X[0])
+    for i, row in enumerate(maps[0]):
+        mirror = n - 1 - i
+        assert row[max(mirror - 1, 0) : mirror + 2].sum() > 0.5
+
+
+def test_predictions_do_not_depend_on_the_batch(fitted_reversal, reversal_data):
+    _, _, X_test, _ = reversal_data
+    X = X_test[:12] + ["1", "98765432"]
+    for beam_size in (1, 3):
+        model = copy.deepcopy(fitted_reversal).set_params(beam_size=beam_size)
+        together = model.predict(X)
+        assert [model.predict([x])[0] for x in X] == together
+        assert model.predict(X[::-1])[::-1] == together
+        alone = model.predict_attention([X[3]])[0]
+        np.testing.assert_allclose(model.predict_attention(X)[3], alone, atol=1e-6)
+
+
+def test_beam_search_keeps_a_high_exact_match(fitted_reversal, reversal_data):
+    _, _, X_test, y_test = reversal_data
+    model = copy.deepcopy(fitted_reversal).set_params(beam_size=4)
+    assert model.score(X_test, y_test) >= 0.9
+
+
+def test_array_like_inputs(fitted_reversal, reversal_data):
+    _, _, X_test, _ = reversal_data
+    expected = fitted_reversal.predict(X_test[:8])
+    assert fitted_reversal.predict(np.array(X_test[:8])) == expected
+    assert fitted_reversal.predict(tuple(X_test[:8])) == expected
+    assert fitted_reversal.predict([list(x) for x in X_test[:8]]) == expected  # token lists
+
+
+def test_unknown_tokens_and_long_inputs(fitted_reversal):
+    model = fitted_reversal
+    long_input = "1234567890123"  # longer than any training source
+    unknown = "12x4"  # "x" was never seen
+    predictions = model.predict([long_input, unknown])
+    assert all(isinstance(p, str) for p in predictions)
+    assert all(len(p) <= model.max_output_length_ for p in predictions)
+    assert model.predict_attention([long_input])[0].shape[1] == len(long_input) + 1
+    assert model.source_vocab_.encode(["x"]) == [3]
+
+
+def test_temperature_flattens_attention(fitted_reversal):
+    X = ["123456", "98765", "4321"]
+    sharp = copy.deepcopy(fitted_reversal).set_params(temperature=0.5).predict_attention(X)
+    flat = copy.deepcopy(fitted_reversal).set_params(temperature=20.0).predict_attention(X)
+    for weights in sharp + flat:
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+    peak = np.mean([w.max(axis=1).mean() for w in sharp])
+    assert peak > np.mean([w.max(axis=1).mean() for w in flat]) + 0.2
+
+
+def test_token_list_targets_give_token_list_predictions():
+    X = ["a b c", "b c", "c a", "a a b"] * 6
+    y = [x.upper().split() for x in X]
+    model = Seq2Seq(tokenizer="space", max_steps=3, early_stopping=False, **TINY).fit(X, y)
+    assert model.output_kind_ == "tokens"
+    predictions = model.predict(["a b"]) + model.predict([["c", "b"]])
+    assert all(isinstance(p, list) and all(isinstance(t, str) for t in p) for p in predictions)
+    assert model.target_vocab_.tokens == ["A", "B", "C"]
+    assert 0.0 <= model.score(X, y) <= 1.0
+
+
+def test_space_tokenizer_joins_predictions_with_spaces():
+    X = ["a b", "b c", "c a"] * 10
+    y = ["x y", "y z", "z x"] * 10
+    model = Seq2Seq(tokenizer="space", max_steps=2, early_stopping=False, **TINY).fit(X, y)
+    for prediction in model.predict(["a b", "c a"]):
+        assert isinstance(prediction, str)
+        assert set(prediction.split()) <= {"x", "y", "z"}
+        assert "  " not in prediction
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(decoder="luong", scorer="dot", input_feeding=True),
+        dict(decoder="luong", scorer="general", input_feeding=False, cell="lstm"),
+        dict(decoder="luong", scorer="scaled_dot", attention="local-p", window=2),
+        dict(decoder="bahdanau", scorer="additive", attention="local-m", window=1, num_layers=2),
+        dict(decoder="bahdanau", attention="none", dropout=0.2),
+    ],
+)
+def test_model_variants_fit_and_decode(params):
+    X, y = make_reversal(40, 3, 6, random_state=3)
+    model = Seq2Seq(max_steps=3, **params, **TINY).fit(X, y)
+    assert model.n_steps_ == 3
+    for beam_size in (1, 2):
+        model.set_params(beam_size=beam_size)
+        maps = model.predict_attention(X[:4])
+        predictions = model.predict(X[:4])
+        for source, prediction, weights in zip(X[:4], predictions, maps, strict=True):
+            assert weights.shape == (len(prediction), len(source) + 1)
+            np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- training controls
+
+
+def test_random_state_gives_identical_results():
+    X, y = make_reversal(60, 3, 6, random_state=4)
+    params = dict(max_epochs=2, dropout=0.1, **TINY)
+    torch.manual_seed(123)
+    expected_global = torch.rand(3)
+    torch.manual_seed(123)
+    first = Seq2Seq(**params).fit(X, y)
+    assert torch.equal(torch.rand(3), expected_global), "fit must not consume the global RNG"
+    second = Seq2Seq(**params).fit(X, y)
+    assert [h["train_loss"] for h in first.history_] == [h["train_loss"] for h in second.history_]
+    for a, b in zip(first.module_.parameters(), second.module_.parameters(), strict=True):
+        assert torch.equal(a, b)
+    other = Seq2Seq(**{**params, "random_state": 1}).fit(X, y)
+    assert other.history_[0]["train_loss"] != first.history_[0]["train_loss"]
+
+
+def test_max_steps_stops_mid_epoch():
+    X, y = make_reversal(80, 3, 6, random_state=5)
+    model = Seq2Seq(max_steps=13, max_epochs=50, early_stopping=False, **TINY).fit(X, y)
+    assert model.n_steps_ == 13
+    assert model.n_iter_ == 2  # 10 batches per epoch
+    assert [h["steps"] for h in model.history_] == [10, 13]
+    assert "val_loss" not in model.history_[0]
+
+
+def test_training_batches_cover_every_item_once_and_group_similar_lengths():
+    rng = np.random.RandomState(0)
+    lengths = rng.randint(1, 40, size=1000)
+    indices = np.arange(3, 1000)  # a training split: items 0..2 held out
+    batches = _length_batches(indices, lengths, batch_size=10, rng=rng)
+    assert sorted(np.concatenate(batches).tolist()) == indices.tolist()
+    assert max(map(len, batches)) <= 10
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < 0.25 * np.ptp(lengths)  # random batches would span most of the range
+
+
+def test_early_stopping_stops_after_n_iter_no_change():
+    X, y = make_reversal(60, 3, 6, random_state=6)
+    # With a tolerance no epoch can beat, training stops n_iter_no_change epochs after the first.
+    # A large unclipped learning rate makes the validation loss rise again in the last epoch.
+    params = dict(n_iter_no_change=2, tol=100.0, learning_rate=0.05, max_grad_norm=None)
+    model = Seq2Seq(max_epochs=20, **params, **TINY).fit(X, y)
+    assert model.n_iter_ == 3
+    best = min(model.history_, key=lambda h: h["val_loss"])
+    assert model.best_epoch_ == best["epoch"] < model.n_iter_
+    # The kept weights are the best epoch's: they reproduce its validation loss (the split is
+    # the first permutation drawn from random_state=0, 10% of 60 items).
+    val_idx = np.random.RandomState(0).permutation(len(X))[:6]
+    src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
+    tgt = [model.target_vocab_.encode(list(t)) for t in y]
+    val_loss = model._evaluate(src, tgt, val_idx)["val_loss"]
+    assert val_loss == pytest.approx(best["val_loss"], rel=1e-6)
+    assert val_loss != pytest.approx(model.history_[-1]["val_loss"], rel=1e-3)
+
+
+def test_verbose_shows_a_progress_bar(capsys):
+    X, y = make_reversal(30, 3, 6, random_state=7)
+    Seq2Seq(max_epochs=2, verbose=True, **TINY).fit(X, y)
+    assert "Seq2Seq" in capsys.readouterr().err
+
+
+def test_fit_sets_only_trailing_underscore_attributes_and_keeps_params():
+    X, y = make_reversal(30, 3, 6, random_state=8)
+    model = Seq2Seq(max_steps=2, **TINY)
+    params = model.get_params()
+    before = set(vars(model))
+    assert model.fit(X, y) is model
+    assert model.get_params() == params
+    added = set(vars(model)) - before
+    assert added and all(name.endswith("_") for name in added)
+
+
+# ---------------------------------------------------------------- scikit-learn protocol
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        estimator_checks.check_estimator_cloneable,
+        estimator_checks.check_estimator_tags_renamed,
+        estimator_checks.check_valid_tag_types,
+        estimator_checks.check_estimator_repr,
+        estimator_checks.check_no_attributes_set_in_init,
+        estimator_checks.check_estimators_unfitted,
+        estimator_checks.check_get_params_invariance,
+        estimator_checks.check_set_params,
+        estimator_checks.check_parameters_default_constructible,
+        estimator_checks.check_do_not_raise_errors_in_init_or_set_params,
+        estimator_checks.check_mixin_order,
+    ],
+    ids=lambda check: check.__name__,
+)
+def test_sklearn_api_checks(check):
+    check("Seq2Seq", Seq2Seq())
+
+
+def test_tags_declare_string_input():
+    tags = Seq2Seq().__sklearn_tags__()
+    assert tags.input_tags.string and not tags.input_tags.two_d_array
+    assert tags.target_tags.required
+
+
+def test_not_fitted_error_before_fit():
+    model = Seq2Seq()
+    for method in (model.predict, model.predict_attention):
+        with pytest.raises(NotFittedError):
+            method(["123"])
+    with pytest.raises(NotFittedError):
+        model.score(["123"], ["321"])
+    with pytest.raises(NotFittedError):
+        model.export_onnx("unused")
+
+
+def test_clone_keeps_params_and_drops_fitted_state(fitted_reversal):
+    cloned = clone(fitted_reversal)
+    assert cloned.get_params() == fitted_reversal.get_params()
+    assert not hasattr(cloned, "module_")
+
+
+@pytest.mark.slow  # starts two worker processes that import torch
+def test_grid_search_over_scorers():
+    X, y = make_reversal(48, 3, 6, random_state=9)
+    search = GridSearchCV(
+        Seq2Seq(max_steps=4, **TINY),
+        {"scorer": ["dot", "general", "additive"]},
+        cv=2,
+        n_jobs=2,
+    )
+    search.fit(X, y)
+    assert set(search.cv_results_["param_scorer"]) == {"dot", "general", "additive"}
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+    assert search.best_estimator_.scorer in {"dot", "general", "additive"}
+    assert len(search.predict(X[:3])) == 3
+
+
+def test_pipeline_with_a_lowercasing_step(fitted_reversal, reversal_data):
+    X_train, y_train, _, _ = reversal_data
+    pipeline = make_pipeline(FunctionTransformer(lower_all), Seq2Seq(max_steps=2, **TINY))
+    X = ["AbC", "bCa", "CAB", "aBc"] * 5
+    pipeline.fit(X, [x.lower()[::-1] for x in X])
+    model = pipeline[-1]
+    assert set(model.source_vocab_.tokens) == {"a", "b", "c"}
+    assert len(pipeline.predict(["ABC"])) == 1
+    # A fitted model inside a pipeline predicts as it does alone.
+    fitted = make_pipeline(FunctionTransformer(lower_all), fitted_reversal)
+    assert fitted.predict(X_train[:5]) == fitted_reversal.predict(X_train[:5])
+
+
+# ---------------------------------------------------------------- persistence
+
+
+def test_joblib_round_trip_keeps_predictions(fitted_reversal, reversal_data, tmp_path):
+    _, _, X_test, _ = reversal_data
+    path = tmp_path / "model.joblib"
+    joblib.dump(fitted_reversal, path)
+    loaded = joblib.load(path)
+    assert loaded.predict(X_test[:30]) == fitted_reversal.predict(X_test[:30])
+    for a, b in zip(
+        loaded.predict_attention(X_test[:5]),
+        fitted_reversal.predict_attention(X_test[:5]),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.history_ == fitted_reversal.history_
+    assert loaded.get_params() == fitted_reversal.get_params()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the fallback of a CPU-only machine")
+def test_model_pickled_on_gpu_loads_on_cpu(fitted_reversal):
+    state = fitted_reversal.__getstate__()
+    assert all(t.device.type == "cpu" for t in state["_module_state"].values())
+    state["device_"] = torch.device("cuda", 0)  # what a GPU-trained model carries
+    loaded = pickle.loads(pickle.dumps(state))
+    model = Seq2Seq.__new__(Seq2Seq)
+    model.__setstate__(loaded)
+    assert model.device_ == torch.device("cpu")
+    assert model.predict(["1234"]) == fitted_reversal.predict(["1234"])
+
+
+def test_export_onnx_writes_the_artifact_directory(tmp_path):
+    X, y = make_reversal(30, 3, 6, random_state=10)
+    model = Seq2Seq(max_steps=2, **TINY).fit(X, y)
+    model.export_onnx(tmp_path / "model")
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert manifest["output_kind"] == "str"
+    assert manifest["tokenizer"] == "char"
+    assert {"encoder.onnx", "decoder_step.onnx"} <= {p.name for p in (tmp_path / "model").iterdir()}
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_auto_device_follows_cuda_availability():
+    X, y = make_reversal(20, 3, 6, random_state=11)
+    model = Seq2Seq(**{**TINY, "device": "auto"}, max_steps=1).fit(X, y)
+    assert model.device_.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert next(model.module_.parameters()).device.type == model.device_.type
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_requesting_missing_cuda_raises_value_error():
+    with pytest.raises(ValueError, match="device"):
+        Seq2Seq(**{**TINY, "device": "cuda:0"}).fit(["12", "34"], ["21", "43"])
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("scorer", "cosine"),
+        ("decoder", "transformer"),
+        ("attention", "local"),
+        ("input_feeding", "yes"),
+        ("window", 0),
+        ("temperature", 0.0),
+        ("cell", "rnn"),
+        ("embedding_dim", 0),
+        ("hidden_size", 2.5),
+        ("num_layers", True),
+        ("dropout", 1.0),
+        ("num_heads", 3),  # does not divide hidden_size=16
+        ("beam_size", 0),
+        ("length_penalty", -1.0),
+        ("max_output_length", 0),
+        ("batch_size", -4),
+        ("max_epochs", 0),
+        ("max_steps", 0),
+        ("learning_rate", 0.0),
+        ("max_grad_norm", -1.0),
+        ("early_stopping", None),
+        ("validation_fraction", 1.0),
+        ("n_iter_no_change", 0),
+        ("tol", float("nan")),
+        ("tokenizer", "bpe"),
+        ("device", "gpu"),
+        ("random_state", -1),
+        ("verbose", -1),
+    ],
+)
+def test_bad_hyperparameter_raises_value_error_naming_it(name, value):
+    model = Seq2Seq(**{**TINY, name: value})  # __init__ never validates
+    assert getattr(model, name) is value
+    with pytest.raises(ValueError, match=name):
+        model.fit(["12", "34"], ["21", "43"])
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "message"),
+    [
+        (["12", "34"], ["21"], "same length"),
+        ([], [], "X must hold at least one item"),
+        (["12", 34], ["21", "43"], r"X\[1\]"),
+        (["12", ["3", 4]], ["21", "43"], r"X\[1\]"),
+        (["12", "34"], ["21", None], r"y\[1\]"),
+        ("1234", "4321", "X must be a sequence"),
+        (["12", "34"], ["21", ["4", "3"]], "only str items or only token lists"),
+    ],
+)
+def test_bad_data_raises_value_error(X, y, message):
+    with pytest.raises(ValueError, match=message):
+        Seq2Seq(**TINY).fit(X, y)
+
+
+def test_bad_data_at_predict_raises_value_error(fitted_reversal):
+    with pytest.raises(ValueError, match=r"X\[0\]"):
+        fitted_reversal.predict([12])
+    with pytest.raises(ValueError, match="at least one item"):
+        fitted_reversal.predict([])
+    with pytest.raises(ValueError, match="same length"):
+        fitted_reversal.score(["12", "34"], ["21"])
+
+
+def test_too_few_items_for_a_validation_split():
+    with pytest.raises(ValueError, match="early_stopping"):
+        Seq2Seq(**TINY).fit(["1"], ["1"])
+    model = Seq2Seq(early_stopping=False, max_steps=1, **TINY).fit(["1"], ["1"])
+    assert model.n_steps_ == 1
