@@ -238,6 +238,9 @@ class Seq2Seq(BaseEstimator):
     output_kind_ : {"str", "tokens"}
         What ``predict`` returns, following what ``y`` held in ``fit``.
     max_output_length_ : int
+        The output limit learned from the data, ``2 * longest target + 10``; used when
+        ``max_output_length`` is None (``set_params(max_output_length=...)`` after ``fit`` takes
+        effect at the next ``predict``, as ``beam_size`` and ``temperature`` do).
     max_source_length_ : int
         Longest training source in tokens (longer inputs still work).
 
@@ -395,7 +398,7 @@ class Seq2Seq(BaseEstimator):
         self.target_vocab_ = Vocabulary.build(targets)
         self.output_kind_ = output_kind
         self.max_source_length_ = max(len(s) for s in sources)
-        self.max_output_length_ = self.max_output_length or 2 * max(map(len, targets)) + 10
+        self.max_output_length_ = 2 * max(map(len, targets)) + 10
         self.device_ = device
         src = [self.source_vocab_.encode(s) + [EOS] for s in sources]
         tgt = [self.target_vocab_.encode(t) for t in targets]
@@ -597,17 +600,23 @@ class Seq2Seq(BaseEstimator):
             return tuple(t.index_select(0, index) for t in carry)
 
         carry = (*state, memory, keys, mask)
+        max_length = self._output_limit()
         if beam_size == 1:
-            return greedy_decode(step, select, carry, len(id_lists), self.max_output_length_)
+            return greedy_decode(step, select, carry, len(id_lists), max_length)
         return beam_decode(
             step,
             select,
             carry,
             len(id_lists),
             beam_size,
-            self.max_output_length_,
+            max_length,
             self.length_penalty,
         )
+
+    def _output_limit(self) -> int:
+        """Most output tokens per item: ``max_output_length``, else the fitted default."""
+        check_is_fitted(self)
+        return self.max_output_length or self.max_output_length_
 
     def _predict_hypotheses(self, X: Sequence) -> tuple[list[list[str]], list[Hypothesis]]:
         check_is_fitted(self)

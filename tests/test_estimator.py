@@ -124,6 +124,14 @@ def test_unknown_tokens_and_long_inputs(fitted_reversal):
     assert model.source_vocab_.encode(["x"]) == [3]
 
 
+def test_max_output_length_set_after_fit_takes_effect(fitted_reversal):
+    model = copy.deepcopy(fitted_reversal).set_params(max_output_length=2)
+    predictions = model.predict(["123456", "98765"])
+    assert [len(p) for p in predictions] == [2, 2]
+    assert [len(w) for w in model.predict_attention(["123456"])] == [2]
+    assert fitted_reversal.predict(["123456"]) != predictions[:1]
+
+
 def test_temperature_flattens_attention(fitted_reversal):
     X = ["123456", "98765", "4321"]
     sharp = copy.deepcopy(fitted_reversal).set_params(temperature=0.5).predict_attention(X)
