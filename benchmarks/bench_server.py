@@ -1,0 +1,300 @@
+"""Load test of the server: dynamic batching against ``--max-batch-size 1``.
+
+Starts ``python -m serving`` as a subprocess, once with dynamic batching and once without, and
+drives each with one-item requests from an asyncio + httpx load generator at several
+concurrencies (default 1, 8 and 64): throughput, p50 and p99 latency, errors, and the ratios
+of the two servers. Every answer is checked against ``serving.load(model_dir).predict``.
+
+    python benchmarks/bench_server.py                      # trains and exports a small model
+    python benchmarks/bench_server.py --model-dir DIR --duration 10 --device cuda
+
+The client and the server share the machine, so on 2 cores the figures are what one client
+process can drive through one server process, not the server's ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "bench"
+
+
+@dataclass
+class LevelResult:
+    mode: str
+    concurrency: int
+    requests: int
+    errors: int
+    mismatches: int
+    seconds: float
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu_ms: float = float("nan")  # server process CPU time per request
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="artifact dir (default: train one)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="of the batching server")
+    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--intra-op-threads", type=int, help="passed to the servers")
+    parser.add_argument("--max-length", type=int, default=12, help="longest source, in tokens")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and the sources
+
+
+def train_reversal_model(directory: Path, seed: int) -> Path:
+    """Train a small character-reversal model and export it (needs torch: the training side)."""
+    import torch
+
+    from skattn import Seq2Seq
+
+    torch.set_num_threads(1)  # faster for a tiny model on a small, shared machine
+    rng = random.Random(seed)
+    sources = ["".join(rng.choices("abcdefghij", k=rng.randint(1, 10))) for _ in range(800)]
+    model = Seq2Seq(
+        embedding_dim=32,
+        hidden_size=64,
+        max_epochs=10,
+        batch_size=64,
+        learning_rate=1e-2,
+        random_state=seed,
+        device="cpu",
+    )
+    print("training a reversal model ...", file=sys.stderr, flush=True)
+    model.fit(sources, [s[::-1] for s in sources])
+    model.export_onnx(str(directory))
+    print(f"exported to {directory}", file=sys.stderr, flush=True)
+    return directory
+
+
+def make_sources(model_dir: Path, count: int, max_length: int, seed: int) -> list[str]:
+    """Random sources over the model's source vocabulary (read from its manifest)."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    alphabet = [t for t in manifest["source_vocabulary"][4:] if t.strip()]  # skip the specials
+    joiner = "" if manifest["tokenizer"] == "char" else " "
+    limit = min(max_length, int(manifest["limits"]["max_source_length"]))
+    rng = random.Random(seed)
+    return [joiner.join(rng.choices(alphabet, k=rng.randint(1, limit))) for _ in range(count)]
+
+
+def expected_predictions(model_dir: Path, sources: list[str], device: str) -> dict[str, str]:
+    """The unbatched answers (one source per runtime call), the reference for every response."""
+    import serving
+
+    runtime = serving.load(model_dir, device=device)
+    return {s: _as_text(runtime.predict([s])[0]) for s in sorted(set(sources))}
+
+
+def _as_text(prediction) -> str:
+    return prediction if isinstance(prediction, str) else " ".join(prediction)
+
+
+# ---------------------------------------------------------------------------------------------
+# The server under test
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_server(model_dir: Path, max_batch_size: int, args: argparse.Namespace):
+    port = free_port()
+    command = [
+        sys.executable, "-m", "serving",
+        "--model-dir", str(model_dir), "--model-name", MODEL, "--port", str(port),
+        "--max-batch-size", str(max_batch_size), "--max-delay-ms", str(args.max_delay_ms),
+        "--device", args.device, "--log-level", "warning",
+    ]  # fmt: skip
+    if args.intra_op_threads is not None:
+        command += ["--intra-op-threads", str(args.intra_op_threads)]
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {process.stderr.read()}")
+            try:
+                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready")
+            time.sleep(0.1)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.returncode != 0:
+            print(f"server exited with {process.returncode}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# The load generator
+
+
+async def drive(
+    url: str,
+    sources: list[str],
+    expected: dict[str, str],
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    mode: str,
+) -> LevelResult:
+    """``concurrency`` clients, each sending one-item requests back to back."""
+    infer_url = f"{url}/v2/models/{MODEL}/infer"
+    latencies: list[float] = []
+    errors = mismatches = 0
+    measure_from = time.monotonic() + warmup
+    stop_at = measure_from + duration
+
+    async def client(index: int, http: httpx.AsyncClient) -> None:
+        nonlocal errors, mismatches
+        i = index
+        while (now := time.monotonic()) < stop_at:
+            source = sources[i % len(sources)]
+            i += concurrency
+            tensor = {"name": "source", "shape": [1], "datatype": "BYTES", "data": [source]}
+            try:
+                response = await http.post(infer_url, json={"inputs": [tensor]})
+                ok = response.status_code == 200
+                answer = response.json()["outputs"][0]["data"][0] if ok else None
+            except httpx.HTTPError:
+                ok, answer = False, None
+            done = time.monotonic()
+            if now < measure_from:
+                continue
+            if not ok:
+                errors += 1
+            elif answer != expected[source]:
+                mismatches += 1
+            latencies.append(done - now)
+
+    # One client (one connection) per simulated user: a single AsyncClient shared by 64 tasks
+    # spends several ms of CPU per request in its pool and would measure httpx, not the server.
+    ssl_context = ssl.create_default_context()  # made once: one per client costs ~10 ms each
+    clients = [
+        httpx.AsyncClient(timeout=60, verify=ssl_context, limits=httpx.Limits(max_connections=1))
+        for _ in range(concurrency)
+    ]
+    try:
+        await asyncio.gather(*(client(i, http) for i, http in enumerate(clients)))
+    finally:
+        for http in clients:
+            await http.aclose()
+    seconds = time.monotonic() - measure_from
+    lat_ms = np.array(latencies) * 1000
+    return LevelResult(
+        mode=mode,
+        concurrency=concurrency,
+        requests=len(latencies),
+        errors=errors,
+        mismatches=mismatches,
+        seconds=round(seconds, 3),
+        throughput=round(len(latencies) / seconds, 1),
+        p50_ms=round(float(np.percentile(lat_ms, 50)), 2) if len(lat_ms) else float("nan"),
+        p99_ms=round(float(np.percentile(lat_ms, 99)), 2) if len(lat_ms) else float("nan"),
+    )
+
+
+HEADER = (
+    f"{'mode':<10}{'conc':>6}{'requests':>10}{'errors':>8}{'wrong':>7}"
+    f"{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'server cpu ms/req':>19}"
+)
+
+
+def print_table(results: list[LevelResult]) -> None:
+    print(HEADER)
+    for r in results:
+        print(
+            f"{r.mode:<10}{r.concurrency:>6}{r.requests:>10}{r.errors:>8}{r.mismatches:>7}"
+            f"{r.throughput:>10.1f}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}{r.server_cpu_ms:>19.3f}",
+            flush=True,
+        )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model_dir or train_reversal_model(Path(scratch) / "model", args.seed)
+        sources = make_sources(model_dir, 512, args.max_length, args.seed)
+        expected = expected_predictions(model_dir, sources, args.device)
+        results = []
+        for mode, batch_size in (("batched", args.max_batch_size), ("unbatched", 1)):
+            with running_server(model_dir, batch_size, args) as (url, pid):
+                for concurrency in args.concurrency:
+                    cpu_before = cpu_seconds(pid)
+                    level = drive(
+                        url, sources, expected, concurrency, args.duration, args.warmup, mode
+                    )
+                    result = asyncio.run(level)
+                    cpu = cpu_seconds(pid) - cpu_before  # warm-up included: an upper bound
+                    result.server_cpu_ms = round(1000 * cpu / max(result.requests, 1), 3)
+                    results.append(result)
+                    print_table([result])
+    print(
+        f"\nmodel: {model_dir}  device: {args.device}  cores: {os.cpu_count()}  "
+        f"max_batch_size: {args.max_batch_size}  max_delay_ms: {args.max_delay_ms}\n"
+    )
+    print_table(results)
+    print()
+    by_key = {(r.mode, r.concurrency): r for r in results}
+    for concurrency in args.concurrency:
+        batched, unbatched = by_key["batched", concurrency], by_key["unbatched", concurrency]
+        ratio = batched.throughput / unbatched.throughput if unbatched.throughput else float("inf")
+        print(f"concurrency {concurrency:>3}: batched / unbatched throughput = {ratio:.2f}x")
+    failures = sum(r.errors + r.mismatches for r in results)
+    print(f"errors + mismatched answers: {failures}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""``python -m serving --model-dir DIR``: serve an exported model over the Open Inference Protocol.
+
+Logs are JSON lines on stderr. SIGTERM (or Ctrl-C) stops accepting connections, finishes the
+requests in flight, drains the batch queue and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import uvicorn
+
+from serving.app import ServerSettings, create_app
+
+logger = logging.getLogger("serving")
+
+
+def default_intra_op_threads() -> int:
+    """One core fewer than this process may use (at least 1): the event loop needs one.
+
+    On a small machine the difference matters: with every core given to onnxruntime, its
+    threads and the HTTP event loop preempt each other on every operator of a large batch.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _device(value: str) -> str:
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, not {value!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m serving``."""
+    defaults = ServerSettings()
+    parser = argparse.ArgumentParser(
+        prog="python -m serving",
+        description="Serve an exported skattn model over the Open Inference Protocol (KServe v2).",
+    )
+    parser.add_argument(
+        "--model-dir", required=True, type=Path, help="artifact directory (export_onnx)"
+    )
+    parser.add_argument("--model-name", help="name to serve it under (default: the model's name)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=defaults.max_batch_size,
+        help="most items per onnxruntime call (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-delay-ms",
+        type=float,
+        default=defaults.max_delay_ms,
+        help="longest an item waits for its batch to fill (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=defaults.max_queue,
+        help="most items waiting; beyond it 503 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-items-per-request",
+        type=int,
+        help="most sources in one request; beyond it 413 "
+        f"(default: {defaults.max_items_per_request}, or --max-queue if smaller)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=defaults.max_body_bytes,
+        help="largest request body; beyond it 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        default="auto",
+        help="auto, cpu, cuda or cuda:N (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=default_intra_op_threads(),
+        help="onnxruntime threads per operator (default: usable cores - 1, at least 1, "
+        "leaving a core to the HTTP event loop: %(default)s here)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds to wait for requests in flight (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="(default: %(default)s)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, load the model and serve it until SIGTERM.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: 0 after a graceful shutdown, 2 for bad arguments or a bad artifact.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        settings = ServerSettings(
+            max_batch_size=args.max_batch_size,
+            max_delay_ms=args.max_delay_ms,
+            max_queue=args.max_queue,
+            max_items_per_request=(
+                min(ServerSettings.max_items_per_request, args.max_queue)
+                if args.max_items_per_request is None
+                else args.max_items_per_request
+            ),
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    if args.shutdown_timeout <= 0:
+        parser.error(f"--shutdown-timeout must be positive, got {args.shutdown_timeout}")
+    if args.intra_op_threads < 1:
+        parser.error(f"--intra-op-threads must be >= 1, got {args.intra_op_threads}")
+    runtime = _load(args.model_dir, args.device, args.model_name, args.intra_op_threads)
+    if runtime is None:
+        return 2
+    name = runtime.name
+    logger.info(
+        "model loaded",
+        extra={"model": name, "model_dir": str(args.model_dir), "provider": runtime.provider},
+    )
+    try:
+        serve(
+            {name: runtime},
+            settings,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _load(model_dir: Path, device: str, name: str | None, intra_op_threads: int):
+    """``serving.load`` with a one-line message instead of a traceback on a bad artifact."""
+    from serving import load  # lazily: the runtime brings onnxruntime
+
+    if not model_dir.is_dir():
+        print(f"error: --model-dir {model_dir} is not a directory", file=sys.stderr)
+        return None
+    try:
+        return load(model_dir, device=device, name=name, intra_op_num_threads=intra_op_threads)
+    except Exception as exc:  # a bad artifact can fail in many ways; all mean "cannot serve"
+        print(f"error: cannot load the model in {model_dir}: {exc}", file=sys.stderr)
+        return None
+
+
+def serve(
+    runtimes: Mapping[str, object],
+    settings: ServerSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    shutdown_timeout: float | None = 30.0,
+) -> None:
+    """Serve runtimes with uvicorn until SIGTERM or SIGINT, then drain and return.
+
+    Parameters
+    ----------
+    runtimes : mapping of str to runtime
+        Model name -> runtime, as for ``create_app``.
+    settings : ServerSettings
+        Limits and batching settings.
+    host : str, default="127.0.0.1"
+        The address to bind.
+    port : int, default=8000
+        The port to bind.
+    log_level : str, default="info"
+        uvicorn's log level.
+    shutdown_timeout : float or None, default=30.0
+        On SIGTERM, how long to wait for requests in flight before cancelling them.
+    """
+    app = create_app(runtimes, settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,  # keep the JSON-lines handler of configure_logging
+        log_level=log_level,
+        access_log=False,  # the app logs one line per inference request
+        lifespan="on",
+        server_header=False,
+        timeout_graceful_shutdown=shutdown_timeout,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it caught once it has shut down; a no-op SIGTERM handler
+    # underneath it turns that into a normal return, so a graceful stop exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not server.started:
+        raise SystemExit(f"error: the server could not start on {host}:{port}")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message and any ``extra`` fields."""
+
+    _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in self._RESERVED})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: str = "info") -> None:
+    """Send every log record to stderr as a JSON line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""The HTTP server: the Open Inference Protocol (KServe v2) over FastAPI, one batcher per model.
+
+Endpoints (``{model}`` is a served model's name; ``/versions/1`` may follow it)::
+
+    GET  /v2/health/live            200 while the process runs
+    GET  /v2/health/ready           200 when every model's batcher runs, else 503
+    GET  /v2                        server metadata
+    GET  /v2/models/{model}         model metadata: inputs and outputs
+    GET  /v2/models/{model}/ready   200 when the model's batcher runs, else 503
+    POST /v2/models/{model}/infer   inference, JSON or binary tensor data
+    GET  /metrics                   Prometheus text format
+
+Every error is ``{"error": message}``: 400 bad request, 404 unknown model, 413 too many items or
+too large a body, 415 unknown Content-Encoding, 500 the request's batch failed, 503 queue full
+(with ``Retry-After``) or shutting down. Each request is validated in full before its items join
+the batcher's queue, so one bad request never fails a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from importlib import metadata
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from serving import protocol
+from serving.batcher import (
+    Batcher,
+    BatcherClosedError,
+    BatchError,
+    ItemResult,
+    QueueFullError,
+)
+from serving.metrics import ModelMetrics, ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+MODEL_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and batching settings of the server (validated when built).
+
+    Parameters
+    ----------
+    max_batch_size : int, default=64
+        The most items in one runtime call.
+    max_delay_ms : float, default=2.0
+        The longest an item waits for others to join its batch.
+    max_queue : int, default=1024
+        The most items waiting per model; beyond it requests get 503 with Retry-After.
+    max_items_per_request : int, default=256
+        The most sources in one request; beyond it 413.
+    max_body_bytes : int, default=1048576
+        The largest request body (after decompression); beyond it 413.
+    retry_after_s : int, default=1
+        The ``Retry-After`` a client gets with a 503.
+    """
+
+    max_batch_size: int = 64
+    max_delay_ms: float = 2.0
+    max_queue: int = 1024
+    max_items_per_request: int = 256
+    max_body_bytes: int = 1 << 20
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_delay_ms":
+                ok = isinstance(value, (int, float)) and 0 <= value < float("inf")
+                expected = "a finite number >= 0"
+            else:
+                ok = isinstance(value, int) and value >= 1
+                expected = "a positive integer"
+            if isinstance(value, bool) or not ok:
+                raise ValueError(f"{f.name} must be {expected}, got {value!r}")
+        if self.max_items_per_request > self.max_queue:
+            raise ValueError(
+                f"max_items_per_request ({self.max_items_per_request}) must not exceed "
+                f"max_queue ({self.max_queue}): such a request could never be queued"
+            )
+
+
+@dataclass
+class _Model:
+    """A served model: its runtime, its batcher and its metrics."""
+
+    name: str
+    runtime: object
+    batcher: Batcher
+    metrics: ModelMetrics
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+class _ClientGoneError(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None = None) -> FastAPI:
+    """Build the server for some runtimes.
+
+    Parameters
+    ----------
+    runtimes : mapping of str to runtime
+        Model name -> runtime (as returned by ``serving.load``, or any object with
+        ``predict_batch``, ``check_source``, ``max_source_length`` and ``provider``).
+    settings : ServerSettings, optional
+        Limits and batching settings; the defaults when omitted.
+
+    Returns
+    -------
+    FastAPI
+        The ASGI app; its lifespan starts and (draining) stops one batcher per model. All
+        models share one inference worker thread.
+    """
+    settings = ServerSettings() if settings is None else settings
+    if not isinstance(runtimes, Mapping) or not runtimes:
+        raise ValueError("runtimes must be a non-empty mapping of model name to runtime")
+    for name in runtimes:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"runtimes: model name {name!r} must be a non-empty str without '/'")
+    server_metrics = ServerMetrics()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
+    models = {}
+    for name, runtime in runtimes.items():
+        model_metrics = server_metrics.for_model(name)
+        batcher = Batcher(
+            runtime,
+            max_batch_size=settings.max_batch_size,
+            max_delay_ms=settings.max_delay_ms,
+            max_queue=settings.max_queue,
+            executor=executor,
+            metrics=model_metrics,
+        )
+        models[name] = _Model(name, runtime, batcher, model_metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for model in models.values():
+            await model.batcher.start()
+        logger.info("server ready", extra={"models": sorted(models)})
+        try:
+            yield
+        finally:
+            logger.info("draining")
+            await asyncio.gather(*(model.batcher.stop(drain=True) for model in models.values()))
+            executor.shutdown(wait=True)
+            logger.info("stopped")
+
+    app = FastAPI(title="skattn", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.models = models
+    app.state.metrics = server_metrics
+    app.state.settings = settings
+
+    def get_model(name: str, version: str | None) -> _Model:
+        model = models.get(name)
+        if model is None:
+            raise _ApiError(404, f"unknown model {name!r}; this server has {sorted(models)}")
+        if version is not None and version != MODEL_VERSION:
+            raise _ApiError(404, f"model {name!r} has no version {version!r}")
+        return model
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        if all(model.batcher.running for model in models.values()):
+            return Response(status_code=200)
+        raise _ApiError(503, "server is not ready")
+
+    @app.get("/v2")
+    async def server_metadata() -> dict:
+        return {
+            "name": "skattn",
+            "version": _version(),
+            "extensions": ["binary_tensor_data", "parameters"],
+        }
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> dict:
+        return _model_metadata(get_model(name, version))
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        if get_model(name, version).batcher.running:
+            return Response(status_code=200)
+        raise _ApiError(503, f"model {name!r} is not ready")
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(server_metrics.render(), media_type=server_metrics.content_type)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def infer(request: Request) -> Response:
+        """The hot path: a plain Starlette endpoint (FastAPI's parameter solving costs more
+        than the rest of a small request)."""
+        name, version = request.path_params["name"], request.path_params.get("version")
+        started = time.monotonic()
+        try:
+            model = get_model(name, version)
+        except _ApiError:
+            server_metrics.unknown_model()
+            raise
+        outcome, items, request_id = "ok", 0, None
+        try:
+            parsed = await _parse(request, model, settings)
+            items, request_id = len(parsed.sources), parsed.id
+            results = await _until_disconnect(
+                model.batcher.infer(
+                    parsed.sources,
+                    temperature=parsed.temperature,
+                    with_attention=parsed.wants_attention,
+                ),
+                request.receive,
+            )
+            body, headers = _encode(model.name, parsed, results)
+            return Response(body, status_code=200, headers=headers)
+        except _ApiError as exc:
+            outcome = _OUTCOME_BY_STATUS.get(exc.status, "bad_request")
+            raise
+        except QueueFullError as exc:
+            outcome = "queue_full"
+            raise _ApiError(
+                503, f"queue full: {exc}", {"Retry-After": str(settings.retry_after_s)}
+            ) from exc
+        except BatcherClosedError as exc:
+            outcome = "unavailable"
+            raise _ApiError(503, str(exc), {"Retry-After": str(settings.retry_after_s)}) from exc
+        except BatchError as exc:
+            outcome = "error"
+            raise _ApiError(500, str(exc)) from exc
+        except _ClientGoneError:
+            outcome = "disconnected"
+            return Response(status_code=499)  # nobody reads it
+        finally:
+            elapsed = time.monotonic() - started
+            model.metrics.request(outcome, elapsed)
+            level = _LOG_LEVEL_BY_OUTCOME.get(outcome, logging.INFO)
+            logger.log(
+                level,
+                "infer",
+                extra={
+                    "model": name,
+                    "items": items,
+                    "outcome": outcome,
+                    "request_id": request_id,
+                    "duration_ms": round(elapsed * 1000, 3),
+                },
+            )
+
+    app.add_route("/v2/models/{name}/infer", infer, methods=["POST"])
+    app.add_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
+
+    # -- errors as {"error": message} --------------------------------------------------------
+
+    @app.exception_handler(_ApiError)
+    async def api_error(request: Request, exc: _ApiError) -> Response:
+        return _error(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return _error(400, f"invalid request: {exc.errors()}")
+
+    return app
+
+
+_OUTCOME_BY_STATUS = {413: "too_large", 404: "not_found", 503: "unavailable"}
+
+# One log line per inference request: answered ones at DEBUG (at hundreds of requests a second,
+# the metrics say more than the lines), refused ones at INFO, failed ones at WARNING.
+_LOG_LEVEL_BY_OUTCOME = {
+    "ok": logging.DEBUG,
+    "disconnected": logging.INFO,
+    "queue_full": logging.WARNING,
+    "unavailable": logging.WARNING,
+    "error": logging.WARNING,
+}
+
+
+async def _parse(
+    request: Request, model: _Model, settings: ServerSettings
+) -> protocol.InferRequest:
+    """Read, decode and validate one inference request (every source checked by the runtime)."""
+    try:
+        body = await _read_body(request, settings.max_body_bytes)
+        body = protocol.decode_content(
+            body, request.headers.get("content-encoding"), settings.max_body_bytes
+        )
+        parsed = protocol.parse_infer_request(
+            body,
+            request.headers.get(protocol.HEADER_LENGTH),
+            max_items=settings.max_items_per_request,
+        )
+    except protocol.ProtocolError as exc:
+        raise _ApiError(exc.status, exc.message) from exc
+    for i, source in enumerate(parsed.sources):
+        try:
+            model.runtime.check_source(source)
+        except ValueError as exc:
+            raise _ApiError(400, f"input 'source' item {i}: {exc}") from exc
+    return parsed
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise protocol.ProtocolError(f"request body of {declared} bytes exceeds {limit}", 413)
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise protocol.ProtocolError(f"request body exceeds {limit} bytes", 413)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise _ClientGoneError from exc
+    return b"".join(chunks)
+
+
+async def _until_disconnect(
+    work: Awaitable[list[ItemResult]], receive: Callable[[], Awaitable[dict]]
+) -> list[ItemResult]:
+    """Await ``work``, cancelling it (and so withdrawing its queued items) if the client leaves.
+
+    Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # its queued items are withdrawn
+    raise _ClientGoneError
+
+
+def _encode(
+    model_name: str, request: protocol.InferRequest, results: list[ItemResult]
+) -> tuple[bytes, dict[str, str]]:
+    """The response for a request's results, with the outputs it asked for, in its order."""
+    predictions = [_as_text(r.prediction) for r in results]
+    tensors = {protocol.PREDICTION: protocol.prediction_tensor(predictions)}
+    if request.wants_attention:
+        attention, lengths = protocol.attention_tensors([r.attention for r in results])
+        tensors[protocol.ATTENTION] = attention
+        tensors[protocol.ATTENTION_LENGTHS] = lengths
+    return protocol.encode_infer_response(
+        model_name=model_name,
+        model_version=MODEL_VERSION,
+        request_id=request.id,
+        outputs=[(tensors[out.name], out.binary) for out in request.outputs],
+    )
+
+
+def _as_text(prediction: str | Sequence[str]) -> str:
+    """A prediction as text: a model with ``output_kind="tokens"`` gives tokens, sent joined
+    by single spaces (``"HH AH0 L OW1"``)."""
+    return prediction if isinstance(prediction, str) else " ".join(prediction)
+
+
+def _model_metadata(model: _Model) -> dict:
+    runtime = model.runtime
+    return {
+        "name": model.name,
+        "versions": [MODEL_VERSION],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": protocol.INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [
+            {"name": protocol.PREDICTION, "datatype": "BYTES", "shape": [-1]},
+            {"name": protocol.ATTENTION, "datatype": "FP32", "shape": [-1, -1, -1]},
+            {"name": protocol.ATTENTION_LENGTHS, "datatype": "INT32", "shape": [-1, 2]},
+        ],
+        "parameters": {
+            "max_source_length": getattr(runtime, "max_source_length", None),
+            "output_kind": getattr(runtime, "manifest", {}).get("output_kind", "str"),
+            "provider": getattr(runtime, "provider", None),
+            "max_batch_size": model.batcher.max_batch_size,
+        },
+    }
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        protocol.error_body(message),
+        status_code=status,
+        media_type="application/json",
+        headers=dict(headers or {}),
+    )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("skattn")
+    except metadata.PackageNotFoundError:
+        return "unknown"

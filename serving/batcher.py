@@ -1,0 +1,378 @@
+"""Dynamic batching: merge the items of concurrent requests into one runtime call.
+
+A queue of ``(item, future)`` pairs, filled by request handlers on the event loop and drained
+by one scheduling task. A batch is taken when ``max_batch_size`` items wait or the oldest has
+waited ``max_delay_ms``; it holds only items of the oldest item's temperature (different
+temperatures never share a batch), chosen closest to the oldest item in source length (in
+characters, a proxy for tokens) to limit padding.
+
+The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
+event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
+free, so under load the batches grow by themselves. Every item gets exactly one result; when a
+runtime call raises, every item of that batch gets the error and the batcher carries on. Items
+whose caller has gone (a cancelled future) are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime(Protocol):
+    """What the batcher needs from a runtime (``serving.load`` returns one)."""
+
+    def predict_batch(
+        self, sources: list[str], temperature: float | None = None, with_attention: bool = False
+    ) -> tuple[list[str] | list[list[str]], list[np.ndarray] | None]: ...
+
+
+class BatchMetrics(Protocol):
+    """What the batcher records (``serving.metrics.ModelMetrics`` implements it)."""
+
+    def batch(self, size: int, seconds: float, failed: bool) -> None: ...
+
+    def queue_wait(self, seconds: float) -> None: ...
+
+    def queue_depth(self, depth: int) -> None: ...
+
+
+class QueueFullError(Exception):
+    """The queue cannot take the items of a request now; the client should retry later."""
+
+
+class BatcherClosedError(Exception):
+    """The batcher is not running (not started yet, or stopping)."""
+
+
+class BatchError(Exception):
+    """The runtime call of an item's batch raised; the original error is ``__cause__``."""
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """The answer for one source: its prediction and, when asked for, its attention map.
+
+    ``prediction`` is a str, or a list of tokens for a model with ``output_kind="tokens"``;
+    ``attention`` is ``(T_y, T_x)``.
+    """
+
+    prediction: str | list[str]
+    attention: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class _Item:
+    source: str
+    temperature: float | None
+    with_attention: bool
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def _check_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class Batcher:
+    """Batch the items of concurrent requests into ``runtime.predict_batch`` calls.
+
+    Parameters
+    ----------
+    runtime : Runtime
+        Has ``predict_batch(sources, temperature=None, with_attention=False)``.
+    max_batch_size : int, default=64
+        The most items in one runtime call.
+    max_delay_ms : float, default=2.0
+        The longest the oldest waiting item waits for more items to join its batch.
+    max_queue : int, default=1024
+        The most items waiting; beyond it ``submit`` raises ``QueueFullError``.
+    executor : ThreadPoolExecutor, optional
+        Where the runtime calls run; by default the batcher makes (and shuts down) a
+        one-thread executor of its own. Several batchers may share one.
+    metrics : BatchMetrics, optional
+        Records batch sizes, inference time, queue wait and queue depth.
+
+    Examples
+    --------
+    >>> batcher = Batcher(runtime, max_batch_size=32)  # doctest: +SKIP
+    >>> await batcher.start()  # doctest: +SKIP
+    >>> results = await batcher.infer(["abc", "hello"])  # doctest: +SKIP
+    >>> await batcher.stop()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        max_batch_size: int = 64,
+        max_delay_ms: float = 2.0,
+        max_queue: int = 1024,
+        executor: ThreadPoolExecutor | None = None,
+        metrics: BatchMetrics | None = None,
+    ) -> None:
+        if not callable(getattr(runtime, "predict_batch", None)):
+            raise ValueError("runtime must have a predict_batch method")
+        self.max_batch_size = _check_positive_int(max_batch_size, "max_batch_size")
+        if (
+            isinstance(max_delay_ms, bool)
+            or not isinstance(max_delay_ms, (int, float))
+            or not math.isfinite(max_delay_ms)
+            or max_delay_ms < 0
+        ):
+            raise ValueError(f"max_delay_ms must be a finite number >= 0, got {max_delay_ms!r}")
+        self.max_delay_ms = float(max_delay_ms)
+        self.max_queue = _check_positive_int(max_queue, "max_queue")
+        self.runtime = runtime
+        self._own_executor = executor is None
+        self._executor = executor
+        self._metrics = metrics
+        self._pending: list[_Item] = []  # arrival order
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the batcher accepts items."""
+        return self._task is not None and not self._stopping and not self._task.done()
+
+    @property
+    def queue_depth(self) -> int:
+        """The number of items waiting for a batch (their callers may have gone)."""
+        return len(self._pending)
+
+    async def start(self) -> None:
+        """Start the scheduling task on the running event loop."""
+        if self._task is not None:
+            raise RuntimeError("the batcher was already started")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._schedule(), name="skattn-batcher")
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop accepting items and wait for the scheduling task to end.
+
+        Parameters
+        ----------
+        drain : bool, default=True
+            Run the items already queued before stopping; when False they fail with
+            ``BatcherClosedError``. The batch in flight always finishes.
+        """
+        if self._task is None or self._stopping:
+            return
+        self._stopping = True
+        if not drain:
+            self._fail(self._pending, BatcherClosedError("the server is shutting down"))
+            self._pending.clear()
+        self._wakeup.set()
+        try:
+            await self._task
+        finally:
+            if self._own_executor:
+                self._executor.shutdown(wait=True)
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        sources: Sequence[str],
+        *,
+        temperature: float | None = None,
+        with_attention: bool = False,
+    ) -> list[asyncio.Future]:
+        """Queue the sources of one request, all or none; call from the event loop.
+
+        Parameters
+        ----------
+        sources : sequence of str
+            Validated source texts (check them before: one bad item must not fail a batch).
+        temperature : float, optional
+            The attention temperature; None means the model's own.
+        with_attention : bool, default=False
+            Whether the results should carry attention maps.
+
+        Returns
+        -------
+        list of asyncio.Future
+            One per source, resolving to an ``ItemResult`` or raising ``BatchError``.
+            Cancel a future to withdraw its item.
+
+        Raises
+        ------
+        QueueFullError
+            If the queue cannot hold all the sources now.
+        BatcherClosedError
+            If the batcher is not running.
+        """
+        if not self.running:
+            raise BatcherClosedError("the server is not accepting requests")
+        if len(self._pending) + len(sources) > self.max_queue:
+            self._drop_cancelled()
+            if len(self._pending) + len(sources) > self.max_queue:
+                raise QueueFullError(
+                    f"the queue holds {len(self._pending)} of at most {self.max_queue} items"
+                )
+        loop = asyncio.get_running_loop()
+        items = [
+            _Item(source, temperature, with_attention, loop.create_future()) for source in sources
+        ]
+        self._pending.extend(items)
+        self._report_depth()
+        if items:
+            self._wakeup.set()
+        return [item.future for item in items]
+
+    async def infer(
+        self,
+        sources: Sequence[str],
+        *,
+        temperature: float | None = None,
+        with_attention: bool = False,
+    ) -> list[ItemResult]:
+        """Queue the sources of one request and wait for all their results.
+
+        Same parameters and errors as ``submit``. If this coroutine is cancelled (the client
+        left), or one item fails, the request's items still waiting are withdrawn.
+        """
+        futures = self.submit(sources, temperature=temperature, with_attention=with_attention)
+        try:
+            return [await future for future in futures]
+        finally:
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # mark as retrieved: one error answers the request
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        """Form batches and run them, one at a time, until stopped and drained."""
+        try:
+            while True:
+                batch = await self._next_batch()
+                if batch is None:
+                    return
+                await self._run(batch)
+        finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
+            self._fail(self._pending, BatcherClosedError("the batcher stopped"))
+            self._pending.clear()
+            self._report_depth()
+
+    async def _next_batch(self) -> list[_Item] | None:
+        """Wait until a batch is due (full, or its oldest item has waited max_delay)."""
+        max_delay = self.max_delay_ms / 1000
+        while True:
+            self._drop_cancelled()
+            if not self._pending:
+                if self._stopping:
+                    return None
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            remaining = self._pending[0].enqueued + max_delay - time.monotonic()
+            if len(self._pending) >= self.max_batch_size or remaining <= 0 or self._stopping:
+                return self._take_batch()
+            self._wakeup.clear()
+            timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
+            await self._wakeup.wait()  # a new item, stop(), or the oldest item's deadline
+            timer.cancel()
+
+    def _take_batch(self) -> list[_Item]:
+        """Take the oldest item and the items of its temperature closest to it in length."""
+        oldest = self._pending[0]
+        same_key = [item for item in self._pending if item.temperature == oldest.temperature]
+        length = len(oldest.source)
+        same_key.sort(key=lambda item: abs(len(item.source) - length))  # stable: oldest first
+        chosen = same_key[: self.max_batch_size]
+        taken = set(map(id, chosen))
+        self._pending = [item for item in self._pending if id(item) not in taken]
+        self._report_depth()
+        chosen.sort(key=lambda item: len(item.source))
+        return chosen
+
+    async def _run(self, batch: list[_Item]) -> None:
+        """Run one batch in the worker thread and resolve every item's future."""
+        batch = [item for item in batch if not item.future.cancelled()]
+        if not batch:
+            return
+        sources = [item.source for item in batch]
+        temperature = batch[0].temperature
+        with_attention = any(item.with_attention for item in batch)
+        started = time.monotonic()
+        if self._metrics is not None:
+            for item in batch:
+                self._metrics.queue_wait(started - item.enqueued)
+        loop = asyncio.get_running_loop()
+        try:
+            predictions, attentions = await loop.run_in_executor(
+                self._executor, self._predict, sources, temperature, with_attention
+            )
+        except asyncio.CancelledError:
+            self._fail(batch, BatcherClosedError("the batcher stopped"))
+            raise
+        except Exception as exc:
+            self._record(len(batch), started, failed=True)
+            logger.exception("batch failed", extra={"batch_size": len(batch), "error": repr(exc)})
+            error = BatchError(f"inference failed: {exc}")
+            error.__cause__ = exc
+            self._fail(batch, error)
+            return
+        self._record(len(batch), started, failed=False)
+        for i, item in enumerate(batch):
+            if item.future.done():
+                continue
+            attention = attentions[i] if item.with_attention else None
+            item.future.set_result(ItemResult(predictions[i], attention))
+
+    def _predict(
+        self, sources: list[str], temperature: float | None, with_attention: bool
+    ) -> tuple[list[str], list[np.ndarray] | None]:
+        """The runtime call (in the worker thread), with its answer checked: one per item."""
+        predictions, attentions = self.runtime.predict_batch(
+            sources, temperature=temperature, with_attention=with_attention
+        )
+        if len(predictions) != len(sources):
+            raise RuntimeError(
+                f"runtime returned {len(predictions)} predictions for {len(sources)} sources"
+            )
+        if with_attention and (attentions is None or len(attentions) != len(sources)):
+            raise RuntimeError("runtime returned no attention map for some sources")
+        return list(predictions), attentions
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        if any(item.future.cancelled() for item in self._pending):
+            self._pending = [item for item in self._pending if not item.future.cancelled()]
+            self._report_depth()
+
+    @staticmethod
+    def _fail(items: list[_Item], error: Exception) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    def _record(self, size: int, started: float, failed: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.batch(size, time.monotonic() - started, failed)
+
+    def _report_depth(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth(len(self._pending))

@@ -1,0 +1,494 @@
+"""The Open Inference Protocol (KServe v2) over HTTP: parse requests, encode responses.
+
+Torch-free and HTTP-framework-free: bytes in, bytes out, so that it can be tested on its own.
+A model served by skattn has one input and up to three outputs::
+
+    input   source             BYTES  [N]                 UTF-8 source texts
+    output  prediction         BYTES  [N]                 UTF-8 predicted texts
+    output  attention          FP32   [N, max T_y, max T_x]  zero-padded attention maps
+    output  attention_lengths  INT32  [N, 2]              (T_y, T_x) of each map
+
+Tensors travel either as JSON (``"data": [...]``, row-major and flattened) or with the binary
+tensor data extension: the body is a JSON header of ``Inference-Header-Content-Length`` bytes
+followed by the raw tensors in the order of the header. A BYTES tensor in binary form is a run of
+elements, each a 4-byte little-endian length followed by that many bytes; numeric tensors are
+their little-endian row-major bytes. ``tritonclient.http`` uses the binary form by default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+INPUT_NAME = "source"
+PREDICTION = "prediction"
+ATTENTION = "attention"
+ATTENTION_LENGTHS = "attention_lengths"
+OUTPUT_NAMES = (PREDICTION, ATTENTION, ATTENTION_LENGTHS)
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+_LENGTH = struct.Struct("<I")
+
+
+class ProtocolError(Exception):
+    """A request that the server refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for, and whether it wants it as binary tensor data."""
+
+    name: str
+    binary: bool
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A parsed and validated inference request.
+
+    Attributes
+    ----------
+    id : str or None
+        The request id, echoed in the response.
+    sources : list of str
+        The N source texts, in order.
+    outputs : tuple of RequestedOutput
+        The outputs to return, in the order to return them.
+    temperature : float or None
+        The attention softmax temperature for this request; None means the model's own.
+    """
+
+    id: str | None
+    sources: list[str]
+    outputs: tuple[RequestedOutput, ...]
+    temperature: float | None
+
+    @property
+    def wants_attention(self) -> bool:
+        """Whether any attention output was requested."""
+        return any(out.name != PREDICTION for out in self.outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# BYTES tensors in binary form
+
+
+def serialize_bytes_tensor(elements: Sequence[bytes]) -> bytes:
+    """Serialize BYTES elements as the binary extension does.
+
+    Parameters
+    ----------
+    elements : sequence of bytes
+        The elements in row-major order.
+
+    Returns
+    -------
+    bytes
+        Each element as a 4-byte little-endian length followed by its bytes.
+    """
+    parts = []
+    for element in elements:
+        parts.append(_LENGTH.pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(buffer: bytes) -> list[bytes]:
+    """Split a binary BYTES tensor into its elements.
+
+    Parameters
+    ----------
+    buffer : bytes
+        Elements, each a 4-byte little-endian length followed by that many bytes.
+
+    Returns
+    -------
+    list of bytes
+
+    Raises
+    ------
+    ProtocolError
+        If the buffer ends inside a length prefix or inside an element.
+    """
+    elements = []
+    view = memoryview(buffer)
+    offset = 0
+    while offset < len(view):
+        if offset + _LENGTH.size > len(view):
+            raise ProtocolError("binary BYTES tensor data ends inside an element length")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += _LENGTH.size
+        if offset + length > len(view):
+            raise ProtocolError("binary BYTES tensor data ends inside an element")
+        elements.append(bytes(view[offset : offset + length]))
+        offset += length
+    return elements
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def decode_content(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
+    """Undo a request's ``Content-Encoding`` (identity, gzip or deflate), within a size limit.
+
+    Parameters
+    ----------
+    body : bytes
+        The body as received.
+    content_encoding : str or None
+        The ``Content-Encoding`` header.
+    max_bytes : int
+        The largest decoded body accepted.
+
+    Returns
+    -------
+    bytes
+        The decoded body.
+
+    Raises
+    ------
+    ProtocolError
+        415 for an unknown encoding, 400 for corrupt data, 413 if the decoded body is too large.
+    """
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ProtocolError(
+            f"unsupported Content-Encoding {content_encoding!r}; use gzip, deflate or none", 415
+        )
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    decompressor = zlib.decompressobj(wbits)
+    try:
+        decoded = decompressor.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from exc
+    if len(decoded) > max_bytes:
+        raise ProtocolError(f"decoded request body exceeds {max_bytes} bytes", 413)
+    if not decompressor.eof:
+        raise ProtocolError(f"request body is truncated {encoding} data")
+    return decoded
+
+
+def parse_infer_request(body: bytes, header_length: str | None, *, max_items: int) -> InferRequest:
+    """Parse and validate a v2 inference request for a skattn model.
+
+    Parameters
+    ----------
+    body : bytes
+        The (decoded) request body.
+    header_length : str or None
+        The ``Inference-Header-Content-Length`` header: the size of the JSON header when binary
+        tensor data follows it, None when the whole body is JSON.
+    max_items : int
+        The most source texts one request may carry.
+
+    Returns
+    -------
+    InferRequest
+
+    Raises
+    ------
+    ProtocolError
+        400 for malformed JSON, a missing or unknown input, a wrong datatype or shape, bad
+        binary data or an unknown output; 413 for more than ``max_items`` sources.
+    """
+    header, binary = _split_body(body, header_length)
+    if not isinstance(header, dict):
+        raise ProtocolError("request body must be a JSON object")
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise ProtocolError("'id' must be a string")
+    parameters = _object(header.get("parameters"), "parameters")
+    tensor = _source_tensor(header.get("inputs"))
+    sources = _source_texts(tensor, binary, max_items)
+    outputs = _requested_outputs(header.get("outputs"), parameters)
+    temperature = _temperature(parameters.get("temperature"))
+    return InferRequest(request_id, sources, outputs, temperature)
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
+    """Split the body into the parsed JSON header and the binary tensor data after it."""
+    if header_length is None:
+        size = len(body)
+    else:
+        try:
+            size = int(header_length)
+        except ValueError as exc:
+            raise ProtocolError(
+                f"{HEADER_LENGTH} must be an integer, got {header_length!r}"
+            ) from exc
+        if not 0 <= size <= len(body):
+            raise ProtocolError(f"{HEADER_LENGTH} is {size} but the body has {len(body)} bytes")
+    try:
+        header = json.loads(body[:size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"invalid JSON in request: {exc}") from exc
+    return header, body[size:]
+
+
+def _object(value: object, name: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProtocolError(f"'{name}' must be a JSON object")
+    return value
+
+
+def _source_tensor(inputs: object) -> dict:
+    """The one input tensor, ``source``, from the request's ``inputs``."""
+    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
+        raise ProtocolError("'inputs' must be a list of tensor objects")
+    names = [t.get("name") for t in inputs]
+    unknown = [n for n in names if n != INPUT_NAME]
+    if unknown:
+        raise ProtocolError(
+            f"unknown input {unknown[0]!r}; the model takes one input {INPUT_NAME!r}"
+        )
+    if not names:
+        raise ProtocolError(f"missing input {INPUT_NAME!r}")
+    if len(names) > 1:
+        raise ProtocolError(f"input {INPUT_NAME!r} given more than once")
+    tensor = inputs[0]
+    if tensor.get("datatype") != "BYTES":
+        raise ProtocolError(
+            f"input {INPUT_NAME!r} has datatype {tensor.get('datatype')!r}; expected 'BYTES'"
+        )
+    return tensor
+
+
+def _source_texts(tensor: dict, binary: bytes, max_items: int) -> list[str]:
+    """Decode the ``source`` tensor into N strings, from JSON data or binary data."""
+    shape = tensor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 1
+        or not isinstance(shape[0], int)
+        or isinstance(shape[0], bool)
+        or shape[0] < 0
+    ):
+        raise ProtocolError(
+            f"input {INPUT_NAME!r} has shape {shape!r}; expected [N], one dimension"
+        )
+    (n_items,) = shape
+    if n_items > max_items:
+        raise ProtocolError(
+            f"input {INPUT_NAME!r} has {n_items} items; at most {max_items} per request", 413
+        )
+    parameters = _object(tensor.get("parameters"), f"inputs[{INPUT_NAME}].parameters")
+    if any(key.startswith("shared_memory") for key in parameters):
+        raise ProtocolError("shared-memory tensors are not supported")
+    binary_size = parameters.get("binary_data_size")
+    if binary_size is not None:
+        if "data" in tensor:
+            raise ProtocolError(f"input {INPUT_NAME!r} has both 'data' and binary_data_size")
+        if not isinstance(binary_size, int) or isinstance(binary_size, bool) or binary_size < 0:
+            raise ProtocolError("binary_data_size must be a non-negative integer")
+        if binary_size != len(binary):
+            raise ProtocolError(
+                f"binary_data_size is {binary_size} but {len(binary)} bytes follow the header"
+            )
+        elements = deserialize_bytes_tensor(binary)
+    else:
+        if binary:
+            raise ProtocolError("binary data follows the header but no input declares it")
+        if "data" not in tensor:
+            raise ProtocolError(f"input {INPUT_NAME!r} has no 'data'")
+        elements = _flatten(tensor["data"])
+    if len(elements) != n_items:
+        raise ProtocolError(
+            f"shape mismatch: input {INPUT_NAME!r} has shape [{n_items}] "
+            f"but carries {len(elements)} elements"
+        )
+    return [_text(element, i) for i, element in enumerate(elements)]
+
+
+def _flatten(data: object) -> list:
+    if not isinstance(data, list):
+        return [data]
+    flat = []
+    for value in data:
+        flat.extend(_flatten(value) if isinstance(value, list) else [value])
+    return flat
+
+
+def _text(element: object, index: int) -> str:
+    if isinstance(element, str):
+        return element
+    if isinstance(element, bytes):
+        try:
+            return element.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"input {INPUT_NAME!r} item {index} is not valid UTF-8") from exc
+    raise ProtocolError(
+        f"input {INPUT_NAME!r} item {index} is {type(element).__name__}; BYTES data must be strings"
+    )
+
+
+def _requested_outputs(outputs: object, parameters: dict) -> tuple[RequestedOutput, ...]:
+    """The outputs to return: the ones named, or ``prediction`` alone when none is named."""
+    default_binary = parameters.get("binary_data_output", False)
+    if not isinstance(default_binary, bool):
+        raise ProtocolError("parameters.binary_data_output must be a boolean")
+    if outputs is None:
+        return (RequestedOutput(PREDICTION, default_binary),)
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise ProtocolError("'outputs' must be a list of objects")
+    requested = []
+    for output in outputs:
+        name = output.get("name")
+        if name not in OUTPUT_NAMES:
+            raise ProtocolError(
+                f"unknown output {name!r}; the model has outputs {', '.join(OUTPUT_NAMES)}"
+            )
+        if any(r.name == name for r in requested):
+            raise ProtocolError(f"output {name!r} requested more than once")
+        params = _object(output.get("parameters"), f"outputs[{name}].parameters")
+        if any(key.startswith("shared_memory") for key in params):
+            raise ProtocolError("shared-memory tensors are not supported")
+        if "classification" in params:
+            raise ProtocolError("the classification extension is not supported")
+        binary = params.get("binary_data", default_binary)
+        if not isinstance(binary, bool):
+            raise ProtocolError(f"outputs[{name}].parameters.binary_data must be a boolean")
+        requested.append(RequestedOutput(name, binary))
+    return tuple(requested)
+
+
+def _temperature(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError("parameters.temperature must be a number")
+    if not math.isfinite(value) or value <= 0:
+        raise ProtocolError(f"parameters.temperature must be positive and finite, got {value}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """An output tensor ready to encode: BYTES data is a list of str, numeric data an array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: list[str] | np.ndarray
+
+
+def prediction_tensor(predictions: Sequence[str]) -> OutputTensor:
+    """The ``prediction`` output: BYTES ``[N]``."""
+    return OutputTensor(PREDICTION, "BYTES", (len(predictions),), list(predictions))
+
+
+def attention_tensors(attentions: Sequence[np.ndarray]) -> tuple[OutputTensor, OutputTensor]:
+    """The ``attention`` and ``attention_lengths`` outputs from N maps of varying shape.
+
+    Parameters
+    ----------
+    attentions : sequence of ndarray
+        One map per item, ``(T_y, T_x)``.
+
+    Returns
+    -------
+    attention : OutputTensor
+        FP32 ``[N, max T_y, max T_x]``; item ``i`` fills ``[i, :T_y, :T_x]``, zeros elsewhere.
+    lengths : OutputTensor
+        INT32 ``[N, 2]``: ``(T_y, T_x)`` of each map.
+    """
+    lengths = np.array([a.shape for a in attentions], dtype=np.int32).reshape(-1, 2)  # (N, 2)
+    t_y, t_x = lengths.max(axis=0) if len(attentions) else (0, 0)
+    padded = np.zeros((len(attentions), t_y, t_x), dtype=np.float32)  # (N, T_y, T_x)
+    for i, weights in enumerate(attentions):
+        padded[i, : weights.shape[0], : weights.shape[1]] = weights
+    return (
+        OutputTensor(ATTENTION, "FP32", padded.shape, padded),
+        OutputTensor(ATTENTION_LENGTHS, "INT32", lengths.shape, lengths),
+    )
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Sequence[tuple[OutputTensor, bool]],
+) -> tuple[bytes, dict[str, str]]:
+    """Encode a v2 inference response.
+
+    Parameters
+    ----------
+    model_name, model_version : str
+        Echoed in the response.
+    request_id : str or None
+        Echoed as ``id`` when given.
+    outputs : sequence of (OutputTensor, bool)
+        The tensors in order, each with whether to send it as binary tensor data.
+
+    Returns
+    -------
+    body : bytes
+        JSON, or the JSON header followed by the binary tensors.
+    headers : dict
+        ``Content-Type``, plus ``Inference-Header-Content-Length`` when binary data follows.
+    """
+    entries = []
+    chunks = []
+    for tensor, binary in outputs:
+        entry: dict = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if binary:
+            raw = _tensor_bytes(tensor)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _tensor_json(tensor)
+        entries.append(entry)
+    header: dict = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        header["id"] = request_id
+    header["outputs"] = entries
+    header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
+    if not chunks:
+        return header_bytes, {"Content-Type": "application/json"}
+    headers = {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH: str(len(header_bytes)),
+    }
+    return b"".join([header_bytes, *chunks]), headers
+
+
+def _tensor_bytes(tensor: OutputTensor) -> bytes:
+    if tensor.datatype == "BYTES":
+        return serialize_bytes_tensor([text.encode("utf-8") for text in tensor.data])
+    little_endian = tensor.data.dtype.newbyteorder("<")
+    return np.ascontiguousarray(tensor.data, dtype=little_endian).tobytes()
+
+
+def _tensor_json(tensor: OutputTensor) -> list:
+    if tensor.datatype == "BYTES":
+        return list(tensor.data)
+    return np.asarray(tensor.data).ravel().tolist()
+
+
+def error_body(message: str) -> bytes:
+    """The v2 protocol's error body, ``{"error": message}``."""
+    return json.dumps({"error": message}, ensure_ascii=False).encode()

@@ -1,0 +1,358 @@
+"""Dynamic batching (serving.batcher) against a deterministic test-double runtime."""
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+from serving_doubles import ReverseRuntime, reverse_attention
+
+from serving.batcher import (
+    Batcher,
+    BatcherClosedError,
+    BatchError,
+    ItemResult,
+    QueueFullError,
+)
+
+
+def run(coroutine):
+    """Run one async test body, bounded so that a scheduling bug fails instead of hanging."""
+
+    async def bounded():
+        return await asyncio.wait_for(coroutine, timeout=20)
+
+    return asyncio.run(bounded())
+
+
+async def wait_for_batches(runtime: ReverseRuntime, count: int) -> None:
+    """Wait until ``count`` batches have entered the runtime (they may be held at its gate)."""
+    for _ in range(count):
+        await asyncio.to_thread(runtime.started.acquire)
+
+
+async def started(runtime: ReverseRuntime, **settings) -> Batcher:
+    batcher = Batcher(runtime, **settings)
+    await batcher.start()
+    return batcher
+
+
+class RecordingMetrics:
+    def __init__(self):
+        self.batches, self.waits, self.depths = [], [], []
+
+    def batch(self, size, seconds, failed):
+        self.batches.append((size, failed))
+
+    def queue_wait(self, seconds):
+        self.waits.append(seconds)
+
+    def queue_depth(self, depth):
+        self.depths.append(depth)
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_batch_size": True}, "max_batch_size"),
+        ({"max_batch_size": 2.0}, "max_batch_size"),
+        ({"max_delay_ms": -1}, "max_delay_ms"),
+        ({"max_delay_ms": float("nan")}, "max_delay_ms"),
+        ({"max_delay_ms": "2"}, "max_delay_ms"),
+        ({"max_queue": 0}, "max_queue"),
+    ],
+)
+def test_settings_are_validated_when_built(settings, name):
+    with pytest.raises(ValueError, match=name):
+        Batcher(ReverseRuntime(), **settings)
+
+
+def test_runtime_without_predict_batch_is_refused():
+    with pytest.raises(ValueError, match="runtime"):
+        Batcher(object())
+
+
+def test_a_full_batch_goes_at_once_without_waiting_for_the_delay():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=4, max_delay_ms=60_000)
+        results = await batcher.infer(["abc", "de", "f", "ghij"])
+        await batcher.stop()
+        return runtime, results
+
+    runtime, results = run(body())
+    assert [r.prediction for r in results] == ["cba", "ed", "f", "jihg"]
+    assert runtime.batch_sizes == [4]
+
+
+def test_concurrent_requests_merge_into_one_batch_within_the_delay():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=200)
+        results = await asyncio.gather(*(batcher.infer([f"s{i}"]) for i in range(5)))
+        await batcher.stop()
+        return runtime, results
+
+    runtime, results = run(body())
+    assert [r[0].prediction for r in results] == [f"{i}s" for i in range(5)]
+    assert runtime.batch_sizes == [5]
+
+
+def test_more_items_than_max_batch_size_are_split_and_each_answered_once():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=4, max_delay_ms=0)
+        sources = [f"item{i}" for i in range(10)]
+        results = await batcher.infer(sources)
+        await batcher.stop()
+        return runtime, sources, results
+
+    runtime, sources, results = run(body())
+    assert [r.prediction for r in results] == [s[::-1] for s in sources]
+    assert max(runtime.batch_sizes) <= 4
+    assert sorted(runtime.seen) == sorted(sources)
+
+
+def test_items_are_grouped_by_source_length():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=3, max_delay_ms=0)
+        first = asyncio.ensure_future(batcher.infer(["x"]))
+        await wait_for_batches(runtime, 1)  # the worker is busy: the others queue up
+        lengths = [1, 9, 2, 8, 3, 7]
+        rest = [asyncio.ensure_future(batcher.infer(["a" * n])) for n in lengths]
+        await asyncio.sleep(0)  # let every request join the queue
+        runtime.release()
+        await asyncio.gather(first, *rest)
+        await batcher.stop()
+        return runtime
+
+    runtime = run(body())
+    assert [[len(s) for s in sources] for sources, _, _ in runtime.calls] == [
+        [1],
+        [1, 2, 3],
+        [7, 8, 9],
+    ]
+
+
+def test_different_temperatures_never_share_a_batch():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=0)
+        first = asyncio.ensure_future(batcher.infer(["hold"]))
+        await wait_for_batches(runtime, 1)
+        temperatures = [None, 0.5, None, 2.0, 0.5, 2.0]
+        requests = [
+            asyncio.ensure_future(batcher.infer([f"src{i}"], temperature=t, with_attention=True))
+            for i, t in enumerate(temperatures)
+        ]
+        await asyncio.sleep(0)
+        runtime.release()
+        await first
+        results = await asyncio.gather(*requests)
+        await batcher.stop()
+        return runtime, temperatures, results
+
+    runtime, temperatures, results = run(body())
+    batches = {t: sources for sources, t, _ in runtime.calls[1:]}
+    assert len(runtime.calls) == 4  # the held one, then one batch per temperature
+    assert batches == {None: ["src0", "src2"], 0.5: ["src1", "src4"], 2.0: ["src3", "src5"]}
+    for i, (t, [result]) in enumerate(zip(temperatures, results, strict=True)):
+        np.testing.assert_allclose(result.attention, reverse_attention(f"src{i}", t))
+
+
+def test_attention_only_for_the_items_that_asked():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=100)
+        plain, mapped = await asyncio.gather(
+            batcher.infer(["abc"]), batcher.infer(["hello"], with_attention=True)
+        )
+        await batcher.stop()
+        return runtime, plain, mapped
+
+    runtime, plain, mapped = run(body())
+    assert runtime.batch_sizes == [2]  # one runtime call, with attention
+    assert plain == [ItemResult("cba", None)]
+    assert mapped[0].prediction == "olleh"
+    np.testing.assert_allclose(mapped[0].attention, reverse_attention("hello"))
+
+
+def test_a_failed_batch_fails_only_its_own_items_and_the_batcher_carries_on():
+    async def body():
+        runtime = ReverseRuntime()
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0, metrics=metrics)
+        with pytest.raises(BatchError, match="injected failure") as failure:
+            await batcher.infer(["ab", "boom", "cd"])
+        after = await batcher.infer(["ok"])
+        await batcher.stop()
+        return failure.value, after, metrics
+
+    error, after, metrics = run(body())
+    assert isinstance(error.__cause__, RuntimeError)
+    assert after == [ItemResult("ko")]
+    assert metrics.batches == [(3, True), (1, False)]
+
+
+def test_a_runtime_that_returns_too_few_answers_fails_the_batch():
+    class Lossy(ReverseRuntime):
+        def predict_batch(self, sources, temperature=None, with_attention=False):
+            predictions, attentions = super().predict_batch(sources, temperature, with_attention)
+            return predictions[:-1], attentions
+
+    async def body():
+        batcher = await started(Lossy(), max_batch_size=8, max_delay_ms=0)
+        try:
+            with pytest.raises(BatchError, match="2 predictions for 3 sources"):
+                await batcher.infer(["a", "b", "c"])
+        finally:
+            await batcher.stop()
+
+    run(body())
+
+
+def test_a_full_queue_refuses_whole_requests_and_recovers():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=2, max_delay_ms=0, max_queue=4)
+        first = asyncio.ensure_future(batcher.infer(["run"]))
+        await wait_for_batches(runtime, 1)
+        queued = batcher.submit(["a", "b", "c"])
+        with pytest.raises(QueueFullError, match="at most 4"):
+            batcher.submit(["d", "e"])  # all or none: "d" does not sneak in
+        late = batcher.submit(["d"])
+        runtime.release()
+        results = [await f for f in [*queued, *late]]
+        await first
+        await batcher.stop()
+        return runtime, results
+
+    runtime, results = run(body())
+    assert [r.prediction for r in results] == ["a", "b", "c", "d"]
+    assert "e" not in runtime.seen
+
+
+def test_cancelled_items_are_skipped():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0)
+        first = asyncio.ensure_future(batcher.infer(["held"]))
+        await wait_for_batches(runtime, 1)
+        gone = asyncio.ensure_future(batcher.infer(["gone1", "gone2"]))
+        kept = asyncio.ensure_future(batcher.infer(["kept"]))
+        await asyncio.sleep(0)
+        assert batcher.queue_depth == 3
+        gone.cancel()  # the caller leaves: its items are withdrawn
+        await asyncio.sleep(0)
+        runtime.release()
+        await first
+        result = await kept
+        await batcher.stop()
+        return runtime, gone, result
+
+    runtime, gone, result = run(body())
+    assert gone.cancelled()
+    assert result == [ItemResult("tpek")]
+    assert runtime.seen == ["held", "kept"]
+
+
+def test_stop_drains_the_queue_then_refuses_new_items():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=2, max_delay_ms=60_000)
+        pending = asyncio.ensure_future(batcher.infer(["a", "b", "c", "d", "e"]))
+        await wait_for_batches(runtime, 1)
+        stopping = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0)
+        assert not batcher.running
+        with pytest.raises(BatcherClosedError):
+            batcher.submit(["late"])
+        runtime.release()
+        await stopping
+        return await pending
+
+    results = run(body())
+    assert [r.prediction for r in results] == ["a", "b", "c", "d", "e"]
+
+
+def test_stop_without_drain_fails_the_waiting_items():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0)
+        running = asyncio.ensure_future(batcher.infer(["in-flight"]))
+        await wait_for_batches(runtime, 1)
+        waiting = asyncio.ensure_future(batcher.infer(["waiting"]))
+        await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(batcher.stop(drain=False))
+        await asyncio.sleep(0)
+        runtime.release()
+        await stopping
+        with pytest.raises(BatcherClosedError):
+            await waiting
+        return await running, runtime
+
+    result, runtime = run(body())
+    assert result == [ItemResult("thgilf-ni")]
+    assert runtime.seen == ["in-flight"]
+
+
+def test_metrics_see_every_batch_and_queue_depth_returns_to_zero():
+    async def body():
+        runtime = ReverseRuntime()
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=3, max_delay_ms=0, metrics=metrics)
+        await batcher.infer(list("abcdefg"))
+        await batcher.stop()
+        return runtime, metrics
+
+    runtime, metrics = run(body())
+    assert [size for size, _ in metrics.batches] == runtime.batch_sizes
+    assert sum(runtime.batch_sizes) == 7
+    assert len(metrics.waits) == 7 and min(metrics.waits) >= 0
+    assert metrics.depths[-1] == 0
+
+
+def test_random_concurrent_load_gets_exactly_one_correct_answer_per_item():
+    rng = random.Random(0)
+    requests = [
+        ["".join(rng.choices("abcdef", k=rng.randint(0, 12))) for _ in range(rng.randint(1, 5))]
+        for _ in range(60)
+    ]
+
+    async def client(batcher, sources):
+        await asyncio.sleep(rng.random() / 200)
+        return await batcher.infer(sources)
+
+    async def body():
+        runtime = ReverseRuntime(delay=0.001)
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=1)
+        results = await asyncio.gather(*(client(batcher, r) for r in requests))
+        await batcher.stop()
+        return runtime, results
+
+    runtime, results = run(body())
+    for sources, answers in zip(requests, results, strict=True):
+        assert [a.prediction for a in answers] == [s[::-1] for s in sources]
+    assert sorted(runtime.seen) == sorted(s for r in requests for s in r)
+    assert max(runtime.batch_sizes) <= 8
+    assert len(runtime.calls) < sum(map(len, requests))  # some batching happened
+
+
+def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0)
+        in_flight = asyncio.ensure_future(batcher.infer(["running"]))
+        await wait_for_batches(runtime, 1)
+        waiting = asyncio.ensure_future(batcher.infer(["waiting"]))
+        await asyncio.sleep(0)
+        batcher._task.cancel()  # stands for a bug in the scheduling loop
+        runtime.release()
+        outcomes = await asyncio.gather(in_flight, waiting, return_exceptions=True)
+        return batcher, outcomes
+
+    batcher, outcomes = run(body())
+    assert [type(o) for o in outcomes] == [BatcherClosedError, BatcherClosedError]
+    assert not batcher.running and batcher.queue_depth == 0

@@ -1,0 +1,826 @@
+"""The HTTP server (serving.app, serving.protocol, serving.__main__): the Open Inference Protocol
+through tritonclient and raw HTTP, limits and errors, metrics, disconnects and SIGTERM.
+
+Most tests run the app in uvicorn on a thread with a deterministic test-double runtime; the
+tests at the end serve a real exported model.
+"""
+
+import asyncio
+import contextlib
+import gzip
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from serving_doubles import ReverseRuntime, reverse_attention
+
+from serving import protocol
+from serving.__main__ import JsonFormatter, build_parser, main
+from serving.app import ServerSettings, create_app
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "reverse"
+
+
+# ---------------------------------------------------------------------------------------------
+# Harness: the app in uvicorn on a thread, on a port of its own
+
+
+class RunningServer:
+    def __init__(self, runtime, settings):
+        self.runtime = runtime
+        self.app = create_app({MODEL: runtime}, settings)
+        # proto=IPPROTO_TCP, so that asyncio sets TCP_NODELAY on accepted connections
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            self.app, log_config=None, access_log=False, lifespan="on", log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def __enter__(self):
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        release = getattr(self.runtime, "release", None)
+        if release is not None:  # a held test double: let it finish
+            release()
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+    @property
+    def batcher(self):
+        return self.app.state.models[MODEL].batcher
+
+    def triton(self):
+        return triton.InferenceServerClient(url=f"127.0.0.1:{self.port}", network_timeout=20)
+
+    def metric(self, name, **labels):
+        """A sample's value from /metrics (0.0 if absent)."""
+        text = httpx.get(f"{self.url}/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return sample.value
+        return 0.0
+
+
+@pytest.fixture
+def serve():
+    """serve(runtime=None, **settings) -> a running server; stopped after the test."""
+    with contextlib.ExitStack() as stack:
+
+        def start(runtime=None, **settings):
+            runtime = ReverseRuntime() if runtime is None else runtime
+            return stack.enter_context(RunningServer(runtime, ServerSettings(**settings)))
+
+        yield start
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def infer_body(sources, **extra):
+    body = {"inputs": [{"name": "source", "shape": [len(sources)], "datatype": "BYTES"}]}
+    body["inputs"][0]["data"] = sources
+    body.update(extra)
+    return body
+
+
+def source_input(sources, binary=True):
+    tensor = triton.InferInput("source", [len(sources)], "BYTES")
+    tensor.set_data_from_numpy(np.array(sources, dtype=object), binary_data=binary)
+    return tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol through tritonclient
+
+
+def test_health_and_metadata_through_tritonclient(serve):
+    server = serve()
+    client = server.triton()
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.is_model_ready(MODEL)
+        assert not client.is_model_ready("nope")
+        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+        meta = client.get_model_metadata(MODEL)
+    finally:
+        client.close()
+    assert meta["name"] == MODEL
+    assert meta["inputs"] == [{"name": "source", "datatype": "BYTES", "shape": [-1]}]
+    outputs = {o["name"]: (o["datatype"], o["shape"]) for o in meta["outputs"]}
+    assert outputs == {
+        "prediction": ("BYTES", [-1]),
+        "attention": ("FP32", [-1, -1, -1]),
+        "attention_lengths": ("INT32", [-1, 2]),
+    }
+    assert meta["parameters"]["max_source_length"] == 32
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_through_tritonclient(serve, binary):
+    server = serve()
+    sources = ["hello", "", "héllo wörld", "日本語", "a b"]
+    client = server.triton()
+    try:
+        result = client.infer(
+            MODEL,
+            [source_input(sources, binary)],
+            outputs=[triton.InferRequestedOutput("prediction", binary_data=binary)],
+            request_id="req-7",
+        )
+    finally:
+        client.close()
+    predictions = result.as_numpy("prediction")
+    assert predictions.shape == (5,)
+    # tritonclient gives bytes for binary BYTES outputs, str for JSON ones
+    texts = [p.decode() if isinstance(p, bytes) else p for p in predictions]
+    assert texts == [s[::-1] for s in sources]
+    assert result.get_response()["id"] == "req-7"
+    assert result.as_numpy("attention") is None  # not asked for
+
+
+def test_tritonclient_defaults_binary_input_and_output_and_gzip(serve):
+    server = serve()
+    client = server.triton()
+    try:
+        result = client.infer(MODEL, [source_input(["abc"])], request_compression_algorithm="gzip")
+    finally:
+        client.close()
+    assert result.get_output("prediction")["parameters"]["binary_data_size"] == 4 + 3
+    assert result.as_numpy("prediction").tolist() == [b"cba"]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_attention_maps_when_asked_for_by_name(serve, binary):
+    server = serve()
+    sources = ["abc", "hello", ""]
+    client = server.triton()
+    try:
+        result = client.infer(
+            MODEL,
+            [source_input(sources)],
+            outputs=[
+                triton.InferRequestedOutput(name, binary_data=binary)
+                for name in ("prediction", "attention", "attention_lengths")
+            ],
+        )
+    finally:
+        client.close()
+    attention = result.as_numpy("attention")
+    lengths = result.as_numpy("attention_lengths")
+    assert attention.dtype == np.float32 and attention.shape == (3, 5, 6)
+    assert lengths.dtype == np.int32 and lengths.tolist() == [[3, 4], [5, 6], [0, 1]]
+    for i, source in enumerate(sources):
+        t_y, t_x = lengths[i]
+        np.testing.assert_allclose(attention[i, :t_y, :t_x], reverse_attention(source), rtol=1e-6)
+        assert not attention[i, t_y:].any() and not attention[i, :, t_x:].any()  # zero padding
+
+
+def test_temperature_parameter_reaches_the_runtime(serve):
+    server = serve()
+    client = server.triton()
+    try:
+        result = client.infer(
+            MODEL,
+            [source_input(["abcd"])],
+            outputs=[triton.InferRequestedOutput("attention")],
+            parameters={"temperature": 0.25},
+        )
+    finally:
+        client.close()
+    assert server.runtime.calls[-1][1:] == (0.25, True)
+    np.testing.assert_allclose(result.as_numpy("attention")[0], reverse_attention("abcd", 0.25))
+
+
+def test_plain_json_over_http(serve):
+    server = serve()
+    response = httpx.post(
+        f"{server.url}/v2/models/{MODEL}/versions/1/infer",
+        json=infer_body(["ab", "xyz"], id="r1", outputs=[{"name": "attention_lengths"}]),
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "model_name": MODEL,
+        "model_version": "1",
+        "id": "r1",
+        "outputs": [
+            {
+                "name": "attention_lengths",
+                "datatype": "INT32",
+                "shape": [2, 2],
+                "data": [2, 3, 3, 4],
+            }
+        ],
+    }
+
+
+def test_token_predictions_are_sent_joined_by_spaces(serve):
+    class TokenRuntime(ReverseRuntime):
+        def predict_batch(self, sources, temperature=None, with_attention=False):
+            predictions, attentions = super().predict_batch(sources, temperature, with_attention)
+            return [list(p) for p in predictions], attentions
+
+    runtime = TokenRuntime()
+    runtime.manifest["output_kind"] = "tokens"
+    server = serve(runtime)
+    response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+    assert response.json()["outputs"][0]["data"] == ["c b a"]
+    meta = httpx.get(f"{server.url}/v2/models/{MODEL}").json()
+    assert meta["parameters"]["output_kind"] == "tokens"
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits and errors: {"error": message} with the right status
+
+
+def binary_request(raw, n_items=1, declared_size=None, header_length=None):
+    """A binary-extension request whose source tensor is ``raw`` (serialized BYTES)."""
+    size = len(raw) if declared_size is None else declared_size
+    tensor = {"name": "source", "shape": [n_items], "datatype": "BYTES"}
+    tensor["parameters"] = {"binary_data_size": size}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    length = len(header) if header_length is None else header_length
+    return header + raw, {protocol.HEADER_LENGTH: str(length)}
+
+
+def element(text: bytes) -> bytes:
+    return protocol.serialize_bytes_tensor([text])
+
+
+BAD_REQUESTS = {
+    "invalid json": (b"{not json", {}, 400, "invalid JSON"),
+    "not an object": (b"[1, 2]", {}, 400, "JSON object"),
+    "missing input": (json.dumps({"inputs": []}).encode(), {}, 400, "missing input 'source'"),
+    "unknown input": (
+        json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES"}]}).encode(),
+        {},
+        400,
+        "unknown input 'text'",
+    ),
+    "wrong datatype": (
+        json.dumps(
+            {"inputs": [{"name": "source", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        ).encode(),
+        {},
+        400,
+        "expected 'BYTES'",
+    ),
+    "shape mismatch": (
+        json.dumps(
+            {"inputs": [{"name": "source", "shape": [3], "datatype": "BYTES", "data": ["a"]}]}
+        ).encode(),
+        {},
+        400,
+        "shape mismatch",
+    ),
+    "two dimensions": (
+        json.dumps(
+            {"inputs": [{"name": "source", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
+        ).encode(),
+        {},
+        400,
+        "one dimension",
+    ),
+    "number in BYTES data": (json.dumps(infer_body([3])).encode(), {}, 400, "must be strings"),
+    "unknown output": (
+        json.dumps(infer_body(["a"], outputs=[{"name": "logits"}])).encode(),
+        {},
+        400,
+        "unknown output 'logits'",
+    ),
+    "bad temperature": (
+        json.dumps(infer_body(["a"], parameters={"temperature": -1})).encode(),
+        {},
+        400,
+        "temperature",
+    ),
+    "source too long": (json.dumps(infer_body(["x" * 33])).encode(), {}, 400, "item 0"),
+    "too many items": (json.dumps(infer_body(["a"] * 9)).encode(), {}, 413, "at most 8"),
+    "binary size mismatch": (*binary_request(element(b"abc"), declared_size=5), 400, "5"),
+    "binary cut inside an element": (*binary_request(element(b"abcdef")[:-2]), 400, "ends inside"),
+    "binary count mismatch": (*binary_request(element(b"a") * 2), 400, "shape mismatch"),
+    "header length past the body": (*binary_request(element(b"a"), header_length=999), 400, "body"),
+    "invalid UTF-8": (*binary_request(element(b"\xff\xfe")), 400, "UTF-8"),
+    "unknown encoding": (b"{}", {"Content-Encoding": "br"}, 415, "Content-Encoding"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_get_a_json_error_and_never_reach_the_runtime(serve, case):
+    body, headers, status, message = BAD_REQUESTS[case]
+    server = serve(max_items_per_request=8)
+    response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert message in response.json()["error"]
+    assert server.runtime.calls == []
+    # and the server keeps serving
+    ok = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["ok"]))
+    assert ok.json()["outputs"][0]["data"] == ["ko"]
+
+
+def test_body_too_large_is_413(serve):
+    server = serve(max_body_bytes=200)
+    response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["a" * 300]))
+    assert response.status_code == 413
+    assert "exceeds 200" in response.json()["error"]
+    bomb = gzip.compress(json.dumps(infer_body(["a" * 30] * 20)).encode())
+    response = httpx.post(
+        f"{server.url}/v2/models/{MODEL}/infer",
+        content=bomb,
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert len(bomb) < 200 and response.status_code == 413
+
+
+def test_unknown_model_is_404(serve):
+    server = serve()
+    for response in (
+        httpx.post(f"{server.url}/v2/models/nope/infer", json=infer_body(["a"])),
+        httpx.get(f"{server.url}/v2/models/nope"),
+        httpx.get(f"{server.url}/v2/models/{MODEL}/versions/2"),
+        httpx.get(f"{server.url}/v2/nothing/here"),
+    ):
+        assert response.status_code == 404
+        assert response.json()["error"]
+    assert server.metric("skattn_requests_total", model="", outcome="not_found") == 1
+
+
+def test_a_failed_batch_answers_500_to_its_own_requests_only(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, max_batch_size=8, max_delay_ms=0)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            url = f"/v2/models/{MODEL}/infer"
+            hold = asyncio.ensure_future(client.post(url, json=infer_body(["hold"])))
+            await asyncio.to_thread(runtime.started.acquire)
+            # queued together, but their temperatures keep them in separate batches
+            bad = asyncio.ensure_future(client.post(url, json=infer_body(["x", "boom"])))
+            good = asyncio.ensure_future(
+                client.post(url, json=infer_body(["fine"], parameters={"temperature": 2.0}))
+            )
+            await asyncio.to_thread(wait_until, lambda: server.batcher.queue_depth == 3)
+            runtime.release()
+            return await hold, await bad, await good
+
+    hold, bad, good = asyncio.run(scenario())
+    assert bad.status_code == 500
+    assert "injected failure" in bad.json()["error"]
+    assert hold.status_code == good.status_code == 200
+    assert good.json()["outputs"][0]["data"] == ["enif"]
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="error") == 1
+    assert server.metric("skattn_batch_failures_total", model=MODEL) == 1
+
+
+def test_a_full_queue_answers_503_with_retry_after(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, max_batch_size=1, max_delay_ms=0, max_queue=2, max_items_per_request=2)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            url = f"/v2/models/{MODEL}/infer"
+            hold = asyncio.ensure_future(client.post(url, json=infer_body(["hold"])))
+            await asyncio.to_thread(runtime.started.acquire)
+            queued = asyncio.ensure_future(client.post(url, json=infer_body(["a", "b"])))
+            await asyncio.to_thread(wait_until, lambda: server.batcher.queue_depth == 2)
+            refused = await client.post(url, json=infer_body(["c"]))
+            runtime.release()
+            return refused, await hold, await queued
+
+    refused, hold, queued = asyncio.run(scenario())
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    assert "queue full" in refused.json()["error"]
+    assert hold.status_code == queued.status_code == 200
+    assert queued.json()["outputs"][0]["data"] == ["a", "b"]
+    assert "c" not in runtime.seen
+
+
+def test_a_client_that_disconnects_leaves_no_work_behind(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, max_batch_size=4, max_delay_ms=0)
+    url = f"/v2/models/{MODEL}/infer"
+    holder = threading.Thread(target=httpx.post, args=(server.url + url,), kwargs={
+        "json": infer_body(["hold"]), "timeout": 20})  # fmt: skip
+    holder.start()
+    assert runtime.started.acquire(timeout=10)
+    body = json.dumps(infer_body(["gone"])).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:
+        raw.sendall(
+            f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_until(lambda: server.batcher.queue_depth == 1)
+    # the connection is closed while "gone" waits in the queue
+    wait_until(lambda: server.metric("skattn_requests_total", model=MODEL, outcome="disconnected"))
+    runtime.release()
+    holder.join(timeout=20)
+    after = httpx.post(server.url + url, json=infer_body(["after"]))
+    assert after.json()["outputs"][0]["data"] == ["retfa"]
+    assert runtime.seen == ["hold", "after"]
+
+
+def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, max_batch_size=64, max_delay_ms=1)
+    sources = [f"request {i}" for i in range(40)]
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            url = f"/v2/models/{MODEL}/infer"
+            hold = asyncio.ensure_future(client.post(url, json=infer_body(["hold"])))
+            await asyncio.to_thread(runtime.started.acquire)
+            posts = [asyncio.ensure_future(client.post(url, json=infer_body([s]))) for s in sources]
+            await asyncio.to_thread(wait_until, lambda: server.batcher.queue_depth == 40)
+            runtime.release()
+            await hold
+            return await asyncio.gather(*posts)
+
+    responses = asyncio.run(scenario())
+    assert [r.json()["outputs"][0]["data"] for r in responses] == [[s[::-1]] for s in sources]
+    assert runtime.batch_sizes == [1, 40]
+    assert server.metric("skattn_batch_size_count", model=MODEL) == 2
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == 41
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="ok") == 41
+    assert server.metric("skattn_queue_wait_seconds_count", model=MODEL) == 41
+    assert server.metric("skattn_inference_seconds_count", model=MODEL) == 2
+    assert server.metric("skattn_inference_seconds_sum", model=MODEL) > 0
+    assert server.metric("skattn_queue_depth", model=MODEL) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol and settings units
+
+
+@pytest.mark.parametrize("elements", [[], [b""], [b"a", b"", "日本".encode(), bytes(300)]])
+def test_bytes_tensor_roundtrip(elements):
+    raw = protocol.serialize_bytes_tensor(elements)
+    assert len(raw) == sum(4 + len(e) for e in elements)
+    assert protocol.deserialize_bytes_tensor(raw) == elements
+    if elements:
+        assert raw[:4] == struct.pack("<I", len(elements[0]))
+
+
+def test_decode_content():
+    body = b'{"a": 1}' * 10
+    assert protocol.decode_content(gzip.compress(body), "gzip", 100) == body
+    import zlib
+
+    assert protocol.decode_content(zlib.compress(body), "deflate", 100) == body
+    with pytest.raises(protocol.ProtocolError) as too_big:
+        protocol.decode_content(gzip.compress(body), "gzip", 50)
+    assert too_big.value.status == 413
+    with pytest.raises(protocol.ProtocolError, match="not valid gzip"):
+        protocol.decode_content(b"junk", "gzip", 100)
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_delay_ms": -0.5}, "max_delay_ms"),
+        ({"max_queue": 1.5}, "max_queue"),
+        ({"max_items_per_request": 0}, "max_items_per_request"),
+        ({"max_body_bytes": True}, "max_body_bytes"),
+        ({"max_queue": 4, "max_items_per_request": 8}, "max_items_per_request"),
+    ],
+)
+def test_server_settings_are_validated(settings, name):
+    with pytest.raises(ValueError, match=name):
+        ServerSettings(**settings)
+
+
+def test_create_app_refuses_no_models():
+    with pytest.raises(ValueError, match="runtimes"):
+        create_app({})
+
+
+def test_json_log_lines_carry_extra_fields():
+    record = logging.makeLogRecord(
+        {"name": "serving.app", "levelname": "INFO", "msg": "infer %s", "args": ("x",)}
+    )
+    record.model, record.items = MODEL, 3
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "infer x" and line["level"] == "info"
+    assert line["model"] == MODEL and line["items"] == 3
+    assert line["time"].endswith("Z")
+
+
+# ---------------------------------------------------------------------------------------------
+# The process: python -m serving, SIGTERM, import hygiene
+
+
+def test_serving_never_imports_torch_or_sklearn():
+    code = (
+        "import sys, serving, serving.app, serving.batcher, serving.protocol, serving.metrics, "
+        "serving.__main__\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn') or m in "
+        "('skattn.estimator', 'skattn.models', 'skattn.attention')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+@pytest.fixture
+def keep_logging():
+    """``main`` sends logs to stderr as JSON lines; give the test process its handlers back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_cli_defaults_follow_the_design_and_bind_localhost():
+    args = build_parser().parse_args(["--model-dir", "m"])
+    assert (args.host, args.port, args.device) == ("127.0.0.1", 8000, "auto")
+    assert (args.max_batch_size, args.max_delay_ms, args.max_queue) == (64, 2.0, 1024)
+    assert build_parser().parse_args(["--model-dir", "m", "--device", "cuda:1"]).device == "cuda:1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model-dir", "m", "--device", "tpu"])
+
+
+def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
+    assert main(["--model-dir", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert main(["--model-dir", str(tmp_path)]) == 2  # no manifest, no graphs
+    assert "cannot load the model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad_flag:
+        main(["--model-dir", str(tmp_path), "--max-batch-size", "0"])
+    assert bad_flag.value.code == 2
+    assert "max_batch_size" in capsys.readouterr().err
+    # a small queue lowers the per-request default to fit, so it is no error
+    assert main(["--model-dir", str(tmp_path), "--max-queue", "8"]) == 2
+    assert "cannot load the model" in capsys.readouterr().err
+
+
+SIGTERM_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from serving_doubles import ReverseRuntime
+    from serving.__main__ import configure_logging, serve
+    from serving.app import ServerSettings
+
+    configure_logging("debug")
+    serve({{"reverse": ReverseRuntime(delay=1.0)}}, ServerSettings(), port={port})
+    print("returned", flush=True)
+    """
+)
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits_0(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "serve.py"
+    script.write_text(SIGTERM_SCRIPT.format(tests=str(REPO / "tests"), port=port))
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready():
+            try:
+                return httpx.get(f"{url}/v2/health/ready").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, timeout=30)
+        answers = []
+        client = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(f"{url}/v2/models/reverse/infer", json=infer_body(["slow"]), timeout=30)
+            )
+        )
+        client.start()
+        wait_until(
+            lambda: (
+                "skattn_queue_wait_seconds_count" in httpx.get(f"{url}/metrics").text
+                and 'skattn_queue_wait_seconds_count{model="reverse"} 1.0'
+                in httpx.get(f"{url}/metrics").text
+            )
+        )  # the request's batch has started (its one-second inference is under way)
+        process.send_signal(signal.SIGTERM)
+        client.join(timeout=30)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert answers and answers[0].status_code == 200
+    assert answers[0].json()["outputs"][0]["data"] == ["wols"]
+    assert "returned" in stdout
+    logs = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert any(entry["message"] == "draining" for entry in logs)
+    assert any(entry.get("outcome") == "ok" and entry.get("model") == "reverse" for entry in logs)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/v2/health/live")
+
+
+# ---------------------------------------------------------------------------------------------
+# A real exported model: the server's answers equal serving.load(...).predict
+
+
+@pytest.fixture(scope="module")
+def artifact(fitted_reversal, tmp_path_factory):
+    """The conftest's fitted reversal model, exported once for this module."""
+    directory = tmp_path_factory.mktemp("served") / "reversal"
+    fitted_reversal.export_onnx(directory)
+    return directory
+
+
+class HeldRuntime:
+    """A real runtime whose batches wait at a gate, so that a test can pile up a queue."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.started = threading.Semaphore(0)
+        self.batch_sizes = []
+        self._gate = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def release(self):
+        self._gate.set()
+
+    def predict_batch(self, sources, temperature=None, with_attention=False):
+        self.batch_sizes.append(len(sources))
+        self.started.release()
+        if not self._gate.wait(timeout=30):
+            raise RuntimeError("test gate never released")
+        return self.runtime.predict_batch(sources, temperature, with_attention)
+
+
+def test_batched_answers_equal_unbatched_ones(artifact, reversal_data, serve):
+    import serving
+
+    reference = serving.load(artifact, device="cpu")
+    held = HeldRuntime(serving.load(artifact, device="cpu"))
+    server = serve(held, max_batch_size=64, max_delay_ms=1)
+    _, _, X_test, _ = reversal_data
+    sources = [*X_test[:20], "", X_test[0][:1]]
+    temperatures = [None, 0.5] * (len(sources) // 2)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            url = f"/v2/models/{MODEL}/infer"
+            hold = asyncio.ensure_future(client.post(url, json=infer_body(["1"])))
+            await asyncio.to_thread(held.started.acquire)
+            posts = []
+            for source, temperature in zip(sources, temperatures, strict=True):
+                params = {} if temperature is None else {"temperature": temperature}
+                body = infer_body(
+                    [source],
+                    parameters=params,
+                    outputs=[{"name": n} for n in protocol.OUTPUT_NAMES],
+                )
+                posts.append(asyncio.ensure_future(client.post(url, json=body)))
+            await asyncio.to_thread(wait_until, lambda: server.batcher.queue_depth == len(posts))
+            held.release()
+            await hold
+            return await asyncio.gather(*posts)
+
+    responses = asyncio.run(scenario())
+    assert held.batch_sizes == [1, len(sources) // 2, len(sources) // 2]  # one per temperature
+    for source, temperature, response in zip(sources, temperatures, responses, strict=True):
+        outputs = {o["name"]: o for o in response.json()["outputs"]}
+        [prediction] = reference.predict([source], temperature)
+        [attention] = reference.predict_attention([source], temperature)
+        assert outputs["prediction"]["data"] == [prediction]
+        assert outputs["attention_lengths"]["data"] == list(attention.shape)
+        served = np.array(outputs["attention"]["data"], dtype=np.float32).reshape(attention.shape)
+        np.testing.assert_allclose(served, attention, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_soak_64_concurrent_clients_get_every_answer_right(artifact, reversal_data, serve):
+    import serving
+
+    reference = serving.load(artifact, device="cpu")
+    server = serve(serving.load(artifact, device="cpu"), max_batch_size=32, max_delay_ms=2)
+    _, _, X_test, _ = reversal_data
+    pool = [*X_test, "", "9" * min(reference.max_source_length, 40)]
+    expected = {s: reference.predict([s])[0] for s in pool}  # one source per call: unbatched
+    n_clients, n_requests = 64, 4
+
+    async def client(index, http):
+        answers = []
+        for k in range(n_requests):
+            start = (index * n_requests + k) * 3
+            sources = [pool[(start + j) % len(pool)] for j in range(1 + (index + k) % 3)]
+            response = await http.post(f"/v2/models/{MODEL}/infer", json=infer_body(sources))
+            answers.append((sources, response.status_code, response.json()))
+        return answers
+
+    async def scenario():
+        ssl_context = ssl.create_default_context()  # one for all: making one costs ~10 ms
+        clients = [
+            httpx.AsyncClient(base_url=server.url, timeout=60, verify=ssl_context)
+            for _ in range(n_clients)
+        ]
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*(client(i, http) for i, http in enumerate(clients))), timeout=120
+            )
+        finally:
+            for http in clients:
+                await http.aclose()
+
+    results = [answer for answers in asyncio.run(scenario()) for answer in answers]
+    assert len(results) == n_clients * n_requests
+    for sources, status, body in results:
+        assert status == 200, body
+        assert body["outputs"][0]["data"] == [expected[s] for s in sources]
+    n_items = sum(len(sources) for sources, _, _ in results)
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="ok") == len(results)
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == n_items  # nothing lost
+    assert server.metric("skattn_batch_size_count", model=MODEL) < n_items  # batches formed
+    assert server.metric("skattn_queue_depth", model=MODEL) == 0
+
+
+@pytest.mark.slow
+def test_cli_serves_an_exported_model_to_tritonclient(artifact, tmp_path):
+    import serving
+
+    expected = serving.load(artifact, device="cpu").predict(["123", "98765"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving", "--model-dir", str(artifact), "--port", str(port),
+         "--model-name", "rev", "--device", "cpu", "--max-delay-ms", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        client = triton.InferenceServerClient(url=f"127.0.0.1:{port}", network_timeout=30)
+
+        def ready():
+            try:
+                return client.is_model_ready("rev")
+            except Exception:  # not listening yet
+                return False
+
+        wait_until(ready, timeout=60)
+        result = client.infer("rev", [source_input(["123", "98765"])])
+        meta = client.get_model_metadata("rev")
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert [p.decode() for p in result.as_numpy("prediction")] == expected
+    assert meta["parameters"]["provider"] == "CPUExecutionProvider"
+    assert process.returncode == 0, stderr
