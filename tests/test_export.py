@@ -1,0 +1,245 @@
+"""Tests for skattn.export: every model kind exports, and the graphs equal the torch module.
+
+The graphs are checked directly against ``Seq2SeqModule.encode`` / ``step`` (the runtime's
+end-to-end parity with ``Seq2Seq.predict`` is in test_runtime.py), at batch sizes and source
+lengths other than the traced ones, longer than any the module was traced or trained with.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from serving.artifact import (
+    decoder_input_names,
+    decoder_output_names,
+    encoder_input_names,
+    encoder_output_names,
+    read_artifact,
+    sha256_file,
+)
+from skattn import Seq2Seq
+from skattn.export import export_module, export_onnx
+from skattn.models import Seq2SeqModule
+from skattn.text import EOS, SPECIAL_TOKENS
+
+SOURCE_VOCABULARY = [*SPECIAL_TOKENS, *"abcdefghij"]
+TARGET_VOCABULARY = [*SPECIAL_TOKENS, *"klmnop"]
+
+# Every scorer x decoder x attention kind ("none" ignores the scorer), plus the LSTM cell and
+# Luong without input feeding.
+KINDS = [
+    dict(decoder=decoder, attention=attention, scorer=scorer)
+    for decoder in ("bahdanau", "luong")
+    for attention in ("global", "local-m", "local-p")
+    for scorer in ("dot", "general", "additive", "scaled_dot")
+] + [
+    dict(decoder="bahdanau", attention="none", scorer="additive"),
+    dict(decoder="luong", attention="none", scorer="additive"),
+    dict(decoder="luong", attention="global", scorer="general", input_feeding=False),
+    dict(decoder="luong", attention="local-p", scorer="additive", cell="lstm"),
+    dict(decoder="bahdanau", attention="local-m", scorer="dot", cell="lstm", num_layers=2),
+]
+
+
+def kind_id(kind: dict) -> str:
+    return "-".join(str(v) for v in kind.values())
+
+
+def make_module(seed: int = 0, **kind) -> Seq2SeqModule:
+    torch.manual_seed(seed)
+    kind = {"window": 2, **kind}
+    return Seq2SeqModule(
+        len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), embedding_dim=6, hidden_size=8, **kind
+    ).eval()
+
+
+def export(module: Seq2SeqModule, path, **kwargs):
+    return export_module(
+        module,
+        path,
+        source_vocabulary=SOURCE_VOCABULARY,
+        target_vocabulary=TARGET_VOCABULARY,
+        tokenizer="char",
+        **kwargs,
+    )
+
+
+def random_source(B: int, T: int, rng: np.random.Generator):
+    """``(B, T)`` ids with lengths in ``1..T`` (one item of each extreme), ending in EOS."""
+    lengths = rng.integers(1, T + 1, size=B)
+    lengths[0] = T
+    lengths[-1] = 1 if B > 1 else T
+    src = np.zeros((B, T), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        src[row, : length - 1] = rng.integers(4, len(SOURCE_VOCABULARY), size=length - 1)
+        src[row, length - 1] = EOS
+    return src, lengths.astype(np.int64)
+
+
+def sessions(directory):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return [
+        ort.InferenceSession(str(directory / name), options, providers=["CPUExecutionProvider"])
+        for name in ("encoder.onnx", "decoder_step.onnx")
+    ]
+
+
+# A quick run (-m "not slow") keeps one kind per decoder and the multi-state ones.
+QUICK = {0, 12, len(KINDS) - 2, len(KINDS) - 1}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [k if i in QUICK else pytest.param(k, marks=pytest.mark.slow) for i, k in enumerate(KINDS)],
+    ids=kind_id,
+)
+def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
+    module = make_module(**kind)
+    directory = export(module, tmp_path / "model")
+
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "decoder_step.onnx",
+        "encoder.onnx",
+        "manifest.json",
+    ]
+    names = list(module.state_names)
+    signatures = {
+        "encoder.onnx": (encoder_input_names(), encoder_output_names(names)),
+        "decoder_step.onnx": (decoder_input_names(names), decoder_output_names(names)),
+    }
+    for file, (inputs, outputs) in signatures.items():
+        proto = onnx.load(directory / file)
+        onnx.checker.check_model(proto, full_check=True)
+        assert [i.name for i in proto.graph.input] == inputs
+        assert [o.name for o in proto.graph.output] == outputs
+        assert proto.graph.initializer, "weights must live inside the graph"
+        assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+    encoder, decoder = sessions(directory)
+    rng = np.random.default_rng(0)
+    # B and T other than the traced (3, 7); T=40 is longer than any traced or trained length.
+    for B in (1, 7, 64):
+        for T in (1, 8, 40):
+            src, lengths = random_source(B, T, rng)
+            with torch.no_grad():
+                memory, keys, mask, state = module.encode(
+                    torch.from_numpy(src), torch.from_numpy(lengths)
+                )
+            encoded = encoder.run(None, {"src": src, "src_lengths": lengths})
+            for got, want in zip(encoded, (memory, keys, mask, *state), strict=True):
+                np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-4)
+
+            y_prev = rng.integers(1, len(TARGET_VOCABULARY), size=B)
+            temperature, position = 0.6, int(rng.integers(0, 2 * T + 1))
+            with torch.no_grad():
+                log_probs, new_state, weights = module.step(
+                    torch.from_numpy(y_prev),
+                    state,
+                    memory,
+                    keys,
+                    mask,
+                    torch.tensor(temperature),
+                    torch.tensor(position),
+                )
+            feeds = dict(zip(encoder_output_names(names), encoded, strict=True))
+            feeds |= {
+                "y_prev": y_prev,
+                "temperature": np.array(temperature, dtype=np.float32),
+                "position": np.array(position, dtype=np.int64),
+            }
+            stepped = decoder.run(None, feeds)
+            for got, want in zip(stepped, (log_probs, *new_state, weights), strict=True):
+                np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-4)
+            np.testing.assert_allclose(stepped[-1].sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_manifest_records_the_model_and_checksums(tmp_path):
+    module = make_module(decoder="luong", attention="local-m", scorer="general", cell="lstm")
+    directory = export(
+        module,
+        tmp_path / "model",
+        output_kind="tokens",
+        beam_size=3,
+        length_penalty=0.5,
+        temperature=0.8,
+        max_source_length=50,
+        max_output_length=12,
+    )
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["format_version"] == 1
+    assert manifest["source_vocabulary"] == SOURCE_VOCABULARY
+    assert manifest["target_vocabulary"] == TARGET_VOCABULARY
+    assert manifest["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+    assert (manifest["decoder"], manifest["attention"], manifest["scorer"]) == (
+        "luong",
+        "local-m",
+        "general",
+    )
+    assert manifest["cell"] == "lstm" and manifest["input_feeding"] is True
+    assert manifest["state_names"] == ["hidden", "cell", "feed"]
+    assert manifest["limits"] == {"max_source_length": 50, "max_output_length": 12}
+    assert (manifest["beam_size"], manifest["length_penalty"], manifest["temperature"]) == (
+        3,
+        0.5,
+        0.8,
+    )
+    assert manifest["output_kind"] == "tokens" and manifest["tokenizer"] == "char"
+    assert manifest["files"] == {
+        name: sha256_file(directory / name) for name in ("encoder.onnx", "decoder_step.onnx")
+    }
+    assert read_artifact(directory).manifest == manifest
+
+
+def test_export_leaves_the_module_untouched(tmp_path):
+    module = make_module()
+    module.train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    export(module, tmp_path / "model")
+    assert module.training
+    after = module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_reexport_overwrites_a_previous_artifact(tmp_path):
+    export(make_module(seed=0), tmp_path / "model")
+    first = sha256_file(tmp_path / "model" / "encoder.onnx")
+    export(make_module(seed=1), tmp_path / "model")
+    assert sha256_file(tmp_path / "model" / "encoder.onnx") != first
+    read_artifact(tmp_path / "model")  # checksums match the new files
+
+
+def test_export_refuses_a_directory_with_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="path"):
+        export(make_module(), tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="path"):
+        export(make_module(), tmp_path / "file")
+
+
+class PositionAsConstant(Seq2SeqModule):
+    """A step that reads ``position`` as a Python float: tracing bakes it into the graph."""
+
+    def step(self, y_prev, state, memory, keys, mask, temperature, position):
+        log_probs, state, weights = super().step(
+            y_prev, state, memory, keys, mask, temperature, position
+        )
+        return log_probs + 0.01 * float(position), state, weights
+
+
+def test_export_detects_a_graph_that_differs_from_torch(tmp_path):
+    torch.manual_seed(0)
+    module = PositionAsConstant(len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), hidden_size=8)
+    with pytest.raises(RuntimeError, match="decoder_step.onnx.*log_probs"):
+        export(module.eval(), tmp_path / "model")
+    assert not (tmp_path / "model" / "manifest.json").exists()
+
+
+def test_export_onnx_needs_a_fitted_estimator(tmp_path):
+    with pytest.raises(ValueError, match="fitted"):
+        export_onnx(Seq2Seq(), tmp_path / "model")

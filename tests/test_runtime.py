@@ -1,0 +1,398 @@
+"""serving: the onnxruntime runtime equals Seq2Seq.predict, and bad artifacts fail clearly.
+
+Models are tiny and trained for a few dozen steps on string reversal: parity needs models whose
+outputs vary with the input (a few hundred sources give dozens of distinct
+predictions), not good ones. The test sources include the empty string, characters never seen
+in training, and lengths more than twice the longest training source.
+"""
+
+import copy
+import json
+import logging
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import serving
+from serving.artifact import ArtifactError, sha256_file
+from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
+from skattn import Seq2Seq
+
+ALPHABET = list("abcdef")
+
+
+def reversal_pairs(n: int, seed: int, min_length: int, max_length: int):
+    rng = np.random.default_rng(seed)
+    X = [
+        "".join(rng.choice(ALPHABET, size=rng.integers(min_length, max_length + 1)))
+        for _ in range(n)
+    ]
+    return X, [x[::-1] for x in X]
+
+
+X_TRAIN, Y_TRAIN = reversal_pairs(64, seed=0, min_length=1, max_length=6)
+_sources, _ = reversal_pairs(240, seed=1, min_length=0, max_length=15)
+# Every fifth source holds characters never seen in training (-> <unk>).
+SOURCES = [s + "zé" if i % 5 == 0 else s for i, s in enumerate(_sources)]
+
+FIT_PARAMS = dict(
+    embedding_dim=8,
+    hidden_size=16,
+    window=3,
+    batch_size=16,
+    max_steps=30,
+    learning_rate=0.03,
+    early_stopping=False,
+    max_output_length=12,
+    device="cpu",
+    random_state=0,
+)
+
+KINDS = [
+    dict(decoder=decoder, attention=attention, scorer=scorer)
+    for decoder in ("bahdanau", "luong")
+    for attention in ("global", "local-m", "local-p")
+    for scorer in ("dot", "general", "additive", "scaled_dot")
+] + [
+    dict(decoder="bahdanau", attention="none"),
+    dict(decoder="luong", attention="none"),
+    dict(decoder="luong", attention="global", scorer="general", input_feeding=False),
+    dict(decoder="luong", attention="local-p", scorer="additive", cell="lstm"),
+]
+
+
+def kind_id(kind: dict) -> str:
+    return "-".join(str(v) for v in kind.values())
+
+
+def fit(X=X_TRAIN, y=Y_TRAIN, **params) -> Seq2Seq:
+    return Seq2Seq(**{**FIT_PARAMS, **params}).fit(X, y)
+
+
+def load(directory, **options):
+    """One intra-op thread: tiny graphs on a shared 2-core machine run fastest that way."""
+    return serving.load(directory, **{"device": "cpu", "intra_op_num_threads": 1, **options})
+
+
+def assert_same_attention(expected: list, actual: list) -> None:
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def fitted() -> Seq2Seq:
+    return fit()
+
+
+@pytest.fixture(scope="module")
+def artifact(fitted, tmp_path_factory):
+    return fitted.export_onnx(tmp_path_factory.mktemp("artifact") / "reverser")
+
+
+@pytest.fixture(scope="module")
+def runtime(artifact):
+    return load(artifact)
+
+
+# -- parity with the estimator --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        kind if i == 0 else pytest.param(kind, marks=pytest.mark.slow)
+        for i, kind in enumerate(KINDS)
+    ],
+    ids=kind_id,
+)
+def test_predictions_and_attention_equal_the_estimator(kind, tmp_path):
+    estimator = fit(**kind)
+    runtime = load(estimator.export_onnx(tmp_path / "model"))
+
+    expected = estimator.predict(SOURCES)
+    assert len(set(expected)) > 20, "the model must not be degenerate for parity to mean much"
+    assert runtime.predict(SOURCES) == expected
+    assert_same_attention(estimator.predict_attention(SOURCES), runtime.predict_attention(SOURCES))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict(decoder="bahdanau", attention="global", scorer="additive"),
+        dict(decoder="luong", attention="local-m", scorer="dot", cell="lstm"),
+    ],
+    ids=kind_id,
+)
+def test_beam_search_equals_the_estimator(kind, tmp_path):
+    estimator = fit(beam_size=3, length_penalty=0.7, **kind)
+    runtime = load(estimator.export_onnx(tmp_path / "model"))
+    sources = SOURCES[:80]
+    assert runtime.predict(sources) == estimator.predict(sources)
+    assert_same_attention(estimator.predict_attention(sources), runtime.predict_attention(sources))
+
+
+def test_token_list_targets_give_token_lists(tmp_path):
+    X = [" ".join(x) for x in X_TRAIN]  # space-separated tokens
+    y = [list(t) for t in Y_TRAIN]
+    estimator = fit(X, y, tokenizer="space")
+    runtime = load(estimator.export_onnx(tmp_path / "model"))
+    sources = [" ".join(s) for s in SOURCES[:60]]
+    predictions = runtime.predict(sources)
+    assert all(isinstance(p, list) for p in predictions)
+    assert predictions == estimator.predict(sources)
+
+
+def test_temperature_per_call_equals_the_estimator_at_that_temperature(fitted, runtime):
+    sources = SOURCES[:100]
+    estimator = copy.deepcopy(fitted).set_params(temperature=0.25)
+    sharp = runtime.predict_attention(sources, temperature=0.25)
+    assert runtime.predict(sources, temperature=0.25) == estimator.predict(sources)
+    assert_same_attention(estimator.predict_attention(sources), sharp)
+    default = runtime.predict_attention(sources)
+    assert any(
+        a.shape != b.shape or not np.allclose(a, b) for a, b in zip(sharp, default, strict=True)
+    )
+
+
+def test_results_do_not_depend_on_batch_composition(runtime):
+    sources = SOURCES[:40]
+    together, attention = runtime.predict_batch(sources, with_attention=True)
+    alone = [runtime.predict_batch([s], with_attention=True) for s in sources]
+    assert together == [p[0] for p, _ in alone]
+    assert_same_attention(attention, [a[0] for _, a in alone])
+    backwards, attention_backwards = runtime.predict_batch(sources[::-1], with_attention=True)
+    assert backwards[::-1] == together
+    assert_same_attention(attention, attention_backwards[::-1])
+
+
+def test_chunked_batches_and_io_binding_give_the_same_results(artifact, runtime):
+    expected, attention = runtime.predict_batch(SOURCES, with_attention=True)
+    for other in (
+        load(artifact, max_batch_size=7),
+        load(artifact, io_binding=True),  # the CUDA code path, on CPU
+    ):
+        got, got_attention = other.predict_batch(SOURCES, with_attention=True)
+        assert got == expected
+        assert_same_attention(attention, got_attention)
+
+
+def test_io_binding_beam_search_equals_the_numpy_backend(tmp_path):
+    estimator = fit(beam_size=2, decoder="luong", attention="local-p", scorer="general")
+    directory = estimator.export_onnx(tmp_path / "model")
+    plain = load(directory, io_binding=False)
+    bound = load(directory, io_binding=True)
+    sources = SOURCES[:60]
+    assert bound.predict(sources) == plain.predict(sources) == estimator.predict(sources)
+    assert_same_attention(plain.predict_attention(sources), bound.predict_attention(sources))
+
+
+def test_attention_maps_have_one_row_per_token_and_sum_to_one(runtime):
+    predictions, attentions = runtime.predict_batch(SOURCES[:50], with_attention=True)
+    for source, prediction, weights in zip(SOURCES[:50], predictions, attentions, strict=True):
+        assert weights.shape == (len(prediction), len(source) + 1)
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def test_empty_input_gives_empty_results(runtime):
+    assert runtime.predict([]) == []
+    assert runtime.predict_attention([]) == []
+    assert runtime.predict_batch([], with_attention=True) == ([], [])
+    assert runtime.predict_batch([]) == ([], None)
+
+
+@pytest.mark.parametrize(
+    "sources", [["abc", 3], ["abc", None], [b"abc"], "abc", b"abc", 5, {"abc": 1}, iter(["a"])]
+)
+def test_non_string_inputs_raise(runtime, sources):
+    with pytest.raises(ValueError, match="sources"):
+        runtime.predict(sources)
+
+
+def test_any_sized_collection_of_str_is_accepted(runtime):
+    expected = runtime.predict(["abc", "fed"])
+    assert runtime.predict(("abc", "fed")) == expected
+    assert runtime.predict(np.array(["abc", "fed"])) == expected
+
+
+def test_check_source(runtime):
+    runtime.check_source("")
+    runtime.check_source("a" * runtime.max_source_length)
+    with pytest.raises(ValueError, match="max_source_length"):
+        runtime.check_source("a" * (runtime.max_source_length + 1))
+    with pytest.raises(ValueError, match="str"):
+        runtime.check_source(["a"])
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf"), "1", True])
+def test_bad_temperature_raises(runtime, temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        runtime.predict(["abc"], temperature=temperature)
+
+
+# -- the runtime object ---------------------------------------------------------------------
+
+
+def test_runtime_describes_itself(runtime, fitted):
+    assert runtime.name == "reverser"
+    assert runtime.provider == CPU_PROVIDER
+    assert runtime.manifest["format_version"] == 1
+    assert runtime.max_source_length >= fitted.max_source_length_
+    assert "reverser" in repr(runtime)
+
+
+def test_provider_choice_is_logged(artifact, caplog):
+    with caplog.at_level(logging.INFO, logger="serving.runtime"):
+        runtime = serving.load(artifact, device="auto", name="named")
+    assert runtime.name == "named"
+    assert runtime.provider in {CPU_PROVIDER, CUDA_PROVIDER}
+    assert any(runtime.provider in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.skipif(CUDA_PROVIDER in ort.get_available_providers(), reason="a GPU is present")
+def test_cuda_without_a_gpu_is_a_clear_error(artifact):
+    with pytest.raises(ValueError, match="CUDA"):
+        serving.load(artifact, device="cuda")
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", None])
+def test_unknown_device_raises(artifact, device):
+    with pytest.raises(ValueError, match="device"):
+        serving.load(artifact, device=device)
+
+
+def test_session_options_are_set_on_purpose():
+    options = session_options(3)
+    assert options.intra_op_num_threads == 3
+    assert options.inter_op_num_threads == 1
+    assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert session_options().intra_op_num_threads >= 1
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="intra_op_num_threads"):
+            session_options(bad)
+
+
+def test_serving_never_imports_torch_or_sklearn(artifact):
+    code = (
+        "import sys, serving\n"
+        f"runtime = serving.load({str(artifact)!r}, device='cpu')\n"
+        "prediction = runtime.predict(['abc', 'zz'])\n"
+        "runtime.predict_attention(['abc'])\n"
+        "assert len(prediction) == 2, prediction\n"
+        "heavy = sorted(m for m in ('torch', 'sklearn', 'skattn.estimator', 'skattn.models')\n"
+        "               if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# -- bad artifacts --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def copy_of(artifact, tmp_path):
+    """A fresh copy of the artifact directory that a test may damage."""
+    return shutil.copytree(artifact, tmp_path / "model")
+
+
+def rewrite_manifest(directory, **changes):
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_missing_directory_is_named(tmp_path):
+    with pytest.raises(ArtifactError, match="no_such_model"):
+        serving.load(tmp_path / "no_such_model")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "encoder.onnx", "decoder_step.onnx"])
+def test_a_missing_file_is_named(copy_of, name):
+    (copy_of / name).unlink()
+    with pytest.raises(ArtifactError, match=name.replace(".", r"\.")):
+        serving.load(copy_of)
+
+
+def test_a_wrong_checksum_is_named(copy_of):
+    path = copy_of / "decoder_step.onnx"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"decoder_step\.onnx.*checksum"):
+        serving.load(copy_of)
+
+
+def test_a_newer_format_version_is_refused(copy_of):
+    rewrite_manifest(copy_of, format_version=2)
+    with pytest.raises(ArtifactError, match=r"manifest\.json.*newer"):
+        serving.load(copy_of)
+
+
+def test_a_truncated_graph_is_named_even_with_a_matching_checksum(copy_of):
+    path = copy_of / "encoder.onnx"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    files = json.loads((copy_of / "manifest.json").read_text())["files"]
+    rewrite_manifest(copy_of, files={**files, "encoder.onnx": sha256_file(path)})
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx"):
+        serving.load(copy_of)
+
+
+def test_swapped_graphs_are_named(copy_of):
+    encoder, decoder = copy_of / "encoder.onnx", copy_of / "decoder_step.onnx"
+    encoder_bytes = encoder.read_bytes()
+    encoder.write_bytes(decoder.read_bytes())
+    decoder.write_bytes(encoder_bytes)
+    rewrite_manifest(
+        copy_of,
+        files={"encoder.onnx": sha256_file(encoder), "decoder_step.onnx": sha256_file(decoder)},
+    )
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx.*signature"):
+        serving.load(copy_of)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "JSON"),
+        ("[1, 2]", "object"),
+        (json.dumps({"format_version": 1}), "missing key"),
+    ],
+)
+def test_a_malformed_manifest_is_named(copy_of, text, message):
+    (copy_of / "manifest.json").write_text(text)
+    with pytest.raises(ArtifactError, match=rf"manifest\.json.*{message}"):
+        serving.load(copy_of)
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"beam_size": 0}, "beam_size"),
+        ({"output_kind": "bytes"}, "output_kind"),
+        ({"limits": {"max_source_length": 0, "max_output_length": 5}}, "max_source_length"),
+        ({"special_ids": {"pad": 1, "bos": 0, "eos": 2, "unk": 3}}, "special_ids"),
+        ({"input_feeding": 1}, "input_feeding"),
+    ],
+)
+def test_bad_manifest_values_are_named(copy_of, changes, key):
+    rewrite_manifest(copy_of, **changes)
+    with pytest.raises(ArtifactError, match=key):
+        serving.load(copy_of)
+
+
+def test_artifact_error_is_a_value_error():
+    assert issubclass(ArtifactError, ValueError)
