@@ -53,7 +53,7 @@ from serving.artifact import (
     read_artifact,
 )
 from skattn.decoding import Hypothesis, beam_decode, greedy_decode
-from skattn.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, pad_batch, tokenize
+from skattn.text import EOS, Vocabulary, detokenize, pad_batch, tokenize
 
 __all__ = ["BoundBackend", "NumpyBackend", "Runtime", "load", "session_options"]
 
@@ -62,7 +62,6 @@ logger = logging.getLogger(__name__)
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 DEFAULT_MAX_BATCH_SIZE = 256
-N_SPECIALS = len(SPECIAL_TOKENS)
 
 Carry = dict[str, Any]
 
@@ -542,10 +541,9 @@ class Runtime:
             return predictions, None
         attentions = []
         for ids, hypothesis in zip(id_lists, hypotheses, strict=True):
-            # One row per token the prediction keeps (the target vocabulary drops any special
-            # id an undertrained model emits), one column per source token and the EOS marker.
-            kept = [i for i, token in enumerate(hypothesis.tokens) if token >= N_SPECIALS]
-            weights = hypothesis.weights[kept, : len(ids)]  # (T_y, T_x)
+            # One row per output token (decoding never emits a special id), one column per
+            # source token and the end-of-source marker.
+            weights = hypothesis.weights[: len(hypothesis.tokens), : len(ids)]  # (T_y, T_x)
             attentions.append(weights.astype(np.float64))  # float64, as the estimator's
         return predictions, attentions
 

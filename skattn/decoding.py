@@ -20,8 +20,14 @@ from typing import Any
 
 import numpy as np
 
-BOS_ID = 1
-EOS_ID = 2
+from skattn.text import BOS, EOS, PAD, UNK
+
+BOS_ID = BOS
+EOS_ID = EOS
+# Ids no target sequence holds: a model is never trained to emit them, and an undertrained one
+# that tried would leave an output position with no token. Decoding never chooses them, so every
+# output token has exactly one attention row: ``weights[:len(tokens)]``.
+NEVER_EMITTED = (PAD, BOS, UNK)
 
 StepFn = Callable[[np.ndarray, Any, int], tuple[np.ndarray, Any, np.ndarray]]
 SelectFn = Callable[[Any, np.ndarray], Any]
@@ -59,11 +65,12 @@ def _check_int(value: Any, name: str, minimum: int) -> int:
 
 
 def _call_step(
-    step: StepFn, y_prev: np.ndarray, carry: Any, position: int
+    step: StepFn, y_prev: np.ndarray, carry: Any, position: int, never: tuple[int, ...]
 ) -> tuple[np.ndarray, Any, np.ndarray]:
-    """Run one decoder step and check the shapes that cross the seam."""
+    """Run one decoder step, check the shapes that cross the seam, rule out ``never`` ids."""
     log_probs, carry, weights = step(y_prev, carry, position)
-    log_probs = np.asarray(log_probs, dtype=np.float64)
+    log_probs = np.array(log_probs, dtype=np.float64)  # a copy: the backend's array is not ours
+    log_probs[:, list(never)] = -np.inf
     weights = np.asarray(weights)
     n = y_prev.shape[0]
     if log_probs.ndim != 2 or log_probs.shape[0] != n:
@@ -82,6 +89,7 @@ def greedy_decode(
     *,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    never: tuple[int, ...] = NEVER_EMITTED,
 ) -> list[Hypothesis]:
     """Decode a batch by taking the most probable token at every step.
 
@@ -102,6 +110,8 @@ def greedy_decode(
         Maximum number of output tokens per item (EOS not counted).
     bos_id, eos_id : int
         Start and end token ids.
+    never : tuple of int, default=(PAD, BOS, UNK)
+        Token ids that are never chosen (their log-probability is taken as -inf).
 
     Returns
     -------
@@ -119,7 +129,8 @@ def greedy_decode(
     for position in range(max_length):
         if alive.size == 0:
             break
-        log_probs, carry, weights = _call_step(step, y_prev, carry, position)  # (N, V), (N, T)
+        log_probs, carry, weights = _call_step(step, y_prev, carry, position, never)
+        # log_probs (N, V), weights (N, T)
         best = log_probs.argmax(axis=1)  # (N,)
         for row, item in enumerate(alive):
             scores[item] += log_probs[row, best[row]]
@@ -162,6 +173,7 @@ def beam_decode(
     *,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    never: tuple[int, ...] = NEVER_EMITTED,
 ) -> list[Hypothesis]:
     """Decode a batch with beam search and length-normalised scores.
 
@@ -181,6 +193,7 @@ def beam_decode(
         Number of hypotheses kept per item. ``beam_size=1`` is greedy decoding.
     length_penalty : float, default=1.0
         Exponent of the length normalisation; 0 ranks by the plain sum of log-probabilities.
+    bos_id, eos_id, never : see :func:`greedy_decode`.
 
     Returns
     -------
@@ -201,7 +214,8 @@ def beam_decode(
     for position in range(max_length):
         if owner.size == 0:
             break
-        log_probs, carry, weights = _call_step(step, y_prev, carry, position)  # (N, V), (N, T)
+        log_probs, carry, weights = _call_step(step, y_prev, carry, position, never)
+        # log_probs (N, V), weights (N, T)
         vocab = log_probs.shape[1]
         next_rows: list[int] = []
         next_owner: list[int] = []

@@ -32,7 +32,6 @@ from skattn.text import (
     BOS,
     EOS,
     PAD,
-    SPECIAL_TOKENS,
     TOKENIZERS,
     Vocabulary,
     detokenize,
@@ -662,10 +661,9 @@ class Seq2Seq(BaseEstimator):
         sources, hyps = self._predict_hypotheses(X)
         maps = []
         for source, hyp in zip(sources, hyps, strict=True):
-            # The rows of the tokens that predict keeps (an undertrained model may emit a
-            # special id, which decoding drops), the columns of the source and its EOS marker.
-            kept = [i for i, token in enumerate(hyp.tokens) if token >= len(SPECIAL_TOKENS)]
-            maps.append(hyp.weights[kept, : len(source) + 1].astype(np.float64))
+            # One row per output token (decoding never emits a special id), the columns of the
+            # source and its end-of-source marker.
+            maps.append(hyp.weights[: len(hyp.tokens), : len(source) + 1].astype(np.float64))
         return maps
 
     def score(self, X: Sequence, y: Sequence) -> float:

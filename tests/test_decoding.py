@@ -256,3 +256,26 @@ def test_step_returning_wrong_shapes_is_reported():
 
     with pytest.raises(ValueError, match="log_probs"):
         greedy_decode(step, HistoryBackend.select, {}, 2, 3)
+
+
+def test_special_ids_are_never_emitted_so_each_token_has_one_attention_row():
+    # A step that prefers PAD, BOS and UNK over everything; the best real token is 5 until the
+    # third step, then EOS. Decoding must pick 5, 5, 5, EOS: one attention row per output token.
+    def step(y_prev, carry, position):
+        log_p = np.full((len(y_prev), 7), -10.0)
+        log_p[:, [0, 1, 3]] = -0.01
+        log_p[:, 5] = -1.0
+        log_p[:, 2] = -0.5 if position == 3 else -50.0
+        return log_p, carry, np.full((len(y_prev), 4), 0.25)
+
+    def select(carry, rows):
+        return carry
+
+    for hyp in (
+        greedy_decode(step, select, None, 2, max_length=10)[0],
+        beam_decode(step, select, None, 2, 3, 10)[0],
+    ):
+        assert hyp.tokens == [5, 5, 5]
+        assert hyp.weights.shape == (4, 4)  # three tokens and the EOS step
+    allowed = greedy_decode(step, select, None, 1, max_length=2, never=())[0]
+    assert allowed.tokens == [0, 0]  # without the rule the specials win
