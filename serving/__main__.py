@@ -37,6 +37,14 @@ def default_intra_op_threads() -> int:
     return max(1, cores - 1)
 
 
+def _model_dir(value: str) -> tuple[str | None, Path]:
+    """``DIR`` or ``NAME=DIR`` -> (name or None, directory)."""
+    name, sep, rest = value.partition("=")
+    if sep and name and "/" not in name and not Path(value).is_dir():
+        return name, Path(rest)
+    return None, Path(value)
+
+
 def _device(value: str) -> str:
     if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
         return value
@@ -51,9 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve an exported skattn model over the Open Inference Protocol (KServe v2).",
     )
     parser.add_argument(
-        "--model-dir", required=True, type=Path, help="artifact directory (export_onnx)"
+        "--model-dir",
+        required=True,
+        action="append",
+        type=_model_dir,
+        metavar="[NAME=]DIR",
+        help="artifact directory (export_onnx); repeat as NAME=DIR to serve several models, "
+        "each under its own name (default name: the directory's)",
     )
-    parser.add_argument("--model-name", help="name to serve it under (default: the model's name)")
+    parser.add_argument(
+        "--model-name", help="name to serve a single --model-dir under (default: its directory's)"
+    )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
@@ -152,17 +168,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--shutdown-timeout must be positive, got {args.shutdown_timeout}")
     if args.intra_op_threads < 1:
         parser.error(f"--intra-op-threads must be >= 1, got {args.intra_op_threads}")
-    runtime = _load(args.model_dir, args.device, args.model_name, args.intra_op_threads)
-    if runtime is None:
-        return 2
-    name = runtime.name
-    logger.info(
-        "model loaded",
-        extra={"model": name, "model_dir": str(args.model_dir), "provider": runtime.provider},
-    )
+    if args.model_name is not None:
+        if len(args.model_dir) > 1 or args.model_dir[0][0] is not None:
+            parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
+        args.model_dir = [(args.model_name, args.model_dir[0][1])]
+    runtimes = {}
+    for name, model_dir in args.model_dir:
+        runtime = _load(model_dir, args.device, name, args.intra_op_threads)
+        if runtime is None:
+            return 2
+        if runtime.name in runtimes:
+            parser.error(f"--model-dir: two models are named {runtime.name!r}; use NAME=DIR")
+        runtimes[runtime.name] = runtime
+        logger.info(
+            "model loaded",
+            extra={
+                "model": runtime.name,
+                "model_dir": str(model_dir),
+                "provider": runtime.provider,
+            },
+        )
     try:
         serve(
-            {name: runtime},
+            runtimes,
             settings,
             host=args.host,
             port=args.port,

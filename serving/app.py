@@ -41,6 +41,7 @@ from serving.batcher import (
     ItemResult,
     QueueFullError,
 )
+from serving.explorer import mount_explorer
 from serving.metrics import ModelMetrics, ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,7 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         return _error(400, f"invalid request: {exc.errors()}")
 
+    mount_explorer(app, runtimes)  # GET / (the attention explorer) and GET /v2/models
     return app
 
 

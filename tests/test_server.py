@@ -582,6 +582,17 @@ def test_cli_defaults_follow_the_design_and_bind_localhost():
         build_parser().parse_args(["--model-dir", "m", "--device", "tpu"])
 
 
+def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
+    args = build_parser().parse_args(["--model-dir", "a=x/m1", "--model-dir", "y/m2"])
+    assert args.model_dir == [("a", Path("x/m1")), (None, Path("y/m2"))]
+    odd = tmp_path / "with=sign"
+    odd.mkdir()  # an existing directory whose name holds "=" stays a directory
+    assert build_parser().parse_args(["--model-dir", str(odd)]).model_dir == [(None, odd)]
+    with pytest.raises(SystemExit):
+        main(["--model-dir", "a=x", "--model-dir", "b=y", "--model-name", "c"])
+    assert "--model-name names a single --model-dir" in capsys.readouterr().err
+
+
 def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
     assert main(["--model-dir", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
@@ -787,6 +798,53 @@ def test_soak_64_concurrent_clients_get_every_answer_right(artifact, reversal_da
     assert server.metric("skattn_batch_size_sum", model=MODEL) == n_items  # nothing lost
     assert server.metric("skattn_batch_size_count", model=MODEL) < n_items  # batches formed
     assert server.metric("skattn_queue_depth", model=MODEL) == 0
+
+
+@pytest.mark.slow
+def test_cli_serves_several_models_under_their_names(artifact, capsys, keep_logging):
+    with pytest.raises(SystemExit):  # two models may not share a name
+        main(["--model-dir", str(artifact), "--model-dir", str(artifact), "--device", "cpu"])
+    assert "two models are named" in capsys.readouterr().err
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving", "--model-dir", f"first={artifact}",
+         "--model-dir", f"second={artifact}", "--port", str(port), "--device", "cpu"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready():
+            try:
+                return httpx.get(f"{base}/v2/health/ready", timeout=2).status_code == 200
+            except httpx.HTTPError:  # not listening yet
+                return False
+
+        wait_until(ready, timeout=60)
+        listing = httpx.get(f"{base}/v2/models", timeout=5).json()
+        page = httpx.get(f"{base}/", timeout=5)
+        answers = [
+            httpx.post(
+                f"{base}/v2/models/{name}/infer",
+                json={"inputs": [{"name": "source", "shape": [1], "datatype": "BYTES",
+                                  "data": ["123"]}]},
+                timeout=30,
+            ).json()["outputs"][0]["data"]
+            for name in ("first", "second")
+        ]  # fmt: skip
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert [m["name"] for m in listing] == ["first", "second"]
+    assert all(m["ready"] for m in listing)
+    assert page.status_code == 200 and "Attention explorer" in page.text
+    assert answers[0] == answers[1]
+    assert process.returncode == 0, stderr
 
 
 @pytest.mark.slow
