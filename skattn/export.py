@@ -86,6 +86,9 @@ class _Encoder(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        # torch.onnx.export traces in eval mode, then restores *this* module's mode recursively:
+        # a wrapper left in the default training mode would switch ``model``'s dropout on.
+        self.train(model.training)
 
     def forward(self, src: torch.Tensor, src_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
         memory, keys, mask, state = self.model.encode(src, src_lengths)
@@ -99,6 +102,7 @@ class _DecoderStep(nn.Module):
         super().__init__()
         self.model = model
         self.n_states = n_states
+        self.train(model.training)  # as in _Encoder
 
     def forward(self, y_prev: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         state = tuple(inputs[: self.n_states])

@@ -205,6 +205,23 @@ def test_export_leaves_the_module_untouched(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_a_model_with_dropout_exports_its_eval_mode(training, tmp_path):
+    # torch.onnx.export restores the traced wrapper's mode afterwards; a wrapper left in training
+    # mode used to switch dropout on in the model being verified, and every export with
+    # dropout > 0 failed its own verification.
+    module = make_module(dropout=0.5, num_layers=2, decoder="luong", scorer="general")
+    module.train(training)
+    export(module, tmp_path / "model")
+    encoder, _ = sessions(tmp_path / "model")
+    src = torch.tensor([[4, 5, 6, 2], [7, 2, 0, 0]])
+    lengths = torch.tensor([4, 2])
+    got = encoder.run(["memory"], {"src": src.numpy(), "src_lengths": lengths.numpy()})[0]
+    with torch.no_grad():
+        want = module.eval().encode(src, lengths)[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_reexport_overwrites_a_previous_artifact(tmp_path):
     export(make_module(seed=0), tmp_path / "model")
     first = sha256_file(tmp_path / "model" / "encoder.onnx")
