@@ -65,7 +65,34 @@ def _cell_state(cell: str, hidden: torch.Tensor, cell_init: nn.Module | None, x:
     return (hidden,) if cell == "gru" else (hidden, cell_init(x))
 
 
-class BahdanauDecoder(nn.Module):
+class RecurrentDecoder(nn.Module):
+    """What the decoders share: one step is embed -> :meth:`recur` -> :meth:`predict`.
+
+    A subclass defines ``init_state(encoded)``, ``recur(embedded, state, memory, keys, mask,
+    temperature, position) -> (features, state, weights)`` (the part that must run one position
+    at a time), ``predict(features) -> logits`` (any leading shape) and the teacher-forced
+    ``forward``; it holds ``embedding`` and ``dropout``.
+    """
+
+    def step(
+        self,
+        y_prev: torch.Tensor,
+        state: State,
+        memory: torch.Tensor,
+        keys: torch.Tensor,
+        mask: torch.Tensor,
+        temperature: float | torch.Tensor,
+        position: torch.Tensor,
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """One step: logits ``(B, V)``, the new state, attention weights ``(B, T)``."""
+        embedded = self.dropout(self.embedding(y_prev))  # (B, E)
+        features, state, weights = self.recur(
+            embedded, state, memory, keys, mask, temperature, position
+        )
+        return self.predict(features), state, weights
+
+
+class BahdanauDecoder(RecurrentDecoder):
     r"""Bahdanau, Cho and Bengio (2015): attend with the previous state, then step.
 
     .. math::
@@ -137,23 +164,6 @@ class BahdanauDecoder(nn.Module):
         t = deep.unflatten(-1, (-1, 2)).amax(dim=-1)  # (..., H): maxout over pairs
         return self.output(self.dropout(t))  # (..., V)
 
-    def step(
-        self,
-        y_prev: torch.Tensor,
-        state: State,
-        memory: torch.Tensor,
-        keys: torch.Tensor,
-        mask: torch.Tensor,
-        temperature: float | torch.Tensor,
-        position: torch.Tensor,
-    ) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """One step: logits ``(B, V)``, the new state, attention weights ``(B, T)``."""
-        embedded = self.dropout(self.embedding(y_prev))  # (B, E)
-        features, state, weights = self.recur(
-            embedded, state, memory, keys, mask, temperature, position
-        )
-        return self.predict(features), state, weights
-
     def forward(
         self,
         tgt_in: torch.Tensor,
@@ -172,7 +182,7 @@ class BahdanauDecoder(nn.Module):
         return self.predict(features), weights
 
 
-class LuongDecoder(nn.Module):
+class LuongDecoder(RecurrentDecoder):
     r"""Luong, Pham and Manning (2015): step, then attend with the new state.
 
     .. math::
@@ -261,23 +271,6 @@ class LuongDecoder(nn.Module):
     def predict(self, attentional: torch.Tensor) -> torch.Tensor:
         """Logits ``s~ W_o`` for any leading shape ``(..., H)``."""
         return self.output(self.dropout(attentional))  # (..., V)
-
-    def step(
-        self,
-        y_prev: torch.Tensor,
-        state: State,
-        memory: torch.Tensor,
-        keys: torch.Tensor,
-        mask: torch.Tensor,
-        temperature: float | torch.Tensor,
-        position: torch.Tensor,
-    ) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """One step: logits ``(B, V)``, the new state, attention weights ``(B, T)``."""
-        embedded = self.dropout(self.embedding(y_prev))  # (B, E)
-        attentional, state, weights = self.recur(
-            embedded, state, memory, keys, mask, temperature, position
-        )
-        return self.predict(attentional), state, weights
 
     def forward(
         self,
