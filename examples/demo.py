@@ -1,0 +1,134 @@
+"""skattn end to end: the seeds' math, a trained model, its ONNX export and the server.
+
+1. The seeds' worked examples through ``skattn.reference`` (the test oracle).
+2. The seeds' experiment: digit reversal with and without attention (``reversal_attention.py``).
+3. The attention model exported to ONNX and served by ``python -m serving`` on loopback.
+4. Queried over the Open Inference Protocol (KServe v2), checked against the estimator, and shut
+   down with SIGTERM.
+
+    python examples/demo.py            # the full demo (a few minutes on 2 CPU cores)
+    python examples/demo.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from reversal_attention import format_table, run_experiment, save_heatmap
+from skattn import reference
+
+
+def seeds_worked_examples() -> None:
+    """Print the two worked examples of the seed chapters, computed by the reference."""
+    s = np.array([[1.0, 0.0]])
+    H = np.array([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]])
+    eye = np.eye(2)
+    context, weights = reference.additive_attention(s, H, eye, eye, np.ones(2))
+    print("additive attention (seed 000):  weights", np.round(weights[0], 3),
+          " context", np.round(context[0], 3))
+    s = np.array([[2.0, 0.0]])
+    H = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
+    weights = reference.masked_softmax(reference.luong_scores(s, H, "dot"))
+    context = np.einsum("bt,btd->bd", weights, H)
+    print("dot attention      (seed 001):  weights", np.round(weights[0], 3),
+          " context", np.round(context[0], 3))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
+    """Start the server on ``model_dir``, query it, compare with ``model``, stop it."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "serving", "--model-dir", str(model_dir),
+         "--model-name", "reversal", "--port", str(port), "--log-level", "warning"],
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.2)
+        request = {
+            "inputs": [{"name": "source", "shape": [len(sources)], "datatype": "BYTES",
+                        "data": sources}],
+            "outputs": [{"name": "prediction"}, {"name": "attention"},
+                        {"name": "attention_lengths"}],
+        }
+        reply = httpx.post(f"{base}/v2/models/reversal/infer", json=request, timeout=30)
+        reply.raise_for_status()
+        outputs = {o["name"]: o for o in reply.json()["outputs"]}
+        served = outputs["prediction"]["data"]
+        local = model.predict(sources)
+        print(f"\nPOST {base}/v2/models/reversal/infer")
+        for source, prediction, expected in zip(sources, served, local):
+            mark = "ok" if prediction == expected else f"MISMATCH (estimator: {expected})"
+            print(f"  {source!r:>16} -> {prediction!r:<16} {mark}")
+        if served != local:
+            raise RuntimeError("the server's predictions differ from the estimator's")
+        t_y, t_x = outputs["attention_lengths"]["data"][:2]
+        shape = outputs["attention"]["shape"]
+        first = np.asarray(outputs["attention"]["data"], dtype=np.float32).reshape(shape)[0]
+        print(f"\nattention map of {sources[0]!r} ({t_y} output rows x {t_x} source columns,"
+              " the last column is the end-of-source marker):")
+        print(np.array2string(first[:t_y, :t_x], precision=2, suppress_small=True))
+        metrics = httpx.get(f"{base}/metrics", timeout=5).text
+        served_lines = [line for line in metrics.splitlines()
+                        if line.startswith("skattn_requests_total")]
+        print("\n" + "\n".join(served_lines))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=30)
+        print(f"\nserver stopped with SIGTERM, exit code {code}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="where PNGs go")
+    args = parser.parse_args(argv)
+
+    print("== 1. the seeds' worked examples ==")
+    seeds_worked_examples()
+
+    steps = 20 if args.quick else 250
+    print(f"\n== 2. digit reversal, {steps} training steps, with and without attention ==")
+    rows, models = run_experiment(steps, n_eval=100 if args.quick else 500, verbose=True)
+    print()
+    print(format_table(rows))
+    model = models["bahdanau attention"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_heatmap(model, args.out / "reversal_attention.png")
+    print(f"alignment heatmap: {args.out / 'reversal_attention.png'}")
+
+    print("\n== 3. export to ONNX and serve ==")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "reversal"
+        model.export_onnx(model_dir)
+        print(f"exported: {sorted(os.listdir(model_dir))}")
+        serve_and_query(model, model_dir, ["31415926", "2718", "123456789012", "7"])
+
+
+if __name__ == "__main__":
+    main()
