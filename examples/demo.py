@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-
 from reversal_attention import format_table, run_experiment, save_heatmap
+
 from skattn import reference
 
 
@@ -35,14 +35,22 @@ def seeds_worked_examples() -> None:
     H = np.array([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]])
     eye = np.eye(2)
     context, weights = reference.additive_attention(s, H, eye, eye, np.ones(2))
-    print("additive attention (seed 000):  weights", np.round(weights[0], 3),
-          " context", np.round(context[0], 3))
+    print(
+        "additive attention (seed 000):  weights",
+        np.round(weights[0], 3),
+        " context",
+        np.round(context[0], 3),
+    )
     s = np.array([[2.0, 0.0]])
     H = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
     weights = reference.masked_softmax(reference.luong_scores(s, H, "dot"))
     context = np.einsum("bt,btd->bd", weights, H)
-    print("dot attention      (seed 001):  weights", np.round(weights[0], 3),
-          " context", np.round(context[0], 3))
+    print(
+        "dot attention      (seed 001):  weights",
+        np.round(weights[0], 3),
+        " context",
+        np.round(context[0], 3),
+    )
 
 
 def free_port() -> int:
@@ -55,8 +63,19 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
     """Start the server on ``model_dir``, query it, compare with ``model``, stop it."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "serving", "--model-dir", str(model_dir),
-         "--model-name", "reversal", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "--model-dir",
+            str(model_dir),
+            "--model-name",
+            "reversal",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -71,10 +90,14 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
                 raise RuntimeError("the server did not become ready")
             time.sleep(0.2)
         request = {
-            "inputs": [{"name": "source", "shape": [len(sources)], "datatype": "BYTES",
-                        "data": sources}],
-            "outputs": [{"name": "prediction"}, {"name": "attention"},
-                        {"name": "attention_lengths"}],
+            "inputs": [
+                {"name": "source", "shape": [len(sources)], "datatype": "BYTES", "data": sources}
+            ],
+            "outputs": [
+                {"name": "prediction"},
+                {"name": "attention"},
+                {"name": "attention_lengths"},
+            ],
         }
         reply = httpx.post(f"{base}/v2/models/reversal/infer", json=request, timeout=30)
         reply.raise_for_status()
@@ -82,7 +105,7 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
         served = outputs["prediction"]["data"]
         local = model.predict(sources)
         print(f"\nPOST {base}/v2/models/reversal/infer")
-        for source, prediction, expected in zip(sources, served, local):
+        for source, prediction, expected in zip(sources, served, local, strict=True):
             mark = "ok" if prediction == expected else f"MISMATCH (estimator: {expected})"
             print(f"  {source!r:>16} -> {prediction!r:<16} {mark}")
         if served != local:
@@ -90,12 +113,15 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
         t_y, t_x = outputs["attention_lengths"]["data"][:2]
         shape = outputs["attention"]["shape"]
         first = np.asarray(outputs["attention"]["data"], dtype=np.float32).reshape(shape)[0]
-        print(f"\nattention map of {sources[0]!r} ({t_y} output rows x {t_x} source columns,"
-              " the last column is the end-of-source marker):")
+        print(
+            f"\nattention map of {sources[0]!r} ({t_y} output rows x {t_x} source columns,"
+            " the last column is the end-of-source marker):"
+        )
         print(np.array2string(first[:t_y, :t_x], precision=2, suppress_small=True))
         metrics = httpx.get(f"{base}/metrics", timeout=5).text
-        served_lines = [line for line in metrics.splitlines()
-                        if line.startswith("skattn_requests_total")]
+        served_lines = [
+            line for line in metrics.splitlines() if line.startswith("skattn_requests_total")
+        ]
         print("\n" + "\n".join(served_lines))
     finally:
         server.send_signal(signal.SIGTERM)

@@ -1,0 +1,231 @@
+"""The examples: every script's ``--quick`` run end to end, and the helpers they are built on.
+
+The ``--quick`` runs are subprocesses started from the repository root (as a user would run
+them), writing into ``tmp_path``; they are marked ``slow`` and still run in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import g2p_cmudict  # noqa: E402
+import grid_search  # noqa: E402
+import serve_and_query  # noqa: E402
+import temperature_local  # noqa: E402
+
+
+def run_example(script: str, *args: str, timeout: float = 300) -> str:
+    """Run ``examples/<script> --quick <args>`` from the repository root; return its stdout."""
+    # One intra-op thread, as in conftest: on shared cores, OpenMP threads of tiny models spin
+    # against other jobs and run several times slower than one thread.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--quick", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The rows of the Markdown tables in ``text`` (headers included, separators left out)."""
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
+    return [row for row in rows if not all(set(cell) <= set("-:") for cell in row)]
+
+
+def assert_png(path: Path) -> None:
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- --quick runs (slow)
+
+
+@pytest.mark.slow
+def test_reversal_attention_quick(tmp_path):
+    out = run_example("reversal_attention.py", "--out", str(tmp_path))
+    models = {row[0] for row in table_rows(out)[1:]}
+    assert models == {"bahdanau attention", "no attention"}
+    assert_png(tmp_path / "reversal_attention.png")
+
+
+@pytest.mark.slow
+def test_demo_quick(tmp_path):
+    out = run_example("demo.py", "--out", str(tmp_path))
+    assert "MISMATCH" not in out
+    assert "exit code 0" in out
+    assert_png(tmp_path / "reversal_attention.png")
+
+
+@pytest.mark.slow
+def test_temperature_local_quick(tmp_path):
+    out = run_example("temperature_local.py", "--out", str(tmp_path))
+    header, *rows = table_rows(out)
+    assert header[0] == "attention"
+    assert [row[0] for row in rows] == [
+        "additive, tau = 0.1",
+        "additive, tau = 1",
+        "additive, tau = 10",
+        f"local-p, D = {temperature_local.WINDOW}, tau = 1",
+    ]
+    entropy = [float(row[2]) for row in rows]
+    # The same model's rows flatten as tau grows, towards ln(9) (8 digits and the end marker).
+    assert entropy[0] < entropy[1] < entropy[2] <= math.log(9) + 1e-6
+    assert_png(tmp_path / "temperature_local.png")
+
+
+@pytest.mark.slow
+def test_grid_search_quick():
+    out = run_example("grid_search.py")
+    header, *rows = table_rows(out)
+    assert header[:3] == ["rank", "decoder", "scorer"]
+    assert sorted((row[1], row[3]) for row in rows) == [
+        ("bahdanau", "-"),
+        ("luong", "False"),
+        ("luong", "True"),
+    ]
+    scores = [float(row[4]) for row in rows]
+    assert scores == sorted(scores, reverse=True)  # best first
+    assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+@pytest.mark.slow
+def test_g2p_cmudict_quick(tmp_path):
+    results_path, model_dir = tmp_path / "g2p.json", tmp_path / "g2p_model"
+    run_example("g2p_cmudict.py", "--out", str(results_path), "--export", str(model_dir))
+    results = json.loads(results_path.read_text())
+    test = results["skattn_test"]
+    assert test["words"] == 100
+    assert 0.0 <= test["wer"] <= 100.0
+    assert 0.0 <= test["per"] < 100.0  # it learned something: not every phoneme is wrong
+    assert results["skattn_dev"]["words"] == 50
+    assert results["skattn_test_greedy"]["words"] == 100  # beam search and greedy, same words
+    g2p_en = results["g2p_en"]
+    if g2p_en["available"]:  # trained on these very words: it must do well on them
+        assert g2p_en["words"] == 100 and g2p_en["per"] < 20.0
+    else:
+        assert g2p_en["reason"]
+
+    import serving
+
+    runtime = serving.load(model_dir, device="cpu")
+    (prediction,) = runtime.predict(["CAT"])
+    assert isinstance(prediction, list) and all(isinstance(p, str) for p in prediction)
+
+
+@pytest.mark.slow
+def test_serve_and_query_quick(tmp_path):
+    out = run_example("serve_and_query.py", "--out", str(tmp_path))
+    answers = re.findall(r"^\s+'(\d+)' -> '(\d*)'\s+ok$", out, flags=re.MULTILINE)
+    sources = serve_and_query.REVERSAL_SOURCES
+    assert [source for source, _ in answers] == sources * 2  # tritonclient, then httpx
+    assert answers[: len(sources)] == answers[len(sources) :]
+    assert "MISMATCH" not in out
+    assert "exit code 0" in out
+    assert (tmp_path / "reversal" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (EXAMPLES / "explorer.py").exists(), reason="no explorer example")
+def test_explorer_quick(tmp_path):
+    run_example("explorer.py", "--out", str(tmp_path))
+
+
+# ---------------------------------------------------------------- helpers (fast)
+
+
+def test_mean_row_entropy_bounds():
+    uniform, one_hot = np.full((2, 4), 0.25), np.eye(3)
+    assert temperature_local.mean_row_entropy([uniform]) == pytest.approx(math.log(4))
+    assert temperature_local.mean_row_entropy([one_hot]) == 0.0
+    # mean over all rows of all maps, not over maps
+    both = temperature_local.mean_row_entropy([uniform, one_hot])
+    assert both == pytest.approx(2 * math.log(4) / 5)
+
+
+def test_steps_for_budget():
+    assert g2p_cmudict.steps_for_budget(10, 0.5) == math.floor(0.9 * 600 / 0.5)
+    assert g2p_cmudict.steps_for_budget(0.001, 30.0) == 1  # never zero steps
+
+
+def test_seconds_per_step_leaves_the_model_unfitted(reversal_data):
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    from skattn import Seq2Seq
+
+    X, y, _, _ = reversal_data
+    model = Seq2Seq(hidden_size=8, embedding_dim=4, batch_size=8, random_state=0)
+    seconds = g2p_cmudict.seconds_per_step(model, X, y)
+    assert 0.0 < seconds < 60.0
+    with pytest.raises(NotFittedError):
+        check_is_fitted(model)
+
+
+def test_g2p_evaluate_counts_any_reference_and_closest_per():
+    X = ["READ", "READ", "CAT"]
+    y = [["R", "IY", "D"], ["R", "EH", "D"], ["K", "AE", "T"]]
+    predictions = {"READ": ["R", "EH", "D"], "CAT": ["K", "AH", "T", "S"]}
+    row = g2p_cmudict.evaluate(lambda words: [predictions[w] for w in words], X, y)
+    assert row["words"] == 2
+    assert row["wer"] == pytest.approx(50.0)  # READ matches its second reference
+    assert row["per"] == pytest.approx(100.0 * 2 / 6)  # CAT: 1 substitution + 1 insertion
+
+
+def test_g2p_splits_are_disjoint_by_word():
+    data = g2p_cmudict.load_splits(dev_words=100, train_words=500, seed=0)
+    train, dev, test = (set(data[s][0]) for s in ("train", "dev", "test"))
+    assert len(train) == 500 and len(dev) == 100
+    assert not train & dev and not train & test and not dev & test
+
+
+def test_g2p_format_table_lists_published_and_measured():
+    row = {"per": 6.0, "wer": 25.0, "words_per_second": 1000.0}
+    text = g2p_cmudict.format_table({"systems": {"ours": row}})
+    cells = table_rows(text)
+    assert cells[-1] == ["ours", "6.00", "25.00", "1000"]
+    assert len(cells) == 1 + len(g2p_cmudict.PUBLISHED) + 1
+
+
+def test_grid_search_table_sorted_by_rank():
+    cv_results = {
+        "params": [
+            {"decoder": "bahdanau", "scorer": "dot"},
+            {"decoder": "luong", "scorer": "general", "input_feeding": True},
+        ],
+        "rank_test_score": np.array([2, 1]),
+        "mean_test_score": np.array([0.5, 0.9]),
+        "std_test_score": np.array([0.1, 0.0]),
+        "mean_fit_time": np.array([3.0, 4.0]),
+    }
+    _, first, second = table_rows(grid_search.results_table(cv_results))
+    assert first[:5] == ["1", "luong", "general", "True", "0.900"]
+    assert second[:5] == ["2", "bahdanau", "dot", "-", "0.500"]
+
+
+def test_unpad_restores_each_map():
+    padded = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    maps = serve_and_query._unpad(padded, np.array([[3, 4], [1, 2]]))
+    assert [m.shape for m in maps] == [(3, 4), (1, 2)]
+    np.testing.assert_array_equal(maps[1], padded[1, :1, :2])
