@@ -71,6 +71,15 @@ def test_reversal_attention_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_quickstart_quick():
+    out = run_example("quickstart.py")
+    assert re.search(r"exact match on 200 new strings: [01]\.\d{3}", out)
+    attention_rows = out.split("each row sums to 1")[1].strip().splitlines()[1:]
+    prediction = re.search(r"-> '([^']*)'", out).group(1)
+    assert len(attention_rows) == len(prediction)  # one row per output token
+
+
+@pytest.mark.slow
 def test_demo_quick(tmp_path):
     out = run_example("demo.py", "--out", str(tmp_path))
     assert "MISMATCH" not in out
