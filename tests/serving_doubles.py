@@ -15,6 +15,16 @@ import numpy as np
 FAIL_MARKER = "boom"
 
 
+def check_source(text: object, max_source_length: int) -> None:
+    """The runtime's check: a str of at most ``max_source_length`` characters."""
+    if not isinstance(text, str):
+        raise ValueError(f"sources must be str, got {type(text).__name__}")
+    if len(text) > max_source_length:
+        raise ValueError(
+            f"source has {len(text)} tokens, more than max_source_length={max_source_length}"
+        )
+
+
 class ReverseRuntime:
     """Implements the runtime interface of docs/internals.md: ``predict_batch`` and friends.
 
@@ -48,13 +58,7 @@ class ReverseRuntime:
         self._gate.set()
 
     def check_source(self, text: object) -> None:
-        if not isinstance(text, str):
-            raise ValueError(f"sources must be str, got {type(text).__name__}")
-        if len(text) > self.max_source_length:
-            raise ValueError(
-                f"source has {len(text)} tokens, more than "
-                f"max_source_length={self.max_source_length}"
-            )
+        check_source(text, self.max_source_length)
 
     def predict_batch(
         self, sources: list[str], temperature: float | None = None, with_attention: bool = False

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from serving_doubles import check_source
 
 from serving.app import ServerSettings, create_app
 from serving.explorer import STATIC_DIR, model_summary, mount_explorer
@@ -92,13 +93,7 @@ class FakeRuntime:
         self.temperatures: list[float | None] = []
 
     def check_source(self, text: object) -> None:
-        if not isinstance(text, str):
-            raise ValueError(f"sources must be str, got {type(text).__name__}")
-        if len(text) > self.max_source_length:
-            raise ValueError(
-                f"source has {len(text)} tokens, more than "
-                f"max_source_length={self.max_source_length}"
-            )
+        check_source(text, self.max_source_length)
 
     def answer(self, source: str) -> str | list[str]:
         answer = source[::-1] if self.manifest["attention"] != "none" else source[::-1][:-1]
