@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import torch
 from reversal_attention import format_table, run_experiment, save_heatmap
 
 from skattn import reference
@@ -133,7 +134,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run in seconds")
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where PNGs go")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: these small models lose little, and more threads spin "
+        "against any other busy process, over 10x slower)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     print("== 1. the seeds' worked examples ==")
     seeds_worked_examples()
