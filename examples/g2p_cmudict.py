@@ -16,11 +16,13 @@ and, when it is installed, the neural model of ``g2p_en`` (measured here on the 
     python examples/g2p_cmudict.py --eval dev --train-words 30000 --max-minutes 12  # tuning
     python examples/g2p_cmudict.py --threads 1 --export g2p_model --out g2p.json    # < 1 hour
 
-The defaults are the configuration chosen on the dev set (30,000-word subsets, 12-minute runs):
-Bahdanau's decoder with additive attention over a bi-GRU of 256 units per direction, dropout
-0.2, batches of 64, Adam at 2e-3, beam 5. Per optimizer step it learned markedly faster than
-Luong's decoder with the general scorer (with or without input feeding, 256 or 384 units); the
-model is small enough that a second CPU thread does not speed it up (``--threads 1``).
+The defaults are the configuration chosen on the dev set: Bahdanau's decoder with additive
+attention over a bi-GRU of 256 units per direction, batches of 64, beam 5. On 30,000-word
+subsets it learned markedly faster per optimizer step than Luong's decoder with the general
+scorer (with or without input feeding, 256 or 384 units); on all training words, Adam at 1e-3
+with dropout 0.1 reached a lower dev WER (34.0% after 24 minutes) than 2e-3 with dropout 0.2
+(36.8% after 37 minutes, stopped early). The model is small enough that a second CPU thread
+does not speed it up (``--threads 1``).
 
 The estimator has no time budget of its own, so ``--max-minutes`` becomes ``max_steps``: a short
 calibration fit measures the seconds per optimizer step, and the main fit gets as many steps as
@@ -225,9 +227,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--embedding-dim", type=int, default=64)
     add("--hidden-size", type=int, default=256)
     add("--num-layers", type=int, default=1)
-    add("--dropout", type=float, default=0.2)
+    add("--dropout", type=float, default=0.1)
     add("--batch-size", type=int, default=64)
-    add("--learning-rate", type=float, default=2e-3)
+    add("--learning-rate", type=float, default=1e-3)
     add("--max-epochs", type=int, default=100)
     add("--validation-fraction", type=float, default=0.03)
     add("--n-iter-no-change", type=int, default=3)
