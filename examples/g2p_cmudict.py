@@ -108,8 +108,10 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         dropout=args.dropout,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
+        lr_schedule=args.lr_schedule,
         max_epochs=args.max_epochs,
         early_stopping=True,
+        early_stopping_metric=args.early_stopping_metric,
         validation_fraction=args.validation_fraction,
         n_iter_no_change=args.n_iter_no_change,
         beam_size=args.beam_size,
@@ -230,6 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dropout", type=float, default=0.1)
     add("--batch-size", type=int, default=64)
     add("--learning-rate", type=float, default=1e-3)
+    add("--lr-schedule", choices=["constant", "plateau", "cosine"], default="cosine")
+    add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
     add("--validation-fraction", type=float, default=0.03)
     add("--n-iter-no-change", type=int, default=3)

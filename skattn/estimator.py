@@ -45,6 +45,8 @@ __all__ = ["Seq2Seq"]
 PREDICT_BATCH_SIZE = 256
 #: Training batches are formed from windows of this many batches' worth of length-sorted items.
 BUCKET_BATCHES = 50
+#: ``lr_schedule="plateau"`` multiplies the learning rate by this after an epoch without progress.
+PLATEAU_FACTOR = 0.5
 
 
 # ---------------------------------------------------------------- parameter constraints
@@ -197,13 +199,23 @@ class Seq2Seq(BaseEstimator):
         Stop after this many optimizer steps (whichever of ``max_epochs`` / ``max_steps`` comes
         first).
     learning_rate : float, default=3e-3
-        Adam's learning rate.
+        Adam's (initial) learning rate.
+    lr_schedule : {"constant", "plateau", "cosine"}, default="constant"
+        ``"plateau"`` halves the learning rate after every epoch in which the monitored
+        quantity (see ``early_stopping_metric``) did not improve by ``tol``; ``"cosine"`` decays
+        it after every step as ``lr_t = learning_rate * (1 + cos(pi t / T)) / 2`` down to 0 at
+        ``T = min(max_steps, max_epochs * steps per epoch)``: the choice for a fixed budget.
     max_grad_norm : float or None, default=1.0
         Gradients are clipped to this global norm; ``None`` turns clipping off.
     early_stopping : bool, default=True
         Hold out ``validation_fraction`` of the data, stop when the validation loss has not
         improved by ``tol`` for ``n_iter_no_change`` epochs, and keep the best weights. Without
         it, training stops when the training loss stalls the same way.
+    early_stopping_metric : {"loss", "exact_match"}, default="loss"
+        What early stopping (and ``lr_schedule="plateau"``) monitors on the validation split:
+        the teacher-forced loss (lower is better) or the greedy exact match (higher is better;
+        what sequence tasks such as G2P are judged by, as their loss can rise while more
+        outputs become exactly right). Without ``early_stopping`` the training loss is used.
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=5
     tol : float, default=1e-3
@@ -226,8 +238,9 @@ class Seq2Seq(BaseEstimator):
         The trained network, in eval mode, on ``device_``.
     device_ : torch.device
     history_ : list of dict
-        One dict per epoch: ``epoch``, ``steps``, ``train_loss``, ``seconds`` and, with early
-        stopping, ``val_loss`` and ``val_exact_match``.
+        One dict per epoch: ``epoch``, ``steps``, ``lr`` (the learning rate the epoch started
+        with), ``train_loss``, ``seconds`` and, with early stopping, ``val_loss`` and
+        ``val_exact_match``.
     n_iter_ : int
         Epochs run.
     n_steps_ : int
@@ -275,8 +288,10 @@ class Seq2Seq(BaseEstimator):
         "max_epochs": _integer(1),
         "max_steps": _integer(1, none_ok=True),
         "learning_rate": _real(0.0, low_open=True),
+        "lr_schedule": _options("constant", "plateau", "cosine"),
         "max_grad_norm": _real(0.0, low_open=True, none_ok=True),
         "early_stopping": _boolean,
+        "early_stopping_metric": _options("loss", "exact_match"),
         "validation_fraction": _real(0.0, 1.0, low_open=True),
         "n_iter_no_change": _integer(1),
         "tol": _real(0.0, low_open=False),
@@ -308,8 +323,10 @@ class Seq2Seq(BaseEstimator):
         max_epochs: int = 100,
         max_steps: int | None = None,
         learning_rate: float = 3e-3,
+        lr_schedule: str = "constant",
         max_grad_norm: float | None = 1.0,
         early_stopping: bool = True,
+        early_stopping_metric: str = "loss",
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 5,
         tol: float = 1e-3,
@@ -337,8 +354,10 @@ class Seq2Seq(BaseEstimator):
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.learning_rate = learning_rate
+        self.lr_schedule = lr_schedule
         self.max_grad_norm = max_grad_norm
         self.early_stopping = early_stopping
+        self.early_stopping_metric = early_stopping_metric
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
@@ -451,16 +470,26 @@ class Seq2Seq(BaseEstimator):
         """The epoch loop: train, validate, record, stop early, keep the best weights."""
         optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.learning_rate)
         max_steps = self.max_steps or math.inf
+        scheduler = self._cosine_schedule(optimizer, len(train_idx), max_steps)
         self.history_: list[dict[str, Any]] = []
         self.n_steps_ = 0
-        best_loss, best_epoch, best_state, last_improvement = math.inf, 0, None, 0
+        # The monitored quantity is minimised: exact match enters with its sign flipped.
+        key, sign = "train_loss", 1.0
+        if len(val_idx) and self.early_stopping_metric == "exact_match":
+            key, sign = "val_exact_match", -1.0
+        elif len(val_idx):
+            key = "val_loss"
+        best, best_epoch, best_state, last_improvement = math.inf, 0, None, 0
         epochs = tqdm(
             range(1, self.max_epochs + 1), desc="Seq2Seq", unit="epoch", disable=not self.verbose
         )
         for epoch in epochs:
             start = time.perf_counter()
-            train_loss = self._train_epoch(optimizer, src, tgt, train_idx, rng, max_steps)
-            record = {"epoch": epoch, "steps": self.n_steps_, "train_loss": train_loss}
+            lr = optimizer.param_groups[0]["lr"]
+            train_loss = self._train_epoch(
+                optimizer, scheduler, src, tgt, train_idx, rng, max_steps
+            )
+            record = {"epoch": epoch, "steps": self.n_steps_, "lr": lr, "train_loss": train_loss}
             if len(val_idx):
                 record |= self._evaluate(src, tgt, val_idx)
             record["seconds"] = time.perf_counter() - start
@@ -468,12 +497,15 @@ class Seq2Seq(BaseEstimator):
             epochs.set_postfix({k: round(v, 4) for k, v in record.items() if "_" in k})
 
             # As in scikit-learn's MLP: patience counts epochs without an improvement by more
-            # than tol; the weights kept are those of the lowest validation loss.
-            monitored = record["val_loss" if len(val_idx) else "train_loss"]
-            if monitored < best_loss - self.tol:
+            # than tol; the weights kept are those of the best monitored value.
+            monitored = sign * record[key]
+            if monitored < best - self.tol:
                 last_improvement = epoch
-            if monitored < best_loss:
-                best_loss, best_epoch = monitored, epoch
+            elif self.lr_schedule == "plateau":
+                for group in optimizer.param_groups:
+                    group["lr"] *= PLATEAU_FACTOR
+            if monitored < best:
+                best, best_epoch = monitored, epoch
                 if len(val_idx):
                     best_state = copy.deepcopy(self.module_.state_dict())
             if epoch - last_improvement >= self.n_iter_no_change or self.n_steps_ >= max_steps:
@@ -484,9 +516,22 @@ class Seq2Seq(BaseEstimator):
         self.n_iter_ = len(self.history_)
         self.best_epoch_ = best_epoch if best_state is not None else self.n_iter_
 
+    def _cosine_schedule(
+        self, optimizer: torch.optim.Optimizer, n_train: int, max_steps: float
+    ) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """``lr_t = lr * (1 + cos(pi t / T)) / 2`` over the steps training may take, or None."""
+        if self.lr_schedule != "cosine":
+            return None
+        steps_per_epoch = math.ceil(n_train / self.batch_size)  # as _length_batches cuts them
+        total = min(max_steps, self.max_epochs * steps_per_epoch)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda t: 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
+        )
+
     def _train_epoch(
         self,
         optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         src: list[list[int]],
         tgt: list[list[int]],
         train_idx: np.ndarray,
@@ -499,6 +544,8 @@ class Seq2Seq(BaseEstimator):
         for batch in _length_batches(train_idx, target_lengths, self.batch_size, rng):
             losses.append(self._train_step(optimizer, src, tgt, batch))
             self.n_steps_ += 1
+            if scheduler is not None:
+                scheduler.step()
             if self.n_steps_ >= max_steps:
                 break
         return _mean(losses)

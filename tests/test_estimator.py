@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 import pickle
 
 import joblib
@@ -45,6 +46,7 @@ def test_history_records_every_epoch(fitted_reversal):
         assert set(record) == {
             "epoch",
             "steps",
+            "lr",
             "train_loss",
             "val_loss",
             "val_exact_match",
@@ -244,6 +246,38 @@ def test_early_stopping_stops_after_n_iter_no_change():
     assert val_loss != pytest.approx(model.history_[-1]["val_loss"], rel=1e-3)
 
 
+def test_cosine_schedule_decays_to_zero_over_max_steps():
+    X, y = make_reversal(80, 3, 6, random_state=5)  # 72 training items: 9 batches of 8
+    lr = 0.01
+    model = Seq2Seq(max_steps=27, learning_rate=lr, lr_schedule="cosine", **TINY).fit(X, y)
+    # history_ records the learning rate each epoch starts with: t = 0, 9, 18 of T = 27.
+    expected = [lr * (1 + math.cos(math.pi * t / 27)) / 2 for t in (0, 9, 18)]
+    assert [h["lr"] for h in model.history_] == pytest.approx(expected, rel=1e-12)
+    constant = Seq2Seq(max_steps=27, learning_rate=lr, **TINY).fit(X, y)
+    assert [h["lr"] for h in constant.history_] == [lr] * 3
+
+
+def test_plateau_schedule_halves_the_rate_after_an_epoch_without_progress():
+    X, y = make_reversal(60, 3, 6, random_state=6)
+    # No epoch can improve by tol=100: every epoch after the first counts as a plateau.
+    params = dict(n_iter_no_change=3, tol=100.0, learning_rate=0.01, lr_schedule="plateau")
+    model = Seq2Seq(max_epochs=20, **params, **TINY).fit(X, y)
+    assert [h["lr"] for h in model.history_] == pytest.approx([0.01, 0.01, 0.005, 0.0025])
+
+
+def test_early_stopping_on_exact_match_keeps_the_most_exact_epoch():
+    X, y = make_reversal(200, 2, 4, random_state=9)
+    params = dict(early_stopping_metric="exact_match", max_epochs=8, learning_rate=0.01)
+    model = Seq2Seq(**params, **TINY).fit(X, y)
+    scores = [h["val_exact_match"] for h in model.history_]
+    assert max(scores) > min(scores)  # it learned something, so the choice matters
+    assert model.best_epoch_ == 1 + scores.index(max(scores))  # the first of the best
+    val_idx = np.random.RandomState(0).permutation(len(X))[:20]
+    src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
+    tgt = [model.target_vocab_.encode(list(t)) for t in y]
+    assert model._evaluate(src, tgt, val_idx)["val_exact_match"] == max(scores)
+
+
 def test_verbose_shows_a_progress_bar(capsys):
     X, y = make_reversal(30, 3, 6, random_state=7)
     Seq2Seq(max_epochs=2, verbose=True, **TINY).fit(X, y)
@@ -419,8 +453,10 @@ def test_requesting_missing_cuda_raises_value_error():
         ("max_epochs", 0),
         ("max_steps", 0),
         ("learning_rate", 0.0),
+        ("lr_schedule", "linear"),
         ("max_grad_norm", -1.0),
         ("early_stopping", None),
+        ("early_stopping_metric", "bleu"),
         ("validation_fraction", 1.0),
         ("n_iter_no_change", 0),
         ("tol", float("nan")),
