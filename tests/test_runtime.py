@@ -45,7 +45,10 @@ FIT_PARAMS = dict(
     window=3,
     batch_size=16,
     max_steps=30,
-    learning_rate=0.03,
+    # 0.03 trained a local-p LSTM whose decoding is chaotic: float32 rounding differences
+    # between torch and onnxruntime (5e-7 at the first step) grew 1.7x per step to 1e-4 by the
+    # twelfth. At 0.02 they stay below 4e-7 at every step, so 1e-4 checks the graphs, not luck.
+    learning_rate=0.02,
     early_stopping=False,
     max_output_length=12,
     device="cpu",

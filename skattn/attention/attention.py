@@ -168,10 +168,14 @@ class Attention(nn.Module):
         weights = masked_softmax(scores, valid.unsqueeze(2))  # (B, T_y, h, T)
 
         h = self.num_heads
-        values = H.reshape(B, T, h, self.key_size // h)  # (B, T, h, d_h / h)
-        context = torch.einsum("byht,bthd->byhd", weights, values)  # (B, T_y, h, d_h / h)
-        context = context.reshape(B, T_y, self.key_size)  # (B, T_y, d_h)
-        weights = weights.mean(dim=2)  # (B, T_y, T)
+        if h == 1:  # one batched product, and a small graph for export
+            weights = weights.squeeze(2)  # (B, T_y, T)
+            context = torch.bmm(weights, H)  # (B, T_y, d_h)
+        else:
+            values = H.reshape(B, T, h, self.key_size // h)  # (B, T, h, d_h / h)
+            context = torch.einsum("byht,bthd->byhd", weights, values)  # (B, T_y, h, d_h / h)
+            context = context.reshape(B, T_y, self.key_size)  # (B, T_y, d_h)
+            weights = weights.mean(dim=2)  # (B, T_y, T)
         if single:
             return context.squeeze(1), weights.squeeze(1)
         return context, weights

@@ -71,9 +71,10 @@ def masked_softmax(
         return torch.softmax(z, dim=-1)
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a boolean tensor, got dtype {mask.dtype}")
-    lowest = torch.finfo(z.dtype).min
-    z = torch.where(mask, z, torch.full_like(z, lowest))  # (..., T)
+    # Scalars rather than full_like / zeros_like: the same values, and no shape-dependent
+    # ConstantOfShape nodes in an exported decoder step.
+    z = torch.where(mask, z, torch.finfo(z.dtype).min)  # (..., T)
     z_max = z.amax(dim=-1, keepdim=True).detach()  # (..., 1), a shift: no gradient needed
-    e = torch.where(mask, torch.exp(z - z_max), torch.zeros_like(z))  # (..., T)
+    e = torch.where(mask, torch.exp(z - z_max), 0.0)  # (..., T)
     total = e.sum(dim=-1, keepdim=True)  # (..., 1)
-    return e / torch.where(total > 0, total, torch.ones_like(total))
+    return e / torch.where(total > 0, total, 1.0)
