@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest an item waits for its batch to fill (default: %(default)s)",
     )
     parser.add_argument(
+        "--eager-batching",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.eager_batching,
+        help="take a batch as soon as the worker is free and no request is being read; "
+        "--no-eager-batching always waits --max-delay-ms for a batch to fill "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=defaults.max_queue,
@@ -159,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else args.max_items_per_request
             ),
             max_body_bytes=args.max_body_bytes,
+            eager_batching=args.eager_batching,
         )
     except ValueError as exc:
         parser.error(str(exc))

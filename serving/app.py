@@ -67,6 +67,10 @@ class ServerSettings:
         The largest request body (after decompression); beyond it 413.
     retry_after_s : int, default=1
         The ``Retry-After`` a client gets with a 503.
+    eager_batching : bool, default=True
+        Take a batch as soon as the worker is free and no request is being read, instead of
+        waiting out ``max_delay_ms`` (which still bounds the wait while requests are being
+        read): a lone client gets the unbatched latency, concurrent ones still share batches.
     """
 
     max_batch_size: int = 64
@@ -75,17 +79,20 @@ class ServerSettings:
     max_items_per_request: int = 256
     max_body_bytes: int = 1 << 20
     retry_after_s: int = 1
+    eager_batching: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "max_delay_ms":
+            if f.name == "eager_batching":
+                ok, expected = isinstance(value, bool), "a bool"
+            elif f.name == "max_delay_ms":
                 ok = isinstance(value, (int, float)) and 0 <= value < float("inf")
-                expected = "a finite number >= 0"
+                ok, expected = ok and not isinstance(value, bool), "a finite number >= 0"
             else:
-                ok = isinstance(value, int) and value >= 1
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
                 expected = "a positive integer"
-            if isinstance(value, bool) or not ok:
+            if not ok:
                 raise ValueError(f"{f.name} must be {expected}, got {value!r}")
         if self.max_items_per_request > self.max_queue:
             raise ValueError(
@@ -151,6 +158,7 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
             max_queue=settings.max_queue,
             executor=executor,
             metrics=model_metrics,
+            eager=settings.eager_batching,
         )
         models[name] = _Model(name, runtime, batcher, model_metrics)
 
@@ -230,16 +238,15 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
             raise
         outcome, items, request_id = "ok", 0, None
         try:
-            parsed = await _parse(request, model, settings)
-            items, request_id = len(parsed.sources), parsed.id
-            results = await _until_disconnect(
-                model.batcher.infer(
+            with model.batcher.receiving():  # an eager batcher waits for these items
+                parsed = await _parse(request, model, settings)
+                items, request_id = len(parsed.sources), parsed.id
+                futures = model.batcher.submit(
                     parsed.sources,
                     temperature=parsed.temperature,
                     with_attention=parsed.wants_attention,
-                ),
-                request.receive,
-            )
+                )
+            results = await _until_disconnect(model.batcher.results(futures), request.receive)
             body, headers = _encode(model.name, parsed, results)
             return Response(body, status_code=200, headers=headers)
         except _ApiError as exc:

@@ -4,7 +4,10 @@ A queue of ``(item, future)`` pairs, filled by request handlers on the event loo
 by one scheduling task. A batch is taken when ``max_batch_size`` items wait or the oldest has
 waited ``max_delay_ms``; it holds only items of the oldest item's temperature (different
 temperatures never share a batch), chosen closest to the oldest item in source length (in
-characters, a proxy for tokens) to limit padding.
+characters, a proxy for tokens) to limit padding. An ``eager`` batcher also stops waiting as soon
+as no request is being received (handlers announce the reading of a request with
+:meth:`Batcher.receiving`): waiting only pays when more items are on their way, and a lone
+client then gets the unbatched latency.
 
 The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
 event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
@@ -19,8 +22,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,6 +108,10 @@ class Batcher:
         one-thread executor of its own. Several batchers may share one.
     metrics : BatchMetrics, optional
         Records batch sizes, inference time, queue wait and queue depth.
+    eager : bool, default=False
+        Take a batch as soon as the worker is free and no request is being received (see
+        :meth:`receiving`), rather than waiting out ``max_delay_ms`` for items that may never
+        come. ``max_delay_ms`` still bounds the wait while requests are being received.
 
     Examples
     --------
@@ -122,6 +130,7 @@ class Batcher:
         max_queue: int = 1024,
         executor: ThreadPoolExecutor | None = None,
         metrics: BatchMetrics | None = None,
+        eager: bool = False,
     ) -> None:
         if not callable(getattr(runtime, "predict_batch", None)):
             raise ValueError("runtime must have a predict_batch method")
@@ -135,6 +144,10 @@ class Batcher:
             raise ValueError(f"max_delay_ms must be a finite number >= 0, got {max_delay_ms!r}")
         self.max_delay_ms = float(max_delay_ms)
         self.max_queue = _check_positive_int(max_queue, "max_queue")
+        if not isinstance(eager, bool):
+            raise ValueError(f"eager must be a bool, got {eager!r}")
+        self.eager = eager
+        self._receiving = 0  # requests announced by receiving() whose items are not queued yet
         self.runtime = runtime
         self._own_executor = executor is None
         self._executor = executor
@@ -188,6 +201,21 @@ class Batcher:
                 self._executor.shutdown(wait=True)
 
     # -- submitting --------------------------------------------------------------------------
+
+    @contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Announce a request being read: an eager batcher waits (up to ``max_delay_ms``) for it.
+
+        Wrap the reading and validation of a request and its :meth:`submit` in one ``with``
+        block, with no ``await`` between ``submit`` and the end of the block.
+        """
+        self._receiving += 1
+        try:
+            yield
+        finally:
+            self._receiving -= 1
+            if self._receiving == 0 and self._wakeup is not None:
+                self._wakeup.set()  # a batch may be due now that nothing more is coming
 
     def submit(
         self,
@@ -251,6 +279,15 @@ class Batcher:
         left), or one item fails, the request's items still waiting are withdrawn.
         """
         futures = self.submit(sources, temperature=temperature, with_attention=with_attention)
+        return await self.results(futures)
+
+    @staticmethod
+    async def results(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
+        """Wait for the results of a request's futures (from :meth:`submit`).
+
+        If this coroutine is cancelled (the client left), or one item fails, the request's
+        items still waiting are withdrawn.
+        """
         try:
             return [await future for future in futures]
         finally:
@@ -287,7 +324,13 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             remaining = self._pending[0].enqueued + max_delay - time.monotonic()
-            if len(self._pending) >= self.max_batch_size or remaining <= 0 or self._stopping:
+            nothing_coming = self.eager and self._receiving == 0
+            if (
+                len(self._pending) >= self.max_batch_size
+                or remaining <= 0
+                or nothing_coming
+                or self._stopping
+            ):
                 return self._take_batch()
             self._wakeup.clear()
             timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)

@@ -61,6 +61,7 @@ class RecordingMetrics:
         ({"max_delay_ms": float("nan")}, "max_delay_ms"),
         ({"max_delay_ms": "2"}, "max_delay_ms"),
         ({"max_queue": 0}, "max_queue"),
+        ({"eager": 1}, "eager"),
     ],
 )
 def test_settings_are_validated_when_built(settings, name):
@@ -97,6 +98,52 @@ def test_concurrent_requests_merge_into_one_batch_within_the_delay():
     runtime, results = run(body())
     assert [r[0].prediction for r in results] == [f"{i}s" for i in range(5)]
     assert runtime.batch_sizes == [5]
+
+
+def test_an_eager_batcher_runs_a_lone_item_without_waiting_for_the_delay():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=60_000, eager=True)
+        results = await batcher.infer(["abc"])  # a 60 s wait would fail the 20 s bound of run
+        await batcher.stop()
+        return runtime, results
+
+    runtime, results = run(body())
+    assert [r.prediction for r in results] == ["cba"]
+    assert runtime.batch_sizes == [1]
+
+
+def test_an_eager_batcher_waits_for_a_request_being_received():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=60_000, eager=True)
+        with batcher.receiving():  # request B is being read ...
+            first = batcher.submit(["ab"])  # ... when request A joins the queue
+            await asyncio.sleep(0.05)
+            waited = not first[0].done()
+            second = batcher.submit(["cde"])
+        results = await batcher.results(first + second)
+        await batcher.stop()
+        return runtime, results, waited
+
+    runtime, results, waited = run(body())
+    assert waited
+    assert [r.prediction for r in results] == ["ba", "edc"]
+    assert runtime.batch_sizes == [2]
+
+
+def test_an_eager_batcher_waits_at_most_the_delay_for_a_request_being_received():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=20, eager=True)
+        with batcher.receiving():  # a request that takes long to arrive
+            first = await batcher.results(batcher.submit(["ab"]))
+        await batcher.stop()
+        return runtime, first
+
+    runtime, first = run(body())
+    assert [r.prediction for r in first] == ["ba"]
+    assert runtime.batch_sizes == [1]
 
 
 def test_more_items_than_max_batch_size_are_split_and_each_answered_once():

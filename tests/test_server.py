@@ -462,6 +462,19 @@ def test_a_client_that_disconnects_leaves_no_work_behind(serve):
     assert runtime.seen == ["hold", "after"]
 
 
+def test_a_lone_request_does_not_wait_out_the_delay_unless_eager_batching_is_off(serve):
+    runtime = ReverseRuntime()
+    eager = serve(runtime, max_batch_size=64, max_delay_ms=60_000)
+    response = httpx.post(eager.url + f"/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+    assert response.json()["outputs"][0]["data"] == ["cba"]  # at once: httpx would time out
+
+    patient = serve(ReverseRuntime(), max_batch_size=64, max_delay_ms=300, eager_batching=False)
+    start = time.monotonic()
+    response = httpx.post(patient.url + f"/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+    assert response.json()["outputs"][0]["data"] == ["cba"]
+    assert time.monotonic() - start >= 0.3  # waited out the delay for a batch to fill
+
+
 def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(serve):
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, max_batch_size=64, max_delay_ms=1)
@@ -525,6 +538,7 @@ def test_decode_content():
         ({"max_items_per_request": 0}, "max_items_per_request"),
         ({"max_body_bytes": True}, "max_body_bytes"),
         ({"max_queue": 4, "max_items_per_request": 8}, "max_items_per_request"),
+        ({"eager_batching": 1}, "eager_batching"),
     ],
 )
 def test_server_settings_are_validated(settings, name):
@@ -577,6 +591,8 @@ def test_cli_defaults_follow_the_design_and_bind_localhost():
     args = build_parser().parse_args(["--model-dir", "m"])
     assert (args.host, args.port, args.device) == ("127.0.0.1", 8000, "auto")
     assert (args.max_batch_size, args.max_delay_ms, args.max_queue) == (64, 2.0, 1024)
+    assert args.eager_batching is True
+    assert not build_parser().parse_args(["--model-dir", "m", "--no-eager-batching"]).eager_batching
     assert build_parser().parse_args(["--model-dir", "m", "--device", "cuda:1"]).device == "cuda:1"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--model-dir", "m", "--device", "tpu"])
