@@ -1,12 +1,25 @@
 """Load test of the server: dynamic batching against ``--max-batch-size 1``.
 
 Starts ``python -m serving`` as a subprocess, once with dynamic batching and once without, and
-drives each with one-item requests from an asyncio + httpx load generator at several
+drives each with one-item requests from an asyncio + httpx load generator (one connection per
+simulated user, through httpx's transport layer, the cheapest part of httpx) at several
 concurrencies (default 1, 8 and 64): throughput, p50 and p99 latency, errors, and the ratios
 of the two servers. Every answer is checked against ``serving.load(model_dir).predict``.
 
-    python benchmarks/bench_server.py                      # trains and exports a small model
-    python benchmarks/bench_server.py --model-dir DIR --duration 10 --device cuda
+Two models, side by side in one run (``--models``):
+
+- ``g2p``: the architecture of ``examples/g2p_cmudict.py`` (bi-GRU of 256 units, Bahdanau
+  decoder with additive attention, beam 5), fitted here for ``--g2p-steps`` steps on CMUdict
+  training words and queried with CMUdict test words: a model whose inference is the larger
+  part of a request, as a served model's usually is. The mean output length is printed beside
+  the references' so that a half-trained model cannot inflate the cost of a request unnoticed.
+- ``reversal``: a small character-reversal model (hidden 64, greedy) queried with random
+  strings, where HTTP and JSON per request cost more than the inference: the case batching
+  helps least.
+
+    python benchmarks/bench_server.py                      # both models, about 4 minutes
+    python benchmarks/bench_server.py --models reversal --duration 3
+    python benchmarks/bench_server.py --model-dir DIR --words cmudict --device cuda
 
 The client and the server share the machine, so on 2 cores the figures are what one client
 process can drive through one server process, not the server's ceiling.
@@ -17,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -34,10 +48,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench"
+#: Distinct sources each benchmark cycles through.
+SOURCE_COUNT = 512
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 @dataclass
 class LevelResult:
+    model: str
     mode: str
     concurrency: int
     requests: int
@@ -52,7 +70,15 @@ class LevelResult:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="artifact dir (default: train one)")
+    parser.add_argument(
+        "--models", nargs="+", choices=("g2p", "reversal"), default=["g2p", "reversal"]
+    )
+    parser.add_argument("--model-dir", type=Path, help="an artifact to serve instead of --models")
+    parser.add_argument(
+        "--words", choices=("random", "cmudict"), default="random",
+        help="with --model-dir: random strings over its vocabulary, or CMUdict test words",
+    )  # fmt: skip
+    parser.add_argument("--g2p-steps", type=int, default=600, help="training steps of g2p")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
@@ -95,7 +121,36 @@ def train_reversal_model(directory: Path, seed: int) -> Path:
     return directory
 
 
-def make_sources(model_dir: Path, count: int, max_length: int, seed: int) -> list[str]:
+def train_g2p_model(directory: Path, steps: int, seed: int) -> Path:
+    """Fit the G2P example's architecture for ``steps`` steps on CMUdict and export it."""
+    import torch
+
+    from skattn import Seq2Seq
+    from skattn.datasets import load_cmudict
+
+    torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet
+    words, pronunciations = load_cmudict("train")
+    model = Seq2Seq(
+        decoder="bahdanau",
+        scorer="additive",
+        embedding_dim=64,
+        hidden_size=256,
+        batch_size=64,
+        learning_rate=1e-3,
+        max_steps=steps,
+        early_stopping=False,
+        beam_size=5,
+        random_state=seed,
+        device="cpu",
+    )
+    print(f"training a G2P model for {steps} steps ...", file=sys.stderr, flush=True)
+    model.fit(words, pronunciations)
+    model.export_onnx(str(directory))
+    print(f"exported to {directory}", file=sys.stderr, flush=True)
+    return directory
+
+
+def random_sources(model_dir: Path, count: int, max_length: int, seed: int) -> list[str]:
     """Random sources over the model's source vocabulary (read from its manifest)."""
     manifest = json.loads((model_dir / "manifest.json").read_text())
     alphabet = [t for t in manifest["source_vocabulary"][4:] if t.strip()]  # skip the specials
@@ -105,12 +160,54 @@ def make_sources(model_dir: Path, count: int, max_length: int, seed: int) -> lis
     return [joiner.join(rng.choices(alphabet, k=rng.randint(1, limit))) for _ in range(count)]
 
 
+def cmudict_sources(count: int, seed: int) -> tuple[list[str], float]:
+    """``count`` distinct CMUdict test words, and their references' mean length in phonemes."""
+    from skattn.datasets import group_pronunciations, load_cmudict
+
+    words, references = group_pronunciations(*load_cmudict("test"))
+    chosen = random.Random(seed).sample(range(len(words)), count)
+    lengths = [np.mean([len(r) for r in references[i]]) for i in chosen]
+    return [words[i] for i in chosen], float(np.mean(lengths))
+
+
+def prepare(name: str, scratch: Path, args: argparse.Namespace) -> tuple[Path, list[str], str]:
+    """The artifact to serve, the sources to send, and a line describing them."""
+    if name == "dir":
+        model_dir = args.model_dir
+        if args.words == "cmudict":
+            sources, _ = cmudict_sources(SOURCE_COUNT, args.seed)
+        else:
+            sources = random_sources(model_dir, SOURCE_COUNT, args.max_length, args.seed)
+        return model_dir, sources, f"{model_dir}, {args.words} sources"
+    if name == "reversal":
+        model_dir = train_reversal_model(scratch / "reversal", args.seed)
+        sources = random_sources(model_dir, SOURCE_COUNT, args.max_length, args.seed)
+        return model_dir, sources, "reversal: bi-GRU 64, greedy; random strings of 1-10 letters"
+    model_dir = train_g2p_model(scratch / "g2p", args.g2p_steps, args.seed)
+    sources, reference_length = cmudict_sources(SOURCE_COUNT, args.seed)
+    return (
+        model_dir,
+        sources,
+        (
+            f"g2p: bi-GRU 256, Bahdanau/additive, beam 5, {args.g2p_steps} training steps; "
+            f"CMUdict test words; references {reference_length:.2f} phonemes on average"
+        ),
+    )
+
+
 def expected_predictions(model_dir: Path, sources: list[str], device: str) -> dict[str, str]:
     """The unbatched answers (one source per runtime call), the reference for every response."""
     import serving
 
     runtime = serving.load(model_dir, device=device)
     return {s: _as_text(runtime.predict([s])[0]) for s in sorted(set(sources))}
+
+
+def mean_output_length(expected: dict[str, str], model_dir: Path) -> float:
+    """Mean length of the expected answers in output tokens."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    tokens = manifest["output_kind"] == "tokens" or manifest["tokenizer"] == "space"
+    return float(np.mean([len(a.split()) if tokens else len(a) for a in expected.values()]))
 
 
 def _as_text(prediction) -> str:
@@ -185,6 +282,7 @@ async def drive(
     concurrency: int,
     duration: float,
     warmup: float,
+    model: str,
     mode: str,
 ) -> LevelResult:
     """``concurrency`` clients, each sending one-item requests back to back."""
@@ -194,17 +292,20 @@ async def drive(
     measure_from = time.monotonic() + warmup
     stop_at = measure_from + duration
 
-    async def client(index: int, http: httpx.AsyncClient) -> None:
+    async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
         nonlocal errors, mismatches
         i = index
         while (now := time.monotonic()) < stop_at:
             source = sources[i % len(sources)]
             i += concurrency
             tensor = {"name": "source", "shape": [1], "datatype": "BYTES", "data": [source]}
+            body = json.dumps({"inputs": [tensor]}).encode()
+            request = httpx.Request("POST", infer_url, content=body, headers=JSON_HEADERS)
             try:
-                response = await http.post(infer_url, json={"inputs": [tensor]})
+                response = await transport.handle_async_request(request)
+                content = await response.aread()
                 ok = response.status_code == 200
-                answer = response.json()["outputs"][0]["data"][0] if ok else None
+                answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
             except httpx.HTTPError:
                 ok, answer = False, None
             done = time.monotonic()
@@ -216,21 +317,22 @@ async def drive(
                 mismatches += 1
             latencies.append(done - now)
 
-    # One client (one connection) per simulated user: a single AsyncClient shared by 64 tasks
-    # spends several ms of CPU per request in its pool and would measure httpx, not the server.
-    ssl_context = ssl.create_default_context()  # made once: one per client costs ~10 ms each
-    clients = [
-        httpx.AsyncClient(timeout=60, verify=ssl_context, limits=httpx.Limits(max_connections=1))
-        for _ in range(concurrency)
-    ]
+    # One connection per simulated user, through httpx's transport layer: the client and the
+    # server share the cores, and httpx.AsyncClient's per-request work (URL merging, cookies,
+    # auth, hooks) cost 1.07 ms of CPU per request here against 0.68 ms for the transport alone,
+    # CPU the server under test would otherwise have had. (A single AsyncClient shared by 64
+    # tasks costs several ms per request in its pool.)
+    ssl_context = ssl.create_default_context()  # made once: one per transport costs ~10 ms each
+    transports = [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)]
     try:
-        await asyncio.gather(*(client(i, http) for i, http in enumerate(clients)))
+        await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
     finally:
-        for http in clients:
-            await http.aclose()
+        for transport in transports:
+            await transport.aclose()
     seconds = time.monotonic() - measure_from
     lat_ms = np.array(latencies) * 1000
     return LevelResult(
+        model=model,
         mode=mode,
         concurrency=concurrency,
         requests=len(latencies),
@@ -244,7 +346,7 @@ async def drive(
 
 
 HEADER = (
-    f"{'mode':<10}{'conc':>6}{'requests':>10}{'errors':>8}{'wrong':>7}"
+    f"{'model':<10}{'mode':<10}{'conc':>6}{'requests':>10}{'errors':>8}{'wrong':>7}"
     f"{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'server cpu ms/req':>19}"
 )
 
@@ -253,42 +355,65 @@ def print_table(results: list[LevelResult]) -> None:
     print(HEADER)
     for r in results:
         print(
-            f"{r.mode:<10}{r.concurrency:>6}{r.requests:>10}{r.errors:>8}{r.mismatches:>7}"
-            f"{r.throughput:>10.1f}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}{r.server_cpu_ms:>19.3f}",
+            f"{r.model:<10}{r.mode:<10}{r.concurrency:>6}{r.requests:>10}{r.errors:>8}"
+            f"{r.mismatches:>7}{r.throughput:>10.1f}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
+            f"{r.server_cpu_ms:>19.3f}",
             flush=True,
         )
 
 
+def bench_model(
+    name: str, model_dir: Path, sources: list[str], args: argparse.Namespace
+) -> list[LevelResult]:
+    """Both servers (batched, then unbatched) at every concurrency, for one model."""
+    expected = expected_predictions(model_dir, sources, args.device)
+    print(
+        f"# {name}: answers {mean_output_length(expected, model_dir):.2f} output tokens on average",
+        flush=True,
+    )
+    results = []
+    for mode, batch_size in (("batched", args.max_batch_size), ("unbatched", 1)):
+        with running_server(model_dir, batch_size, args) as (url, pid):
+            for concurrency in args.concurrency:
+                cpu_before = cpu_seconds(pid)
+                level = drive(
+                    url, sources, expected, concurrency, args.duration, args.warmup, name, mode
+                )
+                result = asyncio.run(level)
+                cpu = cpu_seconds(pid) - cpu_before  # warm-up included: an upper bound
+                result.server_cpu_ms = round(1000 * cpu / max(result.requests, 1), 3)
+                results.append(result)
+                print_table([result])
+    return results
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    names = ["dir"] if args.model_dir else args.models
+    results, descriptions = [], []
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model_dir or train_reversal_model(Path(scratch) / "model", args.seed)
-        sources = make_sources(model_dir, 512, args.max_length, args.seed)
-        expected = expected_predictions(model_dir, sources, args.device)
-        results = []
-        for mode, batch_size in (("batched", args.max_batch_size), ("unbatched", 1)):
-            with running_server(model_dir, batch_size, args) as (url, pid):
-                for concurrency in args.concurrency:
-                    cpu_before = cpu_seconds(pid)
-                    level = drive(
-                        url, sources, expected, concurrency, args.duration, args.warmup, mode
-                    )
-                    result = asyncio.run(level)
-                    cpu = cpu_seconds(pid) - cpu_before  # warm-up included: an upper bound
-                    result.server_cpu_ms = round(1000 * cpu / max(result.requests, 1), 3)
-                    results.append(result)
-                    print_table([result])
+        prepared = [(name, *prepare(name, Path(scratch), args)) for name in names]
+        for name, model_dir, sources, description in prepared:
+            descriptions.append(f"# {name}: {description}")
+            print(descriptions[-1], flush=True)
+            results += bench_model(name, model_dir, sources, args)
     print(
-        f"\nmodel: {model_dir}  device: {args.device}  cores: {os.cpu_count()}  "
-        f"max_batch_size: {args.max_batch_size}  max_delay_ms: {args.max_delay_ms}\n"
+        f"\ndevice: {args.device}  cores: {os.cpu_count()}  max_batch_size: "
+        f"{args.max_batch_size}  max_delay_ms: {args.max_delay_ms}  {args.duration:g} s per level"
     )
+    print("\n".join(descriptions) + "\n")
     print_table(results)
     print()
-    by_key = {(r.mode, r.concurrency): r for r in results}
-    for concurrency in args.concurrency:
-        batched, unbatched = by_key["batched", concurrency], by_key["unbatched", concurrency]
-        ratio = batched.throughput / unbatched.throughput if unbatched.throughput else float("inf")
-        print(f"concurrency {concurrency:>3}: batched / unbatched throughput = {ratio:.2f}x")
+    by_key = {(r.model, r.mode, r.concurrency): r for r in results}
+    for name in names:
+        for concurrency in args.concurrency:
+            batched = by_key[name, "batched", concurrency]
+            unbatched = by_key[name, "unbatched", concurrency]
+            ratio = batched.throughput / unbatched.throughput if unbatched.throughput else math.inf
+            print(
+                f"{name:<10} concurrency {concurrency:>3}: batched / unbatched throughput = "
+                f"{ratio:.2f}x"
+            )
     failures = sum(r.errors + r.mismatches for r in results)
     print(f"errors + mismatched answers: {failures}")
     if args.json:
