@@ -4,8 +4,10 @@
 Prints one row per decoder x scorer (global attention), then the parallel Luong path (no input
 feeding: the decoder RNN runs over the whole target in one call and attention for all steps is
 one batched product) against the *same* model forced to run one decoder step at a time
-(``Seq2SeqModule.forward_stepwise``), for the whole model and for the decoder alone (the
-encoder, a bidirectional RNN that both paths share, caps the whole-model ratio).
+(``Seq2SeqModule.forward_stepwise``), for the whole model and for the decoder alone. The
+encoder, a bidirectional RNN that both paths share, caps the whole-model ratio: its share of a
+parallel training step and the resulting ceiling (the whole-model speed-up if the parallel
+decoder cost nothing) are printed beside them.
 
     python benchmarks/bench_train.py            # full run
     python benchmarks/bench_train.py --quick    # a few seconds, smaller batch
@@ -158,12 +160,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<12}" + "".join(f"{rate:>12,.0f}" for rate in rates))
 
     print("\nLuong without input feeding: parallel forward vs the same model step by step")
-    print(f"{'':<12}{'whole model':^34}{'decoder only':^34}")
+    print(f"{'':<12}{'whole model':^34}{'decoder only':^34}{'encoder':>10}{'ceiling':>10}")
     header = f"{'parallel':>12}{'stepwise':>12}{'speed-up':>10}"
-    print(f"{'scorer':<12}{header}{header}")
+    print(f"{'scorer':<12}{header}{header}{'share':>10}{'':>10}")
+    tokens = batch[3].numel()
     for scorer in SCORERS:
         model = build(scorer=scorer, decoder="luong", input_feeding=False)
-        row = f"{scorer:<12}"
+        row, seconds = f"{scorer:<12}", {}
         for decoder_only in (False, True):
             parallel, stepwise = (
                 tokens_per_second(
@@ -177,7 +180,14 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 for flag in (False, True)
             )
+            seconds[decoder_only] = (tokens / parallel, tokens / stepwise)  # per training step
             row += f"{parallel:>12,.0f}{stepwise:>12,.0f}{parallel / stepwise:>9.1f}x"
+        # What the parallel path cannot change: the encoder's forward and backward, the same in
+        # both paths. Even a decoder that cost nothing would leave the whole model at most
+        # (encoder + stepwise decoder) / encoder faster (Amdahl's law).
+        encoder = max(seconds[False][0] - seconds[True][0], 1e-12)
+        ceiling = (encoder + seconds[True][1]) / encoder
+        row += f"{encoder / seconds[False][0]:>9.0%}{ceiling:>9.1f}x"
         print(row)
 
 
