@@ -114,11 +114,7 @@ def train_reversal_model(directory: Path, seed: int) -> Path:
         random_state=seed,
         device="cpu",
     )
-    print("training a reversal model ...", file=sys.stderr, flush=True)
-    model.fit(sources, [s[::-1] for s in sources])
-    model.export_onnx(str(directory))
-    print(f"exported to {directory}", file=sys.stderr, flush=True)
-    return directory
+    return fit_and_export(model, sources, [s[::-1] for s in sources], directory, "a reversal model")
 
 
 def train_g2p_model(directory: Path, steps: int, seed: int) -> Path:
@@ -143,16 +139,26 @@ def train_g2p_model(directory: Path, steps: int, seed: int) -> Path:
         random_state=seed,
         device="cpu",
     )
-    print(f"training a G2P model for {steps} steps ...", file=sys.stderr, flush=True)
-    model.fit(words, pronunciations)
+    label = f"a G2P model for {steps} steps"
+    return fit_and_export(model, words, pronunciations, directory, label)
+
+
+def fit_and_export(model, X: list, y: list, directory: Path, label: str) -> Path:
+    """Fit ``model`` on ``(X, y)`` and export it to ``directory``, saying so on stderr."""
+    print(f"training {label} ...", file=sys.stderr, flush=True)
+    model.fit(X, y)
     model.export_onnx(str(directory))
     print(f"exported to {directory}", file=sys.stderr, flush=True)
     return directory
 
 
+def read_manifest(model_dir: Path) -> dict:
+    return json.loads((model_dir / "manifest.json").read_text())
+
+
 def random_sources(model_dir: Path, count: int, max_length: int, seed: int) -> list[str]:
     """Random sources over the model's source vocabulary (read from its manifest)."""
-    manifest = json.loads((model_dir / "manifest.json").read_text())
+    manifest = read_manifest(model_dir)
     alphabet = [t for t in manifest["source_vocabulary"][4:] if t.strip()]  # skip the specials
     joiner = "" if manifest["tokenizer"] == "char" else " "
     limit = min(max_length, int(manifest["limits"]["max_source_length"]))
@@ -205,7 +211,7 @@ def expected_predictions(model_dir: Path, sources: list[str], device: str) -> di
 
 def mean_output_length(expected: dict[str, str], model_dir: Path) -> float:
     """Mean length of the expected answers in output tokens."""
-    manifest = json.loads((model_dir / "manifest.json").read_text())
+    manifest = read_manifest(model_dir)
     tokens = manifest["output_kind"] == "tokens" or manifest["tokenizer"] == "space"
     return float(np.mean([len(a.split()) if tokens else len(a) for a in expected.values()]))
 

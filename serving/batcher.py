@@ -275,8 +275,7 @@ class Batcher:
     ) -> list[ItemResult]:
         """Queue the sources of one request and wait for all their results.
 
-        Same parameters and errors as ``submit``. If this coroutine is cancelled (the client
-        left), or one item fails, the request's items still waiting are withdrawn.
+        :meth:`submit` then :meth:`results`: same parameters and errors as ``submit``.
         """
         futures = self.submit(sources, temperature=temperature, with_attention=with_attention)
         return await self.results(futures)
