@@ -114,6 +114,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         lr_schedule=args.lr_schedule,
+        label_smoothing=args.label_smoothing,
         max_epochs=args.max_epochs,
         early_stopping=True,
         early_stopping_metric=args.early_stopping_metric,
@@ -238,6 +239,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--batch-size", type=int, default=64)
     add("--learning-rate", type=float, default=1e-3)
     add("--lr-schedule", choices=["constant", "plateau", "cosine"], default="cosine")
+    add("--label-smoothing", type=float, default=0.0)
     add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
     add("--validation-fraction", type=float, default=0.03)

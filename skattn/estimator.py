@@ -205,6 +205,11 @@ class Seq2Seq(BaseEstimator):
         quantity (see ``early_stopping_metric``) did not improve by ``tol``; ``"cosine"`` decays
         it after every step as ``lr_t = learning_rate * (1 + cos(pi t / T)) / 2`` down to 0 at
         ``T = min(max_steps, max_epochs * steps per epoch)``: the choice for a fixed budget.
+    label_smoothing : float, default=0.0
+        The training target puts ``1 - label_smoothing`` on the reference token and spreads
+        ``label_smoothing`` uniformly over the vocabulary (Szegedy et al. 2016), as
+        ``torch.nn.functional.cross_entropy`` does; ``train_loss`` is that smoothed objective,
+        ``val_loss`` is always the plain cross-entropy.
     max_grad_norm : float or None, default=1.0
         Gradients are clipped to this global norm; ``None`` turns clipping off.
     early_stopping : bool, default=True
@@ -289,6 +294,7 @@ class Seq2Seq(BaseEstimator):
         "max_steps": _integer(1, none_ok=True),
         "learning_rate": _real(0.0, low_open=True),
         "lr_schedule": _options("constant", "plateau", "cosine"),
+        "label_smoothing": _real(0.0, 1.0, low_open=False),
         "max_grad_norm": _real(0.0, low_open=True, none_ok=True),
         "early_stopping": _boolean,
         "early_stopping_metric": _options("loss", "exact_match"),
@@ -324,6 +330,7 @@ class Seq2Seq(BaseEstimator):
         max_steps: int | None = None,
         learning_rate: float = 3e-3,
         lr_schedule: str = "constant",
+        label_smoothing: float = 0.0,
         max_grad_norm: float | None = 1.0,
         early_stopping: bool = True,
         early_stopping_metric: str = "loss",
@@ -355,6 +362,7 @@ class Seq2Seq(BaseEstimator):
         self.max_steps = max_steps
         self.learning_rate = learning_rate
         self.lr_schedule = lr_schedule
+        self.label_smoothing = label_smoothing
         self.max_grad_norm = max_grad_norm
         self.early_stopping = early_stopping
         self.early_stopping_metric = early_stopping_metric
@@ -573,18 +581,29 @@ class Seq2Seq(BaseEstimator):
         )
 
     def _batch_loss(
-        self, src: list[list[int]], tgt: list[list[int]], batch: np.ndarray
+        self,
+        src: list[list[int]],
+        tgt: list[list[int]],
+        batch: np.ndarray,
+        label_smoothing: float = 0.0,
     ) -> tuple[torch.Tensor, int]:
         """Summed token cross-entropy of a teacher-forced batch, and its number of tokens.
 
         ``loss = -sum_i log p(y_i | y_<i, x)`` over the decoder outputs ``tokens + [EOS]``,
-        with decoder inputs ``[BOS] + tokens``; padding is ignored.
+        with decoder inputs ``[BOS] + tokens``; padding is ignored. With ``label_smoothing``
+        ``e``, each term becomes ``-(1 - e) log p(y_i) - e/V sum_v log p(v)``.
         """
         source, source_lengths = self._tensors([src[i] for i in batch])
         target, _ = self._tensors([[BOS, *tgt[i], EOS] for i in batch])  # (B, T_y + 1)
         tgt_in, tgt_out = target[:, :-1], target[:, 1:]  # (B, T_y)
         logits, _ = self.module_(source, source_lengths, tgt_in)  # (B, T_y, V)
-        loss = F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=PAD, reduction="sum")
+        loss = F.cross_entropy(
+            logits.transpose(1, 2),
+            tgt_out,
+            ignore_index=PAD,
+            reduction="sum",
+            label_smoothing=label_smoothing,
+        )
         return loss, int((tgt_out != PAD).sum())
 
     def _train_step(
@@ -596,7 +615,7 @@ class Seq2Seq(BaseEstimator):
     ) -> tuple[float, int]:
         self.module_.train()
         optimizer.zero_grad(set_to_none=True)
-        loss, n_tokens = self._batch_loss(src, tgt, batch)
+        loss, n_tokens = self._batch_loss(src, tgt, batch, self.label_smoothing)
         (loss / n_tokens).backward()
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.module_.parameters(), self.max_grad_norm)

@@ -265,6 +265,37 @@ def test_plateau_schedule_halves_the_rate_after_an_epoch_without_progress():
     assert [h["lr"] for h in model.history_] == pytest.approx([0.01, 0.01, 0.005, 0.0025])
 
 
+def test_label_smoothing_trains_on_the_smoothed_loss_and_validates_on_the_plain_one():
+    X, y = make_reversal(60, 3, 6, random_state=7)
+    e = 0.2
+    model = Seq2Seq(max_epochs=2, label_smoothing=e, **TINY).fit(X, y)
+    src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
+    tgt = [model.target_vocab_.encode(list(t)) for t in y]
+    batch = np.arange(8)
+    with torch.no_grad():
+        smoothed, n_tokens = model._batch_loss(src, tgt, batch, e)
+        plain, _ = model._batch_loss(src, tgt, batch)
+        # By hand: -(1 - e) log p(y_i) - e/V sum_v log p(v), summed over the non-pad tokens.
+        source, source_lengths = model._tensors([src[i] for i in batch])
+        target, _ = model._tensors([[1, *tgt[i], 2] for i in batch])
+        logits, _ = model.module_(source, source_lengths, target[:, :-1])
+        log_p = torch.log_softmax(logits, dim=-1)  # (B, T_y, V)
+        gold = target[:, 1:]
+        mask = gold != 0
+        nll = -log_p.gather(-1, gold.unsqueeze(-1)).squeeze(-1)[mask].sum()
+        uniform = -log_p.mean(-1)[mask].sum()
+    assert n_tokens == int(mask.sum())
+    assert float(plain) == pytest.approx(float(nll), rel=1e-5)
+    assert float(smoothed) == pytest.approx(float((1 - e) * nll + e * uniform), rel=1e-5)
+    assert float(smoothed) > float(plain)
+    # history_'s val_loss is the plain cross-entropy of the validation items.
+    val_idx = np.random.RandomState(0).permutation(len(X))[:6]
+    val_loss = model._evaluate(src, tgt, val_idx)["val_loss"]
+    with torch.no_grad():
+        plain_val, n_val = model._batch_loss(src, tgt, val_idx)
+    assert val_loss == pytest.approx(float(plain_val) / n_val, rel=1e-5)
+
+
 def test_early_stopping_on_exact_match_keeps_the_most_exact_epoch():
     X, y = make_reversal(200, 2, 4, random_state=9)
     params = dict(early_stopping_metric="exact_match", max_epochs=8, learning_rate=0.01)
@@ -454,6 +485,7 @@ def test_requesting_missing_cuda_raises_value_error():
         ("max_steps", 0),
         ("learning_rate", 0.0),
         ("lr_schedule", "linear"),
+        ("label_smoothing", 1.5),
         ("max_grad_norm", -1.0),
         ("early_stopping", None),
         ("early_stopping_metric", "bleu"),
