@@ -10,16 +10,22 @@ Endpoints (``{model}`` is a served model's name; ``/versions/1`` may follow it):
     POST /v2/models/{model}/infer   inference, JSON or binary tensor data
     GET  /metrics                   Prometheus text format
 
-Every error is ``{"error": message}``: 400 bad request, 404 unknown model, 413 too many items or
-too large a body, 415 unknown Content-Encoding, 500 the request's batch failed, 503 queue full
-(with ``Retry-After``) or shutting down. Each request is validated in full before its items join
-the batcher's queue, so one bad request never fails a batch.
+Every error is ``{"error": message}``: 400 bad request, 404 unknown model, 405 a method other
+than POST on an infer path, 413 too many items or too large a body, 415 unknown
+Content-Encoding, 500 the request's batch failed (or a bug), 503 queue full (with
+``Retry-After``) or shutting down. Each request is validated in full before its items join the
+batcher's queue, so one bad request never fails a batch.
+
+Inference requests, the hot path, are answered in plain ASGI by a middleware in front of FastAPI
+(``_InferRoute``): routing, request and response objects cost more than the rest of a small
+request. Everything else goes through FastAPI.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import protocol
 from serving.batcher import (
@@ -226,64 +232,74 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def infer(request: Request) -> Response:
-        """The hot path: a plain Starlette endpoint (FastAPI's parameter solving costs more
-        than the rest of a small request)."""
-        name, version = request.path_params["name"], request.path_params.get("version")
+    async def infer(
+        scope: Scope, receive: Receive, name: str, version: str | None
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        """The hot path, as plain ASGI: (status, headers, body), or None if the client left.
+
+        Routing, request and response objects of the framework cost more than the rest of a
+        small request, so ``_InferRoute`` sends inference requests here directly.
+        """
         started = time.monotonic()
-        try:
-            model = get_model(name, version)
-        except _ApiError:
-            server_metrics.unknown_model()
-            raise
         outcome, items, request_id = "ok", 0, None
         try:
+            model = get_model(name, version)
+        except _ApiError as exc:
+            server_metrics.unknown_model()
+            return exc.status, {}, protocol.error_body(exc.message)
+        try:
+            headers = _headers(scope)
             with model.batcher.receiving():  # an eager batcher waits for these items
-                parsed = await _parse(request, model, settings)
+                body = await _read_body(receive, headers, settings.max_body_bytes)
+                parsed = _parse(headers, body, model, settings)
                 items, request_id = len(parsed.sources), parsed.id
                 futures = model.batcher.submit(
                     parsed.sources,
                     temperature=parsed.temperature,
                     with_attention=parsed.wants_attention,
                 )
-            results = await _until_disconnect(model.batcher.results(futures), request.receive)
-            body, headers = _encode(model.name, parsed, results)
-            return Response(body, status_code=200, headers=headers)
+            results = await _until_disconnect(futures, receive)
+            body, response_headers = _encode(model.name, parsed, results)
+            return 200, response_headers, body
         except _ApiError as exc:
             outcome = _OUTCOME_BY_STATUS.get(exc.status, "bad_request")
-            raise
+            return exc.status, exc.headers, protocol.error_body(exc.message)
         except QueueFullError as exc:
             outcome = "queue_full"
-            raise _ApiError(
-                503, f"queue full: {exc}", {"Retry-After": str(settings.retry_after_s)}
-            ) from exc
+            retry = {"Retry-After": str(settings.retry_after_s)}
+            return 503, retry, protocol.error_body(f"queue full: {exc}")
         except BatcherClosedError as exc:
             outcome = "unavailable"
-            raise _ApiError(503, str(exc), {"Retry-After": str(settings.retry_after_s)}) from exc
+            retry = {"Retry-After": str(settings.retry_after_s)}
+            return 503, retry, protocol.error_body(str(exc))
         except BatchError as exc:
             outcome = "error"
-            raise _ApiError(500, str(exc)) from exc
+            return 500, {}, protocol.error_body(str(exc))
         except _ClientGoneError:
             outcome = "disconnected"
-            return Response(status_code=499)  # nobody reads it
+            return None  # nobody reads an answer
+        except Exception as exc:  # a bug: answer this request, keep serving the others
+            outcome = "error"
+            logger.exception("infer failed", extra={"model": name})
+            return 500, {}, protocol.error_body(f"internal error: {type(exc).__name__}")
         finally:
             elapsed = time.monotonic() - started
             model.metrics.request(outcome, elapsed)
             level = _LOG_LEVEL_BY_OUTCOME.get(outcome, logging.INFO)
-            logger.log(
-                level,
-                "infer",
-                extra={
-                    "model": name,
-                    "items": items,
-                    "outcome": outcome,
-                    "request_id": request_id,
-                    "duration_ms": round(elapsed * 1000, 3),
-                },
-            )
+            if logger.isEnabledFor(level):
+                logger.log(
+                    level,
+                    "infer",
+                    extra={
+                        "model": name,
+                        "items": items,
+                        "outcome": outcome,
+                        "request_id": request_id,
+                        "duration_ms": round(elapsed * 1000, 3),
+                    },
+                )
 
-    app.add_route("/v2/models/{name}/infer", infer, methods=["POST"])
-    app.add_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
+    app.add_middleware(_InferRoute, handler=infer)
 
     # -- errors as {"error": message} --------------------------------------------------------
 
@@ -316,18 +332,62 @@ _LOG_LEVEL_BY_OUTCOME = {
 }
 
 
-async def _parse(
-    request: Request, model: _Model, settings: ServerSettings
+class _InferRoute:
+    """ASGI middleware: inference requests go straight to ``handler``, the rest to the app.
+
+    ``POST /v2/models/{name}[/versions/{version}]/infer`` is answered from ``handler``'s
+    ``(status, headers, body)``; another method on that path gets 405.
+    """
+
+    def __init__(self, app: ASGIApp, handler: Callable[..., Awaitable[tuple | None]]) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = None
+        if scope["type"] == "http":
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            match = _INFER_PATH.fullmatch(path)
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            answer = 405, {"Allow": "POST"}, protocol.error_body("Method Not Allowed")
+        else:
+            answer = await self.handler(scope, receive, match["name"], match["version"])
+        if answer is None:
+            return  # the client has gone
+        status, headers, body = answer
+        raw_headers = [(b"content-length", str(len(body)).encode())]
+        if not any(key.lower() == "content-type" for key in headers):
+            raw_headers.append((b"content-type", b"application/json"))
+        raw_headers += [(key.lower().encode(), value.encode()) for key, value in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request headers, names lower-cased (a repeated header keeps its last value)."""
+    return {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+
+
+def _parse(
+    headers: Mapping[str, str], body: bytes, model: _Model, settings: ServerSettings
 ) -> protocol.InferRequest:
-    """Read, decode and validate one inference request (every source checked by the runtime)."""
+    """Decode and validate one inference request (every source checked by the runtime)."""
     try:
-        body = await _read_body(request, settings.max_body_bytes)
         body = protocol.decode_content(
-            body, request.headers.get("content-encoding"), settings.max_body_bytes
+            body, headers.get("content-encoding"), settings.max_body_bytes
         )
         parsed = protocol.parse_infer_request(
             body,
-            request.headers.get(protocol.HEADER_LENGTH),
+            headers.get(protocol.HEADER_LENGTH.lower()),
             max_items=settings.max_items_per_request,
         )
     except protocol.ProtocolError as exc:
@@ -340,31 +400,32 @@ async def _parse(
     return parsed
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
+    declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise protocol.ProtocolError(f"request body of {declared} bytes exceeds {limit}", 413)
+        raise _ApiError(413, f"request body of {declared} bytes exceeds {limit}")
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise protocol.ProtocolError(f"request body exceeds {limit} bytes", 413)
-            chunks.append(chunk)
-    except ClientDisconnect as exc:
-        raise _ClientGoneError from exc
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGoneError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _ApiError(413, f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _until_disconnect(
-    work: Awaitable[list[ItemResult]], receive: Callable[[], Awaitable[dict]]
+    futures: Sequence[asyncio.Future], receive: Receive
 ) -> list[ItemResult]:
-    """Await ``work``, cancelling it (and so withdrawing its queued items) if the client leaves.
+    """The results of a request's futures; if the client leaves first, its items are withdrawn.
 
     Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``.
     """
-    task = asyncio.ensure_future(work)
 
     async def wait_disconnect() -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -372,17 +433,19 @@ async def _until_disconnect(
 
     watcher = asyncio.ensure_future(wait_disconnect())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
+        for future in futures:
+            if not future.done():
+                await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not future.done():  # the watcher returned: the client has gone
+                    raise _ClientGoneError
+        return [future.result() for future in futures]  # the first failed item's BatchError
+    finally:
         watcher.cancel()
-        raise
-    watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)  # its queued items are withdrawn
-    raise _ClientGoneError
+        for future in futures:
+            if not future.done():
+                future.cancel()  # withdraws the items still queued
+            elif not future.cancelled():
+                future.exception()  # mark as retrieved: one error answers the request
 
 
 def _encode(

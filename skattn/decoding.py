@@ -148,15 +148,6 @@ def greedy_decode(
     ]
 
 
-@dataclass
-class _Beam:
-    """A live partial hypothesis: its tokens, attention rows and summed log-probability."""
-
-    tokens: list[int]
-    weights: list[np.ndarray]
-    log_prob: float
-
-
 def _normalised(log_prob: float, length: int, length_penalty: float) -> float:
     """``sum(log p) / length ** length_penalty`` (length >= 1 counts EOS when emitted)."""
     return log_prob / max(length, 1) ** length_penalty
@@ -206,9 +197,17 @@ def beam_decode(
     if not np.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite float >= 0, got {length_penalty!r}")
 
+    K = beam_size
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    live: list[list[_Beam]] = [[_Beam([], [], 0.0)] for _ in range(batch_size)]
-    owner = np.arange(batch_size)  # item of each carried row
+    n_finished = np.zeros(batch_size, dtype=np.int64)  # len(finished[item])
+    # An item whose extensions all had log-probability -inf stops with its live beams as they
+    # were (unless it finished some hypothesis before).
+    stalled: dict[int, list[Hypothesis]] = {}
+    # The live beams, one carried row each; an item's rows are contiguous, items ascending.
+    owner = np.arange(batch_size)  # (N,) item of each row
+    log_prob = np.zeros(batch_size)  # (N,) summed log-probability of each beam
+    tokens = np.zeros((batch_size, 0), dtype=np.int64)  # (N, t) tokens of each beam
+    paths: np.ndarray | None = None  # (N, t, T) attention rows of each beam
     y_prev = np.full(batch_size, bos_id, dtype=np.int64)
 
     for position in range(max_length):
@@ -216,59 +215,81 @@ def beam_decode(
             break
         log_probs, carry, weights = _call_step(step, y_prev, carry, position, never)
         # log_probs (N, V), weights (N, T)
-        vocab = log_probs.shape[1]
-        next_rows: list[int] = []
-        next_owner: list[int] = []
-        next_tokens: list[int] = []
-        first = 0
-        for item in np.unique(owner):  # rows of one item are contiguous, items ascending
-            beams = live[item]
-            rows = np.arange(first, first + len(beams))
-            first += len(beams)
-            totals = np.array([b.log_prob for b in beams])[:, None] + log_probs[rows]  # (K, V)
-            flat = totals.ravel()
-            order = np.argsort(-flat, kind="stable")[: 2 * beam_size]
-            survivors: list[_Beam] = []
-            for rank, index in enumerate(order):
-                total = float(flat[index])
-                if not np.isfinite(total) or len(survivors) == beam_size:
-                    break
-                k, token = divmod(int(index), vocab)
-                beam = beams[k]
-                w = [*beam.weights, weights[rows[k]]]
-                if token == eos_id:
-                    if rank < beam_size:
-                        score = _normalised(total, len(beam.tokens) + 1, length_penalty)
-                        finished[item].append(Hypothesis(list(beam.tokens), np.stack(w), score))
-                    continue
-                survivors.append(_Beam([*beam.tokens, token], w, total))
-                next_rows.append(int(rows[k]))
-                next_tokens.append(token)
-            if len(finished[item]) >= beam_size or not survivors:
-                del next_rows[len(next_rows) - len(survivors) :]
-                del next_tokens[len(next_tokens) - len(survivors) :]
-                survivors = []
-            next_owner.extend([int(item)] * len(survivors))
-            if survivors or finished[item]:
-                live[item] = survivors
-            # else: every extension had log-probability -inf; keep the beams as they were.
+        n, vocab = log_probs.shape
+        if paths is None:
+            paths = np.zeros((n, 0, weights.shape[1]), dtype=weights.dtype)
+        extended = np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
 
-        rows_kept = np.asarray(next_rows, dtype=np.int64)
-        if rows_kept.size:
-            carry = select(carry, rows_kept)
-        owner = np.asarray(next_owner, dtype=np.int64)
-        y_prev = np.asarray(next_tokens, dtype=np.int64)
+        # Each item's beams side by side, padded to K with -inf: totals (I, K, V).
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])  # (I,) first row
+        items = owner[starts]
+        counts = np.diff(np.r_[starts, n])
+        item_of_row = np.repeat(np.arange(items.size), counts)  # (N,)
+        totals = np.full((items.size, K, vocab), -np.inf)
+        totals[item_of_row, np.arange(n) - starts[item_of_row]] = log_prob[:, None] + log_probs
+        # The 2K best extensions of each item, best first; ties to the earlier beam, then the
+        # lower token id (a stable sort of the flattened (beam, token) index).
+        flat = totals.reshape(items.size, K * vocab)
+        ranked = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * K]  # (I, 2K)
+        total = np.take_along_axis(flat, ranked, axis=1)  # (I, 2K), descending
+        beam, token = np.divmod(ranked, vocab)
+        row = starts[:, None] + beam  # (I, 2K) the carried row each extension extends
+        finite = np.isfinite(total)  # -inf (and NaN) sort last: a finite prefix
+        is_eos = (token == eos_id) & finite
+        # EOS within the first K ranks finishes a hypothesis; the first K others stay live.
+        ends = is_eos & (np.arange(2 * K) < K)
+        grows = finite & ~is_eos
+        grows &= np.cumsum(grows, axis=1) <= K
+
+        for i, r in zip(*np.nonzero(ends), strict=True):
+            source = row[i, r]
+            score = _normalised(float(total[i, r]), position + 1, length_penalty)
+            hypothesis = Hypothesis(tokens[source].tolist(), extended[source], score)
+            finished[items[i]].append(hypothesis)
+            n_finished[items[i]] += 1
+        n_growing = grows.sum(axis=1)  # (I,)
+        for i in np.flatnonzero((n_growing == 0) & (n_finished[items] == 0)):
+            rows = np.arange(starts[i], starts[i] + counts[i])
+            stalled[int(items[i])] = _live_hypotheses(log_prob, tokens, paths, rows, length_penalty)
+        grows &= ((n_finished[items] < K) & (n_growing > 0))[:, None]  # the others are done
+
+        i, r = np.nonzero(grows)  # items ascending, best first
+        source = row[i, r]
+        if source.size:
+            carry = select(carry, source)
+        owner, y_prev, log_prob = items[i], token[i, r].astype(np.int64), total[i, r]
+        tokens = np.concatenate([tokens[source], y_prev[:, None]], axis=1)
+        paths = extended[source]
+
+    # Items still live after max_length tokens: their live beams, if they finished nothing.
+    if owner.size:
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+        for first, stop in zip(starts, [*starts[1:], owner.size], strict=True):
+            rows = np.arange(first, stop)
+            stalled[int(owner[first])] = _live_hypotheses(
+                log_prob, tokens, paths, rows, length_penalty
+            )
 
     results = []
     for item in range(batch_size):
-        candidates = finished[item] or [
-            Hypothesis(
-                beam.tokens,
-                np.stack(beam.weights),
-                _normalised(beam.log_prob, len(beam.tokens), length_penalty),
-            )
-            for beam in live[item]
-        ]
+        candidates = finished[item] or stalled[item]
         # max keeps the first of equal scores: the earlier-finished or higher-ranked hypothesis.
         results.append(max(candidates, key=lambda h: h.score))
     return results
+
+
+def _live_hypotheses(
+    log_prob: np.ndarray,
+    tokens: np.ndarray,
+    paths: np.ndarray,
+    rows: np.ndarray,
+    length_penalty: float,
+) -> list[Hypothesis]:
+    """Live beams as hypotheses, best first, each normalised by its length (no EOS)."""
+    length = tokens.shape[1]
+    return [
+        Hypothesis(
+            tokens[r].tolist(), paths[r], _normalised(float(log_prob[r]), length, length_penalty)
+        )
+        for r in rows
+    ]

@@ -133,6 +133,66 @@ def test_wide_beam_finds_exhaustive_optimum(seed, length_penalty):
         assert hyp.score == pytest.approx(total / (len(hyp.tokens) + 1) ** length_penalty)
 
 
+def reference_beam(backend, table, beam_size, max_length, length_penalty):
+    """beam_decode's documented rules for one item, with Python lists: its oracle.
+
+    Returns ``(tokens, score)`` of the best hypothesis.
+    """
+    never = (0, 1, 3)  # PAD, BOS, UNK
+    live = [([], 0, 0.0)]  # (tokens, hash state before the last token, summed log-probability)
+    finished = []
+    for _ in range(max_length):
+        extensions = []  # (total, beam, token, state): beams in rank order, tokens ascending
+        for k, (tokens, state, log_prob) in enumerate(live):
+            state = next_state(state, tokens[-1] if tokens else BOS_ID)
+            for token in range(VOCAB):
+                if token not in never:
+                    extensions.append(
+                        (log_prob + backend.log_p[table, state, token], k, token, state)
+                    )
+        extensions.sort(key=lambda e: -e[0])  # stable: ties keep beam, then token order
+        survivors = []
+        for rank, (total, k, token, state) in enumerate(extensions[: 2 * beam_size]):
+            if not np.isfinite(total) or len(survivors) == beam_size:
+                break
+            tokens = live[k][0]
+            if token == EOS_ID:
+                if rank < beam_size:
+                    finished.append((tokens, total / (len(tokens) + 1) ** length_penalty))
+                continue
+            survivors.append(([*tokens, token], state, total))
+        if len(finished) >= beam_size or not survivors:
+            break
+        live = survivors
+    candidates = finished or [
+        (tokens, log_prob / max(len(tokens), 1) ** length_penalty) for tokens, _, log_prob in live
+    ]
+    return max(candidates, key=lambda c: c[1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("beam_size", [2, 3, 5])
+@pytest.mark.parametrize("length_penalty", [0.0, 0.6, 1.0])
+def test_beam_matches_the_per_item_reference(seed, beam_size, length_penalty):
+    backend = HistoryBackend(n_tables=9, seed=40 + seed, eos_bias=0.5)
+    if seed % 2:  # ties: log-probabilities on a coarse grid
+        backend.log_p = np.round(backend.log_p * 2) / 2
+    if seed >= 2:  # dead ends: some histories allow no token at all
+        backend.log_p[:, ::5] = -np.inf
+    tables = [3, 0, 8, 1, 1, 5, 2, 7, 4, 6]
+    hyps = beam_decode(
+        backend.step, backend.select, backend.carry(tables), len(tables), beam_size, 7,
+        length_penalty,
+    )  # fmt: skip
+    for table, hyp in zip(tables, hyps, strict=True):
+        tokens, score = reference_beam(backend, table, beam_size, 7, length_penalty)
+        assert hyp.tokens == tokens
+        assert hyp.score == pytest.approx(score, rel=1e-12)
+        assert hyp.weights.shape[0] in (len(tokens), len(tokens) + 1)
+        if np.isfinite(score):
+            check_hypothesis(backend, table, hyp, 7)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_beam_of_one_is_greedy(seed):
     backend = HistoryBackend(n_tables=6, seed=20 + seed)

@@ -386,6 +386,33 @@ def test_unknown_model_is_404(serve):
     assert server.metric("skattn_requests_total", model="", outcome="not_found") == 1
 
 
+def test_another_method_on_the_infer_path_is_405(serve):
+    server = serve()
+    for path in (f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/versions/1/infer"):
+        response = httpx.get(server.url + path)
+        assert response.status_code == 405
+        assert response.headers["allow"] == "POST"
+        assert response.json()["error"] == "Method Not Allowed"
+    ok = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["ok"]))
+    assert ok.json()["outputs"][0]["data"] == ["ko"]
+
+
+def test_a_bug_in_request_handling_answers_500_and_the_server_keeps_serving(serve):
+    class BuggyCheck(ReverseRuntime):
+        def check_source(self, text):
+            if text == "bug":
+                raise KeyError("not a ValueError: a bug, not a bad request")
+            super().check_source(text)
+
+    server = serve(BuggyCheck())
+    url = f"{server.url}/v2/models/{MODEL}/infer"
+    response = httpx.post(url, json=infer_body(["bug"]))
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error: KeyError"}
+    assert httpx.post(url, json=infer_body(["fine"])).json()["outputs"][0]["data"] == ["enif"]
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="error") == 1
+
+
 def test_a_failed_batch_answers_500_to_its_own_requests_only(serve):
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, max_batch_size=8, max_delay_ms=0)
