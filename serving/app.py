@@ -432,13 +432,15 @@ async def _until_disconnect(
             pass
 
     watcher = asyncio.ensure_future(wait_disconnect())
+    results = []
     try:
         for future in futures:
             if not future.done():
                 await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
                 if not future.done():  # the watcher returned: the client has gone
                     raise _ClientGoneError
-        return [future.result() for future in futures]  # the first failed item's BatchError
+            results.append(future.result())  # a failed item's BatchError answers the request
+        return results
     finally:
         watcher.cancel()
         for future in futures:
