@@ -443,11 +443,7 @@ async def _until_disconnect(
         return results
     finally:
         watcher.cancel()
-        for future in futures:
-            if not future.done():
-                future.cancel()  # withdraws the items still queued
-            elif not future.cancelled():
-                future.exception()  # mark as retrieved: one error answers the request
+        Batcher.withdraw(futures)
 
 
 def _encode(

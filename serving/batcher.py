@@ -290,11 +290,17 @@ class Batcher:
         try:
             return [await future for future in futures]
         finally:
-            for future in futures:
-                if not future.done():
-                    future.cancel()
-                elif not future.cancelled():
-                    future.exception()  # mark as retrieved: one error answers the request
+            Batcher.withdraw(futures)
+
+    @staticmethod
+    def withdraw(futures: Sequence[asyncio.Future]) -> None:
+        """Withdraw a request's items still queued (cancel their futures) once it is answered
+        or abandoned, and mark its failed items' errors as retrieved: one error answers it."""
+        for future in futures:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()
 
     # -- scheduling --------------------------------------------------------------------------
 

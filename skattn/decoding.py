@@ -221,9 +221,8 @@ def beam_decode(
         extended = np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
 
         # Each item's beams side by side, padded to K with -inf: totals (I, K, V).
-        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])  # (I,) first row
+        starts, counts = _runs(owner)  # (I,) first row and number of rows of each item
         items = owner[starts]
-        counts = np.diff(np.r_[starts, n])
         item_of_row = np.repeat(np.arange(items.size), counts)  # (N,)
         totals = np.full((items.size, K, vocab), -np.inf)
         totals[item_of_row, np.arange(n) - starts[item_of_row]] = log_prob[:, None] + log_probs
@@ -262,13 +261,9 @@ def beam_decode(
         paths = extended[source]
 
     # Items still live after max_length tokens: their live beams, if they finished nothing.
-    if owner.size:
-        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
-        for first, stop in zip(starts, [*starts[1:], owner.size], strict=True):
-            rows = np.arange(first, stop)
-            stalled[int(owner[first])] = _live_hypotheses(
-                log_prob, tokens, paths, rows, length_penalty
-            )
+    for first, count in zip(*_runs(owner), strict=True):
+        rows = np.arange(first, first + count)
+        stalled[int(owner[first])] = _live_hypotheses(log_prob, tokens, paths, rows, length_penalty)
 
     results = []
     for item in range(batch_size):
@@ -276,6 +271,14 @@ def beam_decode(
         # max keeps the first of equal scores: the earlier-finished or higher-ranked hypothesis.
         results.append(max(candidates, key=lambda h: h.score))
     return results
+
+
+def _runs(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First index and length of each run of equal values in ``owner`` (empty for no rows)."""
+    if owner.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    return starts, np.diff(np.r_[starts, owner.size])
 
 
 def _live_hypotheses(
