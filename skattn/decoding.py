@@ -175,7 +175,9 @@ def beam_decode(
     extensions (up to ``beam_size``) stay live. An item stops when it holds ``beam_size``
     finished hypotheses, when no live beam is left, or after ``max_length`` output tokens. The
     result is its best finished hypothesis; an item that finished none returns its best live
-    beam, normalised by its length. Ties go to the earlier beam, then the lower token id.
+    beam, normalised by its length. A beam cut off at ``max_length`` does not compete with
+    finished ones: its score lacks the ``log p(EOS)`` term that every finished score pays, so it
+    would beat any completion of itself. Ties go to the earlier beam, then the lower token id.
 
     Parameters
     ----------

@@ -283,6 +283,27 @@ def test_masked_softmax_large_scores_and_temperature_limits():
     )
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-39, 1e-300, torch.tensor(1e-40)])
+@pytest.mark.parametrize("local", LOCALS)
+def test_tiny_temperatures_give_one_hot_rows_and_finite_gradients(temperature, local):
+    # float32 scores / 1e-39 overflow: the max must come off before the division. Ties split.
+    s, H, mask = make_batch([5, 3, 1], 5, 4, 4, num_steps=2, dtype=torch.float32, seed=3)
+    att = make_attention("dot", 1, 4, 4, local, window=2).float()
+    H.requires_grad_(True)
+    _, weights = att(s, H, att.precompute(H), mask, temperature)  # (B, T_y, T)
+    assert torch.all(torch.isfinite(weights))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2))
+    assert torch.all((weights == 0) | (weights == 1))
+    assert torch.all(weights[~mask.unsqueeze(1).expand_as(weights)] == 0)
+    weights.sum().backward()
+    assert torch.all(torch.isfinite(H.grad))
+    scores = torch.tensor([[1.0, 2.0, 3.0, 3.0]], requires_grad=True)
+    tied = masked_softmax(scores, torch.tensor([[True, True, True, False]]), temperature)
+    assert tied.tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    expected = R.masked_softmax(scores.detach().double().numpy(), None, 1e-39)
+    np.testing.assert_array_equal(masked_softmax(scores, None, temperature).detach(), expected)
+
+
 # Errors
 
 

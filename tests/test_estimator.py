@@ -389,6 +389,32 @@ def test_grid_search_over_scorers():
     assert len(search.predict(X[:3])) == 3
 
 
+def test_numpy_scalar_hyperparameters_fit_predict_and_export(tmp_path):
+    # A grid built with np.arange hands out np.int64: torch.nn wants int sizes, and the
+    # artifact's manifest is JSON.
+    X, y = make_reversal(24, 3, 5, random_state=4)
+    params = dict(
+        hidden_size=np.int64(16),
+        embedding_dim=np.int32(8),
+        num_layers=np.int64(2),
+        attention="local-p",
+        window=np.int64(2),
+        beam_size=np.int64(2),
+        temperature=np.float64(0.5),
+        batch_size=np.int64(8),
+    )
+    model = Seq2Seq(max_steps=2, early_stopping=False, device="cpu", random_state=0, **params)
+    model.fit(X, y)
+    assert all(type(v) in (int, float, str, bool) for v in model.module_.config.values() if v)
+    predictions = model.predict(X[:3])
+    model.export_onnx(tmp_path / "artifact")
+    manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
+    assert manifest["beam_size"] == 2
+    import serving
+
+    assert serving.load(tmp_path / "artifact").predict(X[:3]) == predictions
+
+
 def test_pipeline_with_a_lowercasing_step(fitted_reversal, reversal_data):
     X_train, y_train, _, _ = reversal_data
     pipeline = make_pipeline(FunctionTransformer(lower_all), Seq2Seq(max_steps=2, **TINY))

@@ -13,7 +13,7 @@ from skattn.attention.local import (
     window_mask,
 )
 from skattn.attention.scorers import make_scorer
-from skattn.attention.softmax import check_temperature, masked_softmax
+from skattn.attention.softmax import check_temperature, masked_softmax, tempered_scores
 
 
 class Attention(nn.Module):
@@ -151,7 +151,7 @@ class Attention(nn.Module):
         B, T_y, _ = q.shape
         T = H.shape[1]
 
-        scores = self.scorer(q, keys) / temperature  # (B, T_y, h, T)
+        scores = self.scorer(q, keys)  # (B, T_y, h, T)
         valid = mask.unsqueeze(1)  # (B, 1, T)
         if self.local is not None:
             lengths = mask.sum(dim=-1)  # (B,)
@@ -162,10 +162,14 @@ class Attention(nn.Module):
                 centres = centres.to(scores.dtype)  # (B, T_y)
             else:
                 centres = self.position_predictor(q, lengths)  # (B, T_y)
-                log_gauss = gaussian_log_weights(centres, T, self.window)  # (B, T_y, T)
-                scores = scores + log_gauss.unsqueeze(2)  # (B, T_y, h, T)
             valid = valid & window_mask(centres, T, self.window)  # (B, T_y, T)
-        weights = masked_softmax(scores, valid.unsqueeze(2))  # (B, T_y, h, T)
+        valid = valid.unsqueeze(2)  # (B, T_y or 1, 1, T)
+        if self.local == "local-p":  # the Gaussian multiplies the tempered softmax's terms
+            log_gauss = gaussian_log_weights(centres, T, self.window)  # (B, T_y, T)
+            scores = tempered_scores(scores, valid, temperature) + log_gauss.unsqueeze(2)
+            weights = masked_softmax(scores, valid)  # (B, T_y, h, T)
+        else:
+            weights = masked_softmax(scores, valid, temperature)  # (B, T_y, h, T)
 
         h = self.num_heads
         if h == 1:  # one batched product, and a small graph for export

@@ -28,13 +28,14 @@ def masked_softmax(
 
     .. math::
 
-        \alpha_j = \frac{m_j \exp(e_j / \tau - \max_k e_k / \tau)}
-                        {\sum_k m_k \exp(e_k / \tau - \max_k e_k / \tau)},
+        \alpha_j = \frac{m_j \exp((e_j - \max_{k: m_k} e_k) / \tau)}
+                        {\sum_k m_k \exp((e_k - \max_{k: m_k} e_k) / \tau)},
         \qquad \alpha = 0 \text{ when } \sum_k m_k = 0.
 
-    Padding is excluded with ``torch.where`` rather than ``masked_fill(-inf)``, so a padded
-    position gets exactly 0, a row with no real position gives zeros (never NaN), and the
-    gradient of such a row is zero as well.
+    The maximum is taken over real positions and subtracted before dividing by ``tau``
+    (:func:`tempered_scores`), so no temperature, however small, overflows. A padded position
+    gets exactly 0, a row with no real position gives zeros (never NaN), and the gradient of
+    such a row is zero as well.
 
     Parameters
     ----------
@@ -66,15 +67,33 @@ def masked_softmax(
             [0.0000, 0.0000, 0.0000]])
     """
     check_temperature(temperature)
-    z = scores / temperature  # (..., T)
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a boolean tensor, got dtype {mask.dtype}")
+    z = tempered_scores(scores, mask, temperature)  # (..., T), <= 0 at real positions
     if mask is None:
         return torch.softmax(z, dim=-1)
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a boolean tensor, got dtype {mask.dtype}")
-    # Scalars rather than full_like / zeros_like: the same values, and no shape-dependent
-    # ConstantOfShape nodes in an exported decoder step.
-    z = torch.where(mask, z, torch.finfo(z.dtype).min)  # (..., T)
-    z_max = z.amax(dim=-1, keepdim=True).detach()  # (..., 1), a shift: no gradient needed
-    e = torch.where(mask, torch.exp(z - z_max), 0.0)  # (..., T)
-    total = e.sum(dim=-1, keepdim=True)  # (..., 1)
+    # Padding enters exp as -inf: exactly 0, with zero gradient (its own z may be +inf).
+    e = torch.exp(torch.where(mask, z, float("-inf")))  # (..., T)
+    total = e.sum(dim=-1, keepdim=True)  # (..., 1), >= 1 unless the row has no real position
     return e / torch.where(total > 0, total, 1.0)
+
+
+def tempered_scores(
+    scores: Tensor, mask: Tensor | None, temperature: float | Tensor = 1.0
+) -> Tensor:
+    """``(e_j - max_k e_k) / tau``, the max over real positions: the softmax's exponents.
+
+    Shifting *before* dividing keeps every real entry finite and ``<= 0`` (0 at the maximum)
+    however small ``tau`` is, so ``exp`` never overflows and a tiny temperature gives a one-hot
+    row rather than ``inf - inf = NaN``. ``tau`` is floored at the dtype's smallest normal
+    number, so that ``0 / tau`` stays 0. Entries at padding positions are left meaningless;
+    the caller masks them. A 0-d tensor ``tau`` (an ONNX graph input) is floored in the graph.
+    """
+    tiny = torch.finfo(scores.dtype).tiny
+    real = scores if mask is None else torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    shift = real.amax(dim=-1, keepdim=True).detach()  # (..., 1): no gradient needed
+    if isinstance(temperature, Tensor):
+        temperature = temperature.clamp(min=tiny)
+    else:
+        temperature = max(float(temperature), tiny)
+    return (scores - shift) / temperature

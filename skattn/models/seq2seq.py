@@ -36,6 +36,13 @@ def _one_of(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
 
 
+def _python_scalar(value):
+    """``int`` / ``float`` for any integral / real number that is not a bool; others unchanged."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def validate_config(config: dict) -> None:
     """Raise ``ValueError`` naming the first bad parameter of a ``Seq2SeqModule`` config."""
     for name in ("source_vocab_size", "target_vocab_size", "embedding_dim", "hidden_size"):
@@ -149,13 +156,18 @@ class Seq2SeqModule(nn.Module):
             attention_size=attention_size,
         )
         validate_config(config)
-        self.config = config
+        # NumPy scalars (a GridSearchCV grid from np.arange) become Python numbers: torch.nn
+        # wants int sizes, and the config goes into the artifact's JSON manifest.
+        self.config = config = {name: _python_scalar(value) for name, value in config.items()}
+        sizes = [config[name] for name in ("embedding_dim", "hidden_size", "num_layers")]
+        embedding_dim, hidden_size, num_layers = sizes
+        dropout = config["dropout"]
         self.encoder = BiRNNEncoder(
-            source_vocab_size, embedding_dim, hidden_size, num_layers, dropout, cell
+            config["source_vocab_size"], embedding_dim, hidden_size, num_layers, dropout, cell
         )
         self.bridge = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # W_m
         self.attention = _make_attention(config)
-        decoder_args = (target_vocab_size, embedding_dim, hidden_size, num_layers, dropout, cell)
+        decoder_args = (config["target_vocab_size"], *sizes, dropout, cell)
         if decoder == "bahdanau":
             self.decoder = BahdanauDecoder(*decoder_args, self.attention)
         else:
