@@ -181,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(args.model_dir) > 1 or args.model_dir[0][0] is not None:
             parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
         args.model_dir = [(args.model_name, args.model_dir[0][1])]
+    for name, _ in args.model_dir:  # checked before any model loads
+        if name is not None and (not name or "/" in name):
+            parser.error(f"model name {name!r} must be non-empty and hold no '/'")
     runtimes = {}
     for name, model_dir in args.model_dir:
         runtime = _load(model_dir, args.device, name, args.intra_op_threads)

@@ -17,17 +17,20 @@ in order: the directory exists, the manifest parses and holds every key with the
 SHA-256, and the vocabularies hold the fixed special tokens. Any failure raises
 :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
 
-This module is numpy-free and torch-free: it only reads JSON and bytes.
+This module is torch-free: it reads JSON and bytes (and the special tokens from ``skattn.text``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from skattn.text import SPECIAL_TOKENS
 
 __all__ = [
     "DECODER_FILE",
@@ -163,6 +166,10 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_FILE) -> dict:
         tokens = manifest[key]
         if not all(isinstance(t, str) for t in tokens) or len(tokens) <= len(SPECIAL_IDS):
             raise ArtifactError(f"{where}: {key!r} must be a list of str beyond the specials")
+        if tuple(tokens[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+            raise ArtifactError(f"{where}: {key!r} must start with {list(SPECIAL_TOKENS)}")
+        if len(set(tokens)) != len(tokens):
+            raise ArtifactError(f"{where}: {key!r} holds a token twice")
     state_names = manifest["state_names"]
     if not state_names or not all(isinstance(n, str) and n.isidentifier() for n in state_names):
         raise ArtifactError(f"{where}: 'state_names' must be a non-empty list of identifiers")
@@ -173,8 +180,10 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_FILE) -> dict:
             raise ArtifactError(f"{where}: limits[{key!r}] must be an int >= 1, got {value!r}")
     if manifest["beam_size"] < 1:
         raise ArtifactError(f"{where}: 'beam_size' must be >= 1")
-    if not manifest["temperature"] > 0:
-        raise ArtifactError(f"{where}: 'temperature' must be > 0")
+    if not (math.isfinite(manifest["length_penalty"]) and manifest["length_penalty"] >= 0):
+        raise ArtifactError(f"{where}: 'length_penalty' must be a finite number >= 0")
+    if not (math.isfinite(manifest["temperature"]) and manifest["temperature"] > 0):
+        raise ArtifactError(f"{where}: 'temperature' must be a finite number > 0")
     if sorted(manifest["files"]) != sorted(GRAPH_FILES):
         raise ArtifactError(f"{where}: 'files' must list exactly {list(GRAPH_FILES)}")
     return manifest
@@ -254,9 +263,11 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
         text = manifest_path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ArtifactError(f"{manifest_path}: missing manifest file") from None
+    except (OSError, UnicodeDecodeError) as error:  # a directory, unreadable, not UTF-8
+        raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
     try:
         manifest = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:  # bad JSON, a number too long to convert
         raise ArtifactError(f"{manifest_path}: not valid JSON ({error})") from None
     validate_manifest(manifest, where=str(manifest_path))
     for name, expected in manifest["files"].items():

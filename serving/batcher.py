@@ -166,7 +166,7 @@ class Batcher:
 
     @property
     def queue_depth(self) -> int:
-        """The number of items waiting for a batch (their callers may have gone)."""
+        """The number of items waiting for a batch (withdrawn ones leave at once)."""
         return len(self._pending)
 
     async def start(self) -> None:
@@ -260,6 +260,8 @@ class Batcher:
         items = [
             _Item(source, temperature, with_attention, loop.create_future()) for source in sources
         ]
+        for item in items:  # a withdrawn item leaves the queue (and its depth gauge) at once
+            item.future.add_done_callback(self._on_cancel)
         self._pending.extend(items)
         self._report_depth()
         if items:
@@ -405,6 +407,10 @@ class Batcher:
         return list(predictions), attentions
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _on_cancel(self, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self._drop_cancelled()
 
     def _drop_cancelled(self) -> None:
         if any(item.future.cancelled() for item in self._pending):

@@ -211,6 +211,8 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_items: in
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError("'id' must be a string")
+    if request_id is not None and not _encodable(request_id):
+        raise ProtocolError("'id' must be valid Unicode (it holds a lone surrogate)")
     parameters = _object(header.get("parameters"), "parameters")
     tensor = _source_tensor(header.get("inputs"))
     sources = _source_texts(tensor, binary, max_items)
@@ -234,9 +236,20 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
             raise ProtocolError(f"{HEADER_LENGTH} is {size} but the body has {len(body)} bytes")
     try:
         header = json.loads(body[:size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError as exc:
+        raise ProtocolError("invalid JSON in request: nested too deeply") from exc
+    except ValueError as exc:  # bad UTF-8, bad JSON, an integer too long to convert
         raise ProtocolError(f"invalid JSON in request: {exc}") from exc
     return header, body[size:]
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (JSON's \\ud800 escapes can make lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _object(value: object, name: str) -> dict:
@@ -316,12 +329,20 @@ def _source_texts(tensor: dict, binary: bytes, max_items: int) -> list[str]:
 
 
 def _flatten(data: object) -> list:
-    if not isinstance(data, list):
-        return [data]
-    flat = []
-    for value in data:
-        flat.extend(_flatten(value) if isinstance(value, list) else [value])
+    """The leaves of nested lists in row-major order (iteratively: any depth is safe)."""
+    flat, stack = [], [iter([data])]
+    while stack:
+        value = next(stack[-1], _END)
+        if value is _END:
+            stack.pop()
+        elif isinstance(value, list):
+            stack.append(iter(value))
+        else:
+            flat.append(value)
     return flat
+
+
+_END = object()
 
 
 def _text(element: object, index: int) -> str:
@@ -372,9 +393,15 @@ def _temperature(value: object) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError("parameters.temperature must be a number")
-    if not math.isfinite(value) or value <= 0:
-        raise ProtocolError(f"parameters.temperature must be positive and finite, got {value}")
-    return float(value)
+    try:
+        temperature = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        temperature = math.inf
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ProtocolError(
+            f"parameters.temperature must be positive and finite, got {temperature:g}"
+        )
+    return temperature
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ import numpy as np
 import onnxruntime as ort
 
 from serving.artifact import (
+    DECODER_FILE,
+    MANIFEST_FILE,
     Artifact,
     ArtifactError,
     decoder_input_names,
@@ -401,6 +403,12 @@ class Runtime:
             decoder_input_names(state_names),
             decoder_output_names(state_names),
         )
+        vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
+        if isinstance(vocab_size, int) and vocab_size != len(self.target_vocabulary):
+            raise ArtifactError(
+                f"{artifact.directory / MANIFEST_FILE}: 'target_vocabulary' has "
+                f"{len(self.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
+            )
         self.provider = decoder.get_providers()[0]
         if device_type == "cuda" and self.provider != CUDA_PROVIDER:
             if device != "auto":

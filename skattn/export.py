@@ -59,7 +59,7 @@ from serving.artifact import (
     encoder_output_names,
     write_manifest,
 )
-from skattn.text import EOS
+from skattn.text import EOS, tokenize
 
 __all__ = ["OPSET", "export_module", "export_onnx"]
 
@@ -357,6 +357,26 @@ def export_module(
     return directory
 
 
+def _check_sources_are_strings(tokens: list[str], tokenizer: str) -> None:
+    """Raise ``ValueError`` if a source token cannot come out of ``tokenize(text, tokenizer)``.
+
+    The runtime and the server read sources as strings and split them with the tokenizer, so
+    a model fitted on token lists (``X = [["one", "two"], ...]``) serves only if splitting the
+    joined tokens gives them back: one character each for ``"char"``, no whitespace for
+    ``"space"``.
+    """
+    for token in tokens:
+        if tokenize(token, tokenizer) != [token]:
+            hint = ""
+            if tokenizer == "char" and tokenize(token, "space") == [token]:
+                hint = '; fit with tokenizer="space" and serve the tokens joined by spaces'
+            raise ValueError(
+                f"cannot export: the source token {token!r} cannot come out of "
+                f"tokenizer={tokenizer!r}, and the runtime and the server read sources as "
+                f"strings{hint}"
+            )
+
+
 def export_onnx(estimator, path: str | os.PathLike) -> Path:
     """Export a fitted ``Seq2Seq`` to an artifact directory (see the module docstring).
 
@@ -380,6 +400,7 @@ def export_onnx(estimator, path: str | os.PathLike) -> Path:
     """
     if not hasattr(estimator, "module_"):
         raise ValueError("estimator must be fitted before export_onnx")
+    _check_sources_are_strings(estimator.source_vocab_.tokens, estimator.tokenizer)
     return export_module(
         estimator.module_,
         path,

@@ -284,15 +284,18 @@ def test_a_full_queue_refuses_whole_requests_and_recovers():
 def test_cancelled_items_are_skipped():
     async def body():
         runtime = ReverseRuntime(gated=True)
-        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0)
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0, metrics=metrics)
         first = asyncio.ensure_future(batcher.infer(["held"]))
         await wait_for_batches(runtime, 1)
         gone = asyncio.ensure_future(batcher.infer(["gone1", "gone2"]))
         kept = asyncio.ensure_future(batcher.infer(["kept"]))
         await asyncio.sleep(0)
-        assert batcher.queue_depth == 3
+        assert batcher.queue_depth == 3 and metrics.depths[-1] == 3
         gone.cancel()  # the caller leaves: its items are withdrawn
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        # while the worker is still busy, the queue and its gauge no longer count them
+        assert batcher.queue_depth == 1 and metrics.depths[-1] == 1
         runtime.release()
         await first
         result = await kept

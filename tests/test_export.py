@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import serving
 from serving.artifact import (
     decoder_input_names,
     decoder_output_names,
@@ -260,3 +261,27 @@ def test_export_detects_a_graph_that_differs_from_torch(tmp_path):
 def test_export_onnx_needs_a_fitted_estimator(tmp_path):
     with pytest.raises(ValueError, match="fitted"):
         export_onnx(Seq2Seq(), tmp_path / "model")
+
+
+@pytest.mark.parametrize(
+    "tokenizer, sources, bad",
+    [("char", [["one", "two"], ["two"]], "one"), ("space", [["a b", "c"], ["c"]], "a b")],
+)
+def test_export_refuses_source_tokens_that_strings_cannot_give(tokenizer, sources, bad, tmp_path):
+    # The runtime splits source strings with the tokenizer: word tokens under "char" (or tokens
+    # with a space under "space") could never be looked up, and every answer would be wrong.
+    model = Seq2Seq(tokenizer=tokenizer, max_steps=1, early_stopping=False, hidden_size=8,
+                    embedding_dim=4, device="cpu", random_state=0)  # fmt: skip
+    model.fit(sources * 4, [["x"], ["y"]] * 4)
+    with pytest.raises(ValueError, match=f"source token {bad!r}.*tokenizer={tokenizer!r}"):
+        export_onnx(model, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+def test_token_list_sources_that_the_space_tokenizer_splits_export_and_serve(tmp_path):
+    sources = [["one", "two"], ["two", "one", "one"], ["two"]] * 4
+    model = Seq2Seq(tokenizer="space", max_steps=3, early_stopping=False, hidden_size=8,
+                    embedding_dim=4, device="cpu", random_state=0)  # fmt: skip
+    model.fit(sources, [list(reversed(s)) for s in sources])
+    runtime = serving.load(export_onnx(model, tmp_path / "model"))
+    assert runtime.predict(["one two", "two"]) == model.predict([["one", "two"], ["two"]])

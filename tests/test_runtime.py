@@ -373,10 +373,20 @@ def test_swapped_graphs_are_named(copy_of):
         ("{not json", "JSON"),
         ("[1, 2]", "object"),
         (json.dumps({"format_version": 1}), "missing key"),
+        ('{"format_version": ' + "1" * 5000 + "}", "JSON"),  # past Python's int conversion
+        (b"\xff\xfe{}", "cannot be read"),  # not UTF-8
+        (None, "cannot be read"),  # a directory
     ],
 )
 def test_a_malformed_manifest_is_named(copy_of, text, message):
-    (copy_of / "manifest.json").write_text(text)
+    path = copy_of / "manifest.json"
+    if text is None:
+        path.unlink()
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
     with pytest.raises(ArtifactError, match=rf"manifest\.json.*{message}"):
         serving.load(copy_of)
 
@@ -389,9 +399,20 @@ def test_a_malformed_manifest_is_named(copy_of, text, message):
         ({"limits": {"max_source_length": 0, "max_output_length": 5}}, "max_source_length"),
         ({"special_ids": {"pad": 1, "bos": 0, "eos": 2, "unk": 3}}, "special_ids"),
         ({"input_feeding": 1}, "input_feeding"),
+        ({"length_penalty": -1.0}, "length_penalty"),
+        ({"length_penalty": float("nan")}, "length_penalty"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"target_vocabulary": ["a", "b", "c", "d", "e"]}, "target_vocabulary.*start with"),
+        ({"source_vocabulary": "duplicate"}, "source_vocabulary.*twice"),
+        ({"target_vocabulary": "shorter"}, "target_vocabulary.*has 5 tokens"),
     ],
 )
 def test_bad_manifest_values_are_named(copy_of, changes, key):
+    manifest = json.loads((copy_of / "manifest.json").read_text())
+    if changes.get("source_vocabulary") == "duplicate":
+        changes = {"source_vocabulary": [*manifest["source_vocabulary"], "<unk>"]}
+    if changes.get("target_vocabulary") == "shorter":  # than the decoder graph's V
+        changes = {"target_vocabulary": manifest["target_vocabulary"][:5]}
     rewrite_manifest(copy_of, **changes)
     with pytest.raises(ArtifactError, match=key):
         serving.load(copy_of)

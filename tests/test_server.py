@@ -342,6 +342,20 @@ BAD_REQUESTS = {
     "header length past the body": (*binary_request(element(b"a"), header_length=999), 400, "body"),
     "invalid UTF-8": (*binary_request(element(b"\xff\xfe")), 400, "UTF-8"),
     "unknown encoding": (b"{}", {"Content-Encoding": "br"}, 415, "Content-Encoding"),
+    "JSON nested too deeply": (b"[" * 50_000, {}, 400, "nested too deeply"),
+    "an integer past Python's limit": (b'{"x": ' + b"9" * 5000 + b"}", {}, 400, "invalid JSON"),
+    "a 400-digit temperature": (
+        json.dumps(infer_body(["a"], parameters={"temperature": 10**400})).encode(),
+        {},
+        400,
+        "temperature",
+    ),
+    "a lone surrogate in the id": (
+        json.dumps({"id": "\ud800", **infer_body(["a"])}).encode(),
+        {},
+        400,
+        "'id'",
+    ),
 }
 
 
@@ -634,6 +648,14 @@ def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model-dir", "a=x", "--model-dir", "b=y", "--model-name", "c"])
     assert "--model-name names a single --model-dir" in capsys.readouterr().err
+    # a name the server could not route is refused before any model loads (x does not exist)
+    with pytest.raises(SystemExit) as bad_name:
+        main(["--model-dir", "x", "--model-name", "a/b"])
+    assert bad_name.value.code == 2
+    assert "'a/b' must be non-empty and hold no '/'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model-dir", "x", "--model-name", ""])
+    assert "model name '' must be non-empty" in capsys.readouterr().err
 
 
 def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
