@@ -10,6 +10,7 @@ The data flow of one ``fit`` / ``predict``::
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import numbers
 import re
@@ -32,6 +33,7 @@ from skattn.text import (
     BOS,
     EOS,
     PAD,
+    SPECIAL_TOKENS,
     TOKENIZERS,
     Vocabulary,
     detokenize,
@@ -115,7 +117,7 @@ def _random_state(name: str, value: Any) -> None:
 
 
 def _verbose(name: str, value: Any) -> None:
-    if not isinstance(value, bool | numbers.Integral) or value < 0:
+    if not isinstance(value, bool | np.bool_ | numbers.Integral) or value < 0:
         raise ValueError(f"{name} must be a bool or an int >= 0, got {value!r}")
 
 
@@ -142,6 +144,17 @@ def _as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[st
     if len(kinds) > 1:
         raise ValueError(f"{name} must hold only str items or only token lists, not both")
     return token_lists, kinds.pop()
+
+
+def _improves(new: tuple[float, ...], best: tuple[float, ...], tol: float) -> bool:
+    """Whether ``new`` is lower than ``best`` by more than ``tol`` in the first quantity that
+    differs by more than ``tol`` (lexicographic order with a tolerance)."""
+    for n, b in zip(new, best, strict=True):
+        if n < b - tol:
+            return True
+        if n > b + tol:
+            return False
+    return False
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -220,12 +233,15 @@ class Seq2Seq(BaseEstimator):
         What early stopping (and ``lr_schedule="plateau"``) monitors on the validation split:
         the teacher-forced loss (lower is better) or the greedy exact match (higher is better;
         what sequence tasks such as G2P are judged by, as their loss can rise while more
-        outputs become exactly right). Without ``early_stopping`` the training loss is used.
+        outputs become exactly right), ties broken by the loss: early in training, when no
+        output is right yet, the loss still tells progress. Without ``early_stopping`` the
+        training loss is used.
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=5
     tol : float, default=1e-3
-        Smallest decrease of the monitored loss (mean cross-entropy per token, in nats) that
-        counts as an improvement.
+        Smallest change of the monitored quantity that counts as an improvement (or, for the
+        exact match, as a change rather than a tie): the loss is the mean cross-entropy per
+        token, in nats.
     tokenizer : {"char", "space"}, default="char"
         How string items are split into tokens (token-list items are used as they are).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
@@ -420,6 +436,12 @@ class Seq2Seq(BaseEstimator):
         train_idx, val_idx = self._split(len(sources), rng)
         device = _resolve_device(self.device)
 
+        reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
+        if reserved:  # (a source token like that is simply unknown)
+            raise ValueError(
+                f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
+                f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
+            )
         self.source_vocab_ = Vocabulary.build(sources)
         self.target_vocab_ = Vocabulary.build(targets)
         self.output_kind_ = output_kind
@@ -481,13 +503,15 @@ class Seq2Seq(BaseEstimator):
         scheduler = self._cosine_schedule(optimizer, len(train_idx), max_steps)
         self.history_: list[dict[str, Any]] = []
         self.n_steps_ = 0
-        # The monitored quantity is minimised: exact match enters with its sign flipped.
-        key, sign = "train_loss", 1.0
+        # The monitored quantities are minimised in order: exact match enters with its sign
+        # flipped, and the loss breaks its ties.
+        keys, signs = ("train_loss",), (1.0,)
         if len(val_idx) and self.early_stopping_metric == "exact_match":
-            key, sign = "val_exact_match", -1.0
+            keys, signs = ("val_exact_match", "val_loss"), (-1.0, 1.0)
         elif len(val_idx):
-            key = "val_loss"
-        best, best_epoch, best_state, last_improvement = math.inf, 0, None, 0
+            keys = ("val_loss",)
+        best = (math.inf,) * len(keys)
+        best_epoch, best_state, last_improvement = 0, None, 0
         epochs = tqdm(
             range(1, self.max_epochs + 1), desc="Seq2Seq", unit="epoch", disable=not self.verbose
         )
@@ -506,8 +530,8 @@ class Seq2Seq(BaseEstimator):
 
             # As in scikit-learn's MLP: patience counts epochs without an improvement by more
             # than tol; the weights kept are those of the best monitored value.
-            monitored = sign * record[key]
-            if monitored < best - self.tol:
+            monitored = tuple(sign * record[key] for key, sign in zip(keys, signs, strict=True))
+            if _improves(monitored, best, self.tol):
                 last_improvement = epoch
             elif self.lr_schedule == "plateau":
                 for group in optimizer.param_groups:
@@ -681,7 +705,9 @@ class Seq2Seq(BaseEstimator):
     def _output_limit(self) -> int:
         """Most output tokens per item: ``max_output_length``, else the fitted default."""
         check_is_fitted(self)
-        return self.max_output_length or self.max_output_length_
+        if self.max_output_length is None:
+            return self.max_output_length_
+        return self.max_output_length
 
     def _predict_hypotheses(self, X: Sequence) -> tuple[list[list[str]], list[Hypothesis]]:
         check_is_fitted(self)
@@ -765,6 +791,7 @@ class Seq2Seq(BaseEstimator):
         The value of :func:`skattn.export.export_onnx`.
         """
         check_is_fitted(self)
+        self._validate_params()  # set_params may have changed a prediction-time setting
         from skattn.export import export_onnx
 
         return export_onnx(self, path)

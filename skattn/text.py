@@ -198,6 +198,9 @@ class Vocabulary:
     def encode(self, tokens: Iterable[str]) -> list[int]:
         """Map tokens to ids; unknown tokens map to ``UNK``.
 
+        Data never holds special ids: a token spelled like a special one (``"</s>"`` in a text)
+        is unknown too, rather than ending or padding the sequence.
+
         Parameters
         ----------
         tokens : iterable of str
@@ -207,8 +210,8 @@ class Vocabulary:
         list of int
             No ``BOS`` or ``EOS`` is added.
         """
-        lookup = self._token_to_id
-        return [lookup.get(token, UNK) for token in tokens]
+        lookup, n_specials = self._token_to_id, len(SPECIAL_TOKENS)
+        return [UNK if (i := lookup.get(token, UNK)) < n_specials else i for token in tokens]
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Map ids back to tokens, stopping at the first ``EOS`` and dropping special ids.

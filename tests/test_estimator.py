@@ -302,11 +302,45 @@ def test_early_stopping_on_exact_match_keeps_the_most_exact_epoch():
     model = Seq2Seq(**params, **TINY).fit(X, y)
     scores = [h["val_exact_match"] for h in model.history_]
     assert max(scores) > min(scores)  # it learned something, so the choice matters
-    assert model.best_epoch_ == 1 + scores.index(max(scores))  # the first of the best
+    # the most exact epoch, ties broken by the lower validation loss
+    best = max(model.history_, key=lambda h: (h["val_exact_match"], -h["val_loss"]))
+    assert model.best_epoch_ == best["epoch"]
     val_idx = np.random.RandomState(0).permutation(len(X))[:20]
     src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
     tgt = [model.target_vocab_.encode(list(t)) for t in y]
     assert model._evaluate(src, tgt, val_idx)["val_exact_match"] == max(scores)
+
+
+def test_exact_match_ties_are_broken_by_the_validation_loss():
+    # Too early for any output to be exactly right: the exact match stays 0 every epoch, but
+    # the loss falls. Training must go on (not stop after n_iter_no_change epochs of "no
+    # progress") and keep the epoch with the lowest loss, not the first.
+    X, y = make_reversal(60, 6, 8, random_state=12)
+    params = dict(early_stopping_metric="exact_match", n_iter_no_change=2, learning_rate=1e-3)
+    model = Seq2Seq(max_epochs=5, **params, **TINY).fit(X, y)
+    assert {h["val_exact_match"] for h in model.history_} == {0.0}
+    assert model.n_iter_ == 5
+    losses = [h["val_loss"] for h in model.history_]
+    assert model.best_epoch_ == 1 + losses.index(min(losses)) > 1
+
+
+def test_reserved_tokens_in_targets_are_refused_and_unknown_in_sources():
+    X = ["a b", "b c", "c a"] * 4
+    model = Seq2Seq(tokenizer="space", max_steps=1, **TINY)
+    with pytest.raises(ValueError, match="y holds the token '</s>'"):
+        model.fit(X, ["b </s> a"] * 12)
+    model.fit([*X, "a <pad> b"], [*X, "b a"])  # a source token spelled like <pad> is unknown
+    assert model.source_vocab_.encode(["<pad>", "</s>", "a"])[:2] == [3, 3]
+
+
+def test_export_checks_prediction_settings_changed_after_fit(tmp_path):
+    X, y = make_reversal(30, 3, 6, random_state=10)
+    model = Seq2Seq(max_steps=2, **TINY).fit(X, y)
+    for name, value in [("beam_size", 0), ("length_penalty", -2.0), ("max_output_length", 0)]:
+        with pytest.raises(ValueError, match=name):
+            model.set_params(**{name: value}).export_onnx(tmp_path / name)
+        assert not (tmp_path / name).exists()
+        model.set_params(**{name: Seq2Seq().get_params()[name]})
 
 
 def test_verbose_shows_a_progress_bar(capsys):
