@@ -7,7 +7,7 @@
    down with SIGTERM.
 
     python examples/demo.py            # the full demo (a few minutes on 2 CPU cores)
-    python examples/demo.py --quick    # a smoke run
+    python examples/demo.py --quick    # a smoke run (its PNG goes to a temporary folder)
 """
 
 from __future__ import annotations
@@ -133,7 +133,11 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run in seconds")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where PNGs go")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where PNGs go (default: docs/, or a fresh temporary folder with --quick)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         "against any other busy process, over 10x slower)",
     )
     args = parser.parse_args(argv)
+    if args.out is None:  # a smoke run must not overwrite the README's figure
+        args.out = Path(tempfile.mkdtemp(prefix="skattn-demo-")) if args.quick else Path("docs")
     torch.set_num_threads(args.threads)
 
     print("== 1. the seeds' worked examples ==")

@@ -7,12 +7,13 @@ measured at source lengths 8 and 12, and the alignment matrix of one length-8 in
 a heatmap: attention learns the anti-diagonal band that reversal requires.
 
     python examples/reversal_attention.py            # 250 steps each, as in the seeds
-    python examples/reversal_attention.py --quick    # a smoke run in seconds
+    python examples/reversal_attention.py --quick    # a smoke run in seconds, into a temp folder
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,8 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps: a smoke run")
     parser.add_argument("--steps", type=int, default=250, help="training steps per model")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where the PNG goes")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the PNG goes (default: docs/, or a fresh temporary folder with --quick)",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:  # a smoke run must not overwrite the README's figure
+        args.out = Path(tempfile.mkdtemp(prefix="skattn-reversal-")) if args.quick else Path("docs")
     steps = 20 if args.quick else args.steps
     rows, models = run_experiment(steps, n_eval=100 if args.quick else 500, verbose=True)
     print(f"\nDigit reversal, {steps} training steps per model (batch 64, lengths 1-12):\n")

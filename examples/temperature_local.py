@@ -13,12 +13,13 @@ Gaussian of ``sigma = D / 2``. The four alignment matrices of one input go into 
 table gives each setting's exact match and mean row entropy on held-out strings.
 
     python examples/temperature_local.py            # 400 steps each: docs/temperature_local.png
-    python examples/temperature_local.py --quick    # a smoke run in seconds
+    python examples/temperature_local.py --quick    # a smoke run in seconds, into a temp folder
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,8 +103,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps: a smoke run")
     parser.add_argument("--steps", type=int, default=400, help="training steps per model")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where the PNG goes")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the PNG goes (default: docs/, or a fresh temporary folder with --quick)",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:  # a smoke run must not overwrite the README's figure
+        args.out = (
+            Path(tempfile.mkdtemp(prefix="skattn-temperature-")) if args.quick else Path("docs")
+        )
     steps, hidden_size, n_test = (20, 32, 50) if args.quick else (args.steps, 128, 500)
     if steps < 1:
         parser.error("--steps must be >= 1")

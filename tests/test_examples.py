@@ -1,7 +1,8 @@
 """The examples: every script's ``--quick`` run end to end, and the helpers they are built on.
 
 The ``--quick`` runs are subprocesses started from the repository root (as a user would run
-them), writing into ``tmp_path``; they are marked ``slow`` and still run in CI.
+them), writing into ``tmp_path``; they are marked ``slow`` and still run in CI. One runs without
+``--out``, from ``tmp_path``, to check that a smoke run leaves the README's figures alone.
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ import serve_and_query  # noqa: E402
 import temperature_local  # noqa: E402
 
 
-def run_example(script: str, *args: str, timeout: float = 300) -> str:
-    """Run ``examples/<script> --quick <args>`` from the repository root; return its stdout."""
+def run_example(
+    script: str, *args: str, timeout: float = 300, cwd: Path = ROOT, **env_vars: str
+) -> str:
+    """Run ``examples/<script> --quick <args>`` from ``cwd`` (the repository root by default),
+    with ``env_vars`` added to the environment; return its stdout."""
     # One intra-op thread, as in conftest: on shared cores, OpenMP threads of tiny models spin
     # against other jobs and run several times slower than one thread.
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg", **env_vars)
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--quick", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -59,6 +63,11 @@ def assert_png(path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def docs_pngs() -> dict[str, bytes]:
+    """The repository's ``docs/*.png`` (the README's figures), by name."""
+    return {path.name: path.read_bytes() for path in (ROOT / "docs").glob("*.png")}
+
+
 # ---------------------------------------------------------------- --quick runs (slow)
 
 
@@ -68,6 +77,21 @@ def test_reversal_attention_quick(tmp_path):
     models = {row[0] for row in table_rows(out)[1:]}
     assert models == {"bahdanau attention", "no attention"}
     assert_png(tmp_path / "reversal_attention.png")
+
+
+@pytest.mark.slow
+def test_quick_without_out_writes_to_a_temporary_folder(tmp_path):
+    # Without --out, a smoke run once wrote its 20-step heatmap over docs/: it must go to a
+    # fresh temporary folder instead (TMPDIR puts it in tmp_path) and say where.
+    before = docs_pngs()
+    out = run_example("reversal_attention.py", cwd=tmp_path, TMPDIR=str(tmp_path))
+    assert docs_pngs() == before
+    assert not (tmp_path / "docs").exists()  # nor docs/ relative to the working directory
+    path = Path(re.search(r"heatmap of one length-8 input: (.+)$", out, re.MULTILINE).group(1))
+    assert path.name == "reversal_attention.png"
+    assert path.parent.name.startswith("skattn-")
+    assert path.parent.parent.resolve() == tmp_path.resolve()
+    assert_png(path)
 
 
 @pytest.mark.slow
