@@ -33,9 +33,16 @@ CMUDICT_SPLITS = ("train", "test")
 # ---------------------------------------------------------------- validation helpers
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
+# The largest int64: NumPy's bound for random integers and array sizes. Past it NumPy's own
+# errors ("high is out of bounds for int64") would not name the parameter.
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _check_int(value: object, name: str, minimum: int, maximum: int = _INT64_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > maximum:
+        raise ValueError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r}")
     return int(value)
 
 
@@ -120,7 +127,8 @@ def make_number_words(
     n_samples : int
         Number of pairs (>= 1); values are drawn uniformly, with replacement.
     min_value, max_value : int, default=0, 9999
-        The inclusive range of the values (``0 <= min_value <= max_value``).
+        The inclusive range of the values (``0 <= min_value <= max_value <= 2**63 - 1``, the
+        largest int64).
     lang : str, default="en"
         Any language code that num2words knows (``"en"``, ``"fr"``, ``"de"``, ...).
     to : {"cardinal", "ordinal", "year"}, default="cardinal"

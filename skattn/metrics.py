@@ -2,9 +2,10 @@
 
 Every metric takes ``y_true`` and ``y_pred``, two equal-length sequences of items. An item is a
 string (split into tokens by ``tokenizer``: ``"char"`` for characters, ``"space"`` for words or
-phonemes) or a list of string tokens. An item of ``y_true`` may also hold *several references*,
-given as a list of token lists (for example all pronunciations of a word); the reference closest
-to the prediction counts. A list of strings is always one token list: to give several string
+phonemes) or a list of string tokens (a list, a tuple or a 1-D NumPy array of str, such as a row
+of a 2-D string array). An item of ``y_true`` may also hold *several references*, given as a list
+of token lists (for example all pronunciations of a word); the reference closest to the
+prediction counts. A list of strings is always one token list: to give several string
 references, pass them tokenized (``[r.split() for r in refs]``).
 
 Edit distances come from ``rapidfuzz``, BLEU from ``sacrebleu``. scikit-learn is not imported:
@@ -14,9 +15,12 @@ the scorers are plain ``(estimator, X, y) -> float`` callables, which ``GridSear
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from skattn.text import TOKENIZERS, tokenize
@@ -47,8 +51,22 @@ Tokens = list[str]
 # ---------------------------------------------------------------- input handling
 
 
+def _is_container(item: Any) -> bool:
+    """A list, a tuple or a 1-D array: the forms a token list (or a list of them) may take."""
+    return isinstance(item, (list, tuple)) or (isinstance(item, np.ndarray) and item.ndim == 1)
+
+
 def _is_token_list(item: Any) -> bool:
-    return isinstance(item, (list, tuple)) and all(isinstance(t, str) for t in item)
+    # a row of a 2-D string array (what Seq2Seq.fit accepts) is a 1-D array of np.str_ (a str)
+    return _is_container(item) and all(isinstance(t, str) for t in item)
+
+
+def _is_reference_list(item: Any) -> bool:
+    """Whether a ``y_true`` item holds several references (a non-empty list of token lists)."""
+    # a 2-D array of str, shape (n_references, n_tokens), iterates as 1-D rows: token lists
+    is_array = isinstance(item, np.ndarray) and item.ndim in (1, 2)
+    outer = is_array or isinstance(item, (list, tuple))
+    return outer and len(item) > 0 and all(_is_container(r) for r in item)
 
 
 def _as_tokens(item: Any, tokenizer: str, name: str) -> Tokens:
@@ -56,13 +74,13 @@ def _as_tokens(item: Any, tokenizer: str, name: str) -> Tokens:
     if isinstance(item, str):
         return tokenize(item, tokenizer)
     if _is_token_list(item):
-        return list(item)
+        return [str(t) for t in item]  # np.str_ -> str
     raise ValueError(f"{name} items must be str or lists of str tokens, got {item!r}")
 
 
 def _as_references(item: Any, tokenizer: str) -> list[Tokens]:
     """One ``y_true`` item as a non-empty list of candidate references."""
-    if isinstance(item, (list, tuple)) and item and all(isinstance(r, (list, tuple)) for r in item):
+    if _is_reference_list(item):
         return [_as_tokens(r, tokenizer, "y_true") for r in item]
     return [_as_tokens(item, tokenizer, "y_true")]
 
@@ -268,8 +286,10 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
     y_pred : sequence
         Predictions: str or token list.
     tokenize : str, optional
-        sacrebleu's tokenizer. Default: ``"13a"`` (its standard) when every item is a string,
-        ``"none"`` when token lists are given (they are joined with spaces as they are).
+        sacrebleu's tokenizer (one of ``sacrebleu.metrics.BLEU.TOKENIZERS``: ``"13a"``,
+        ``"none"``, ``"char"``, ``"intl"``, ...). Default: ``"13a"`` (its standard) when every
+        item is a string, ``"none"`` when token lists are given (they are joined with spaces as
+        they are).
 
     Returns
     -------
@@ -281,7 +301,13 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
     100.0
     """
     import sacrebleu
+    from sacrebleu.metrics import BLEU
 
+    # sacrebleu itself answers an unknown name with a bare KeyError
+    if tokenize is not None and not (isinstance(tokenize, str) and tokenize in BLEU.TOKENIZERS):
+        raise ValueError(
+            f"tokenize must be None or one of {sorted(BLEU.TOKENIZERS)}, got {tokenize!r}"
+        )
     _pairs(y_true, y_pred, "space")  # validation only
     any_tokens = False
 
@@ -293,11 +319,7 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
         return " ".join(item)
 
     def references(item: Any) -> list[str]:
-        if (
-            isinstance(item, (list, tuple))
-            and item
-            and all(isinstance(r, (list, tuple)) for r in item)
-        ):
+        if _is_reference_list(item):
             return [as_text(r) for r in item]
         return [as_text(item)]
 
@@ -313,12 +335,31 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
 # ---------------------------------------------------------------- scorers
 
 
+def _takes_tokenizer(metric: Callable[..., float]) -> bool:
+    """Whether ``metric`` has a ``tokenizer`` parameter still free to set."""
+    if isinstance(metric, functools.partial) and "tokenizer" in metric.keywords:
+        return False  # fixed by the caller: keep it
+    try:
+        parameters = inspect.signature(metric).parameters
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return False
+    return "tokenizer" in parameters and parameters["tokenizer"].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
 class SequenceScorer:
     """A ``scoring`` callable for scikit-learn model selection: ``(estimator, X, y) -> float``.
 
     Calls ``estimator.predict(X)`` and returns ``sign * metric(y, y_pred, **kwargs)``, with
     ``sign = -1`` for error rates so that greater is always better (scikit-learn's convention,
     as ``make_scorer(..., greater_is_better=False)``).
+
+    When ``metric`` takes a ``tokenizer`` argument and ``kwargs`` does not set one, the
+    estimator's own ``tokenizer`` attribute is passed (so a ``Seq2Seq(tokenizer="space")``
+    is scored on its tokens, phonemes say, as ``estimator.score`` does). An estimator without
+    a str ``tokenizer`` (``None``, a callable, no such attribute) leaves the metric's default.
 
     Parameters
     ----------
@@ -327,7 +368,7 @@ class SequenceScorer:
         function) for ``n_jobs > 1``.
     greater_is_better : bool, default=True
     **kwargs
-        Passed to ``metric``.
+        Passed to ``metric``; a ``tokenizer`` given here overrides the estimator's.
     """
 
     def __init__(self, metric: Callable[..., float], greater_is_better: bool = True, **kwargs):
@@ -337,7 +378,15 @@ class SequenceScorer:
 
     def __call__(self, estimator: Any, X: Sequence, y: Sequence) -> float:
         sign = 1.0 if self.greater_is_better else -1.0
-        return sign * self.metric(list(y), list(estimator.predict(X)), **self.kwargs)
+        kwargs = dict(self.kwargs)
+        tokenizer = getattr(estimator, "tokenizer", None)
+        if (
+            "tokenizer" not in kwargs
+            and isinstance(tokenizer, str)
+            and _takes_tokenizer(self.metric)
+        ):
+            kwargs["tokenizer"] = tokenizer
+        return sign * self.metric(list(y), list(estimator.predict(X)), **kwargs)
 
     def __repr__(self) -> str:
         args = [self.metric.__name__]

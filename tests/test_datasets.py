@@ -57,6 +57,8 @@ def test_make_reversal_seeded():
         ({"alphabet": ""}, "alphabet"),
         ({"alphabet": ["a", "b"]}, "alphabet"),
         ({"random_state": "seed"}, "random_state"),
+        ({"max_length": 10**20}, r"max_length must be an int in \[0, 9223372036854775807\]"),
+        ({"n_samples": 10**20}, "n_samples"),  # NumPy: "Maximum allowed dimension exceeded"
     ],
 )
 def test_make_reversal_validation(kwargs, name):
@@ -83,11 +85,25 @@ def test_make_number_words():
         ({"min_value": -1}, "min_value"),
         ({"min_value": 10, "max_value": 5}, "max_value"),
         ({"n_samples": -3}, "n_samples"),
+        # past int64 NumPy says only "high is out of bounds for int64"
+        ({"max_value": 10**20}, r"max_value must be an int in \[0, 9223372036854775807\]"),
+        ({"max_value": 2**63}, "max_value"),
+        ({"min_value": 10**20, "max_value": 10**20}, "min_value"),
+        ({"n_samples": 10**20}, "n_samples"),
     ],
 )
 def test_make_number_words_validation(kwargs, name):
     with pytest.raises(ValueError, match=name):
         make_number_words(**{"n_samples": 2, **kwargs})
+
+
+def test_make_number_words_largest_int64():
+    top = 2**63 - 1
+    assert make_number_words(1, top, top)[0] == [str(top)]
+    X, _ = make_number_words(5, 0, top, random_state=0)
+    assert all(0 <= int(x) <= top for x in X)
+    with pytest.raises(ValueError, match="max_value"):
+        make_number_words(1, top, top + 1)
 
 
 def test_cmudict_counts(cmudict_train, cmudict_test):

@@ -1,3 +1,4 @@
+import functools
 import pickle
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 
 from skattn import metrics
 from skattn.metrics import (
+    SCORERS,
     character_error_rate,
     corpus_bleu,
     edit_distance,
@@ -100,6 +102,49 @@ def test_metrics_accept_numpy_object_arrays():
     assert exact_match(y, np.array(["abc", "dx"], dtype=object)) == 0.5
 
 
+def test_metrics_accept_numpy_token_arrays():
+    # rows of a 2-D string array, shape (n_items, n_tokens), are token lists, as in Seq2Seq.fit
+    y_true = np.array([["K", "AH", "Z"], ["AH", "M", "Z"]])
+    y_pred = np.array([["K", "AO", "Z"], ["AH", "M", "Z"]])
+    assert exact_match(y_true, y_pred) == 0.5
+    assert token_accuracy(y_true, y_pred) == pytest.approx(5 / 6)
+    assert token_error_rate(y_true, y_pred) == pytest.approx(1 / 6)
+    assert word_error_rate(y_true, y_pred) == 0.5
+    # 1-D arrays of str (or object) as items, mixed with str predictions
+    refs = [np.array(["K", "AH", "Z"], dtype=object), np.array(["AH", "M"])]
+    assert phoneme_error_rate(refs, ["K AO Z", "AH M"]) == pytest.approx(1 / 5)
+    tokens = [["the", "cat", "sat", "on", "the", "mat"], ["a", "dog", "barked", "at", "it"]]
+    as_lists = corpus_bleu(tokens, [["the", "cat", "sat", "on", "a", "mat"], tokens[1]])
+    as_arrays = corpus_bleu(
+        [np.array(t) for t in tokens],
+        [np.array(["the", "cat", "sat", "on", "a", "mat"]), tokens[1]],
+    )
+    assert as_arrays == pytest.approx(as_lists)
+    # still rejected: a 2-D array as one prediction, non-str tokens
+    with pytest.raises(ValueError, match="y_pred"):
+        exact_match([["a", "b"]], [np.array([["a", "b"]])])
+    with pytest.raises(ValueError, match="y_true"):
+        exact_match([np.array([1, 2])], [["a", "b"]])
+    with pytest.raises(ValueError, match="y_pred"):
+        exact_match([["a"]], [np.array(["a", 2], dtype=object)])
+
+
+@pytest.mark.parametrize(
+    "references",
+    [
+        [np.array(["K", "AH", "Z", "IH", "Z"]), np.array(["K", "AO", "Z", "IH", "Z"])],
+        np.array([["K", "AH", "Z", "IH", "Z"], ["K", "AO", "Z", "IH", "Z"]]),  # (2, n_tokens)
+        (np.array(["K", "AH", "Z", "IH", "Z"]), ["K", "AO", "Z", "IH", "Z"]),
+    ],
+)
+def test_several_references_as_numpy_arrays(references):
+    # each prediction matches the second reference (first and only item)
+    assert exact_match([references], ["K AO Z IH Z"], tokenizer="space") == 1.0
+    insertion = [["K", "AO", "Z", "IH", "Z", "IH"]]
+    assert token_error_rate([references], insertion) == pytest.approx(1 / 5)
+    assert corpus_bleu([references], [["K", "AO", "Z", "IH", "Z"]]) == pytest.approx(100.0)
+
+
 @pytest.mark.parametrize(
     "metric", [exact_match, token_accuracy, token_error_rate, word_error_rate, corpus_bleu]
 )
@@ -143,6 +188,14 @@ def test_bleu_disjoint_is_zero():
     assert corpus_bleu(["a b c d"], ["w x y z"]) == 0.0
 
 
+@pytest.mark.parametrize("tokenize", ["nope", "13A", 13, ["13a"]])
+def test_bleu_bad_tokenize_names_the_parameter(tokenize):
+    # sacrebleu alone raises a bare KeyError('nope'); the names it knows still pass
+    assert corpus_bleu(["a b c d"], ["a b c d"], tokenize="char") == pytest.approx(100.0)
+    with pytest.raises(ValueError, match=r"tokenize must be None or one of \[.*'13a'.*'none'"):
+        corpus_bleu(["a b c"], ["a b c"], tokenize=tokenize)
+
+
 class _LookupEstimator:
     """Predicts from a fixed table: enough to exercise a scorer."""
 
@@ -162,6 +215,82 @@ def test_scorers_sign_convention():
     assert per(_LookupEstimator({"x": "K AO"}), ["x"], ["K AH"]) == -0.5
     assert "greater_is_better=False" in repr(per)
     assert pickle.loads(pickle.dumps(token_error_rate_scorer))(est, X, y) == -0.25
+
+
+class _TokenizedEstimator(_LookupEstimator):
+    """A lookup table with a ``tokenizer`` and ``score``, as a fitted Seq2Seq has."""
+
+    def __init__(self, table, tokenizer):
+        super().__init__(table)
+        self.tokenizer = tokenizer
+
+    def score(self, X, y):
+        return exact_match(y, self.predict(X), tokenizer=self.tokenizer)
+
+
+# G2P-like data: multi-character phonemes, and a reference hand-written with a double space
+_G2P_X = ["cause", "am", "ant"]
+_G2P_Y = ["K AH Z", "AH  M", "AE N T"]
+_G2P_TABLE = {"cause": "K AO Z", "am": "AH M", "ant": "AE N T"}
+
+
+@pytest.mark.parametrize(
+    ("name", "tokenizer", "metric"),
+    [
+        ("exact_match", "space", exact_match),
+        ("token_accuracy", "space", token_accuracy),
+        ("neg_token_error_rate", "space", token_error_rate),  # PER, not CER over "K AH Z"
+        ("neg_word_error_rate", "char", word_error_rate),  # its own default is "space"
+    ],
+)
+def test_scorers_use_the_estimator_tokenizer(name, tokenizer, metric):
+    est = _TokenizedEstimator(_G2P_TABLE, tokenizer)
+    y_pred = est.predict(_G2P_X)
+    sign = -1.0 if name.startswith("neg_") else 1.0
+    expected = sign * metric(_G2P_Y, y_pred, tokenizer=tokenizer)
+    other = {"char": "space", "space": "char"}[tokenizer]
+    assert expected != sign * metric(_G2P_Y, y_pred, tokenizer=other)  # the data tells apart
+    assert SCORERS[name](est, _G2P_X, _G2P_Y) == pytest.approx(expected)
+
+
+def test_scorer_tokenizer_given_by_the_caller_wins():
+    est = _TokenizedEstimator(_G2P_TABLE, "space")
+    X, y = _G2P_X, _G2P_Y
+    assert SCORERS["exact_match"](est, X, y) == est.score(X, y) == pytest.approx(2 / 3)
+    cer = -token_error_rate(y, est.predict(X), tokenizer="char")  # 2 / 17
+    explicit = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="char")
+    assert explicit(est, X, y) == pytest.approx(cer)
+    fixed = functools.partial(token_error_rate, tokenizer="char")
+    assert make_sequence_scorer(fixed, greater_is_better=False)(est, X, y) == pytest.approx(cer)
+    # metrics without a tokenizer parameter are called as they are
+    assert make_sequence_scorer(character_error_rate)(est, X, y) == pytest.approx(-cer)
+    assert SCORERS["bleu"](est, X, y) == pytest.approx(corpus_bleu(y, est.predict(X)))
+    # an estimator without a str tokenizer leaves the metric's default ("char")
+    est.tokenizer = None
+    assert SCORERS["exact_match"](est, X, y) == pytest.approx(1 / 3)
+
+
+def test_scorers_follow_a_space_tokenized_seq2seq():
+    from skattn import Seq2Seq
+
+    X = [list(word) for word in ["cat", "dog", "cause", "am", "sit", "ant"]]
+    y = ["K AE T", "D AO G", "K AA Z", "AE M", "S IH T", "AE N T"]
+    model = Seq2Seq(
+        tokenizer="space",
+        hidden_size=8,
+        embedding_dim=4,
+        max_steps=2,
+        early_stopping=False,
+        device="cpu",
+        random_state=0,
+    ).fit(X, y)
+    y_pred = model.predict(X)
+    per = phoneme_error_rate(y, y_pred)
+    assert SCORERS["neg_token_error_rate"](model, X, y) == pytest.approx(-per)
+    assert SCORERS["exact_match"](model, X, y) == model.score(X, y)
+    # the predictions respelled with double spaces: the same phonemes, other characters
+    respelled = [p.replace(" ", "  ") for p in y_pred]
+    assert SCORERS["exact_match"](model, X, respelled) == model.score(X, respelled) == 1.0
 
 
 def test_make_sequence_scorer_validates():
