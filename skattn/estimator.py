@@ -157,6 +157,28 @@ def _improves(new: tuple[float, ...], best: tuple[float, ...], tol: float) -> bo
     return False
 
 
+def _clock() -> float:
+    """Seconds on the clock that ``max_time`` is measured with (replaced in tests)."""
+    return time.perf_counter()
+
+
+class _Budget:
+    """When training must stop: after ``max_steps`` optimizer steps or ``max_time`` seconds
+    from its creation, whichever comes first (``None``: no limit)."""
+
+    def __init__(self, max_steps: int | None, max_time: float | None) -> None:
+        self.max_steps = math.inf if max_steps is None else max_steps
+        self.max_time = math.inf if max_time is None else float(max_time)
+        self.start = _clock()
+
+    def time_share(self) -> float:
+        """The share of ``max_time`` spent, capped at 1 (0 without a time limit)."""
+        return min((_clock() - self.start) / self.max_time, 1.0)
+
+    def spent(self, steps: int) -> bool:
+        return steps >= self.max_steps or _clock() - self.start >= self.max_time
+
+
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -209,15 +231,22 @@ class Seq2Seq(BaseEstimator):
     batch_size : int, default=64
     max_epochs : int, default=100
     max_steps : int or None, default=None
-        Stop after this many optimizer steps (whichever of ``max_epochs`` / ``max_steps`` comes
-        first).
+        Stop after this many optimizer steps (whichever of ``max_epochs`` / ``max_steps`` /
+        ``max_time`` comes first).
+    max_time : float or None, default=None
+        Stop after this many seconds of training (wall clock from the first step, validation
+        included), checked after every optimizer step; the epoch under way is then validated
+        and recorded as usual. A budget that holds however the machine's speed varies; unlike
+        the others it makes the result depend on that speed.
     learning_rate : float, default=3e-3
         Adam's (initial) learning rate.
     lr_schedule : {"constant", "plateau", "cosine"}, default="constant"
         ``"plateau"`` halves the learning rate after every epoch in which the monitored
         quantity (see ``early_stopping_metric``) did not improve by ``tol``; ``"cosine"`` decays
-        it after every step as ``lr_t = learning_rate * (1 + cos(pi t / T)) / 2`` down to 0 at
-        ``T = min(max_steps, max_epochs * steps per epoch)``: the choice for a fixed budget.
+        it after every step as ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` down to 0 at the
+        end of the budget, where the progress ``p`` is the larger of ``t / T`` (``t`` steps of
+        ``T = min(max_steps, max_epochs * steps per epoch)``) and the share of ``max_time``
+        spent: the choice for a fixed budget.
     label_smoothing : float, default=0.0
         The training target puts ``1 - label_smoothing`` on the reference token and spreads
         ``label_smoothing`` uniformly over the vocabulary (Szegedy et al. 2016), as
@@ -308,6 +337,7 @@ class Seq2Seq(BaseEstimator):
         "batch_size": _integer(1),
         "max_epochs": _integer(1),
         "max_steps": _integer(1, none_ok=True),
+        "max_time": _real(0.0, low_open=True, none_ok=True),
         "learning_rate": _real(0.0, low_open=True),
         "lr_schedule": _options("constant", "plateau", "cosine"),
         "label_smoothing": _real(0.0, 1.0, low_open=False),
@@ -344,6 +374,7 @@ class Seq2Seq(BaseEstimator):
         batch_size: int = 64,
         max_epochs: int = 100,
         max_steps: int | None = None,
+        max_time: float | None = None,
         learning_rate: float = 3e-3,
         lr_schedule: str = "constant",
         label_smoothing: float = 0.0,
@@ -376,6 +407,7 @@ class Seq2Seq(BaseEstimator):
         self.batch_size = batch_size
         self.max_epochs = max_epochs
         self.max_steps = max_steps
+        self.max_time = max_time
         self.learning_rate = learning_rate
         self.lr_schedule = lr_schedule
         self.label_smoothing = label_smoothing
@@ -499,8 +531,8 @@ class Seq2Seq(BaseEstimator):
     ) -> None:
         """The epoch loop: train, validate, record, stop early, keep the best weights."""
         optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.learning_rate)
-        max_steps = self.max_steps or math.inf
-        scheduler = self._cosine_schedule(optimizer, len(train_idx), max_steps)
+        budget = _Budget(self.max_steps, self.max_time)
+        scheduler = self._cosine_schedule(optimizer, len(train_idx), budget)
         self.history_: list[dict[str, Any]] = []
         self.n_steps_ = 0
         # The monitored quantities are minimised in order: exact match enters with its sign
@@ -518,9 +550,7 @@ class Seq2Seq(BaseEstimator):
         for epoch in epochs:
             start = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
-            train_loss = self._train_epoch(
-                optimizer, scheduler, src, tgt, train_idx, rng, max_steps
-            )
+            train_loss = self._train_epoch(optimizer, scheduler, src, tgt, train_idx, rng, budget)
             record = {"epoch": epoch, "steps": self.n_steps_, "lr": lr, "train_loss": train_loss}
             if len(val_idx):
                 record |= self._evaluate(src, tgt, val_idx)
@@ -540,7 +570,7 @@ class Seq2Seq(BaseEstimator):
                 best, best_epoch = monitored, epoch
                 if len(val_idx):
                     best_state = copy.deepcopy(self.module_.state_dict())
-            if epoch - last_improvement >= self.n_iter_no_change or self.n_steps_ >= max_steps:
+            if epoch - last_improvement >= self.n_iter_no_change or budget.spent(self.n_steps_):
                 break
         epochs.close()
         if best_state is not None:
@@ -549,16 +579,23 @@ class Seq2Seq(BaseEstimator):
         self.best_epoch_ = best_epoch if best_state is not None else self.n_iter_
 
     def _cosine_schedule(
-        self, optimizer: torch.optim.Optimizer, n_train: int, max_steps: float
+        self, optimizer: torch.optim.Optimizer, n_train: int, budget: _Budget
     ) -> torch.optim.lr_scheduler.LRScheduler | None:
-        """``lr_t = lr * (1 + cos(pi t / T)) / 2`` over the steps training may take, or None."""
+        """``lr_t = lr * (1 + cos(pi p)) / 2`` over the budget training may take, or None.
+
+        ``p = max(t / T, share of max_time spent)``, capped at 1: the steps training may take
+        are ``T = min(max_steps, max_epochs * steps per epoch)``.
+        """
         if self.lr_schedule != "cosine":
             return None
         steps_per_epoch = math.ceil(n_train / self.batch_size)  # as _length_batches cuts them
-        total = min(max_steps, self.max_epochs * steps_per_epoch)
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda t: 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
-        )
+        total = min(budget.max_steps, self.max_epochs * steps_per_epoch)
+
+        def factor(t: int) -> float:
+            progress = max(min(t, total) / total, budget.time_share())
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def _train_epoch(
         self,
@@ -568,9 +605,9 @@ class Seq2Seq(BaseEstimator):
         tgt: list[list[int]],
         train_idx: np.ndarray,
         rng: np.random.RandomState,
-        max_steps: float,
+        budget: _Budget,
     ) -> float:
-        """One shuffled pass over the training items (cut short at ``max_steps``)."""
+        """One shuffled pass over the training items (cut short when the budget is spent)."""
         target_lengths = np.array([len(t) for t in tgt])
         losses = []  # (summed loss, tokens) per batch
         for batch in _length_batches(train_idx, target_lengths, self.batch_size, rng):
@@ -578,7 +615,7 @@ class Seq2Seq(BaseEstimator):
             self.n_steps_ += 1
             if scheduler is not None:
                 scheduler.step()
-            if self.n_steps_ >= max_steps:
+            if budget.spent(self.n_steps_):
                 break
         return _mean(losses)
 

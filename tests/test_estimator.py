@@ -257,6 +257,39 @@ def test_cosine_schedule_decays_to_zero_over_max_steps():
     assert [h["lr"] for h in constant.history_] == [lr] * 3
 
 
+def test_max_time_stops_training_and_ends_the_cosine_schedule_at_the_deadline(monkeypatch):
+    # A clock that moves one second per optimizer step: max_time=12 is spent after 12 steps,
+    # whatever max_steps (100) or max_epochs allow, and the cosine reaches 0 there.
+    from skattn import estimator
+
+    seconds = [0.0]
+    train_step = Seq2Seq._train_step
+
+    def one_second_step(self, *args):
+        seconds[0] += 1.0
+        return train_step(self, *args)
+
+    monkeypatch.setattr(estimator, "_clock", lambda: seconds[0])
+    monkeypatch.setattr(Seq2Seq, "_train_step", one_second_step)
+    X, y = make_reversal(80, 3, 6, random_state=5)  # 72 training items: 9 batches of 8
+    lr = 0.01
+    params = dict(max_steps=100, max_time=12.0, learning_rate=lr, lr_schedule="cosine")
+    model = Seq2Seq(max_epochs=20, **params, **TINY).fit(X, y)
+    assert model.n_steps_ == 12 and model.n_iter_ == 2
+    assert [h["steps"] for h in model.history_] == [9, 12]
+    # history_ records the rate each epoch starts with: after 0 and 9 of the 12 seconds (the
+    # share of max_time spent outruns the 9 of 100 steps).
+    expected = [lr, lr * (1 + math.cos(math.pi * 9 / 12)) / 2]
+    assert [h["lr"] for h in model.history_] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_tiny_max_time_trains_one_step():
+    X, y = make_reversal(40, 3, 6, random_state=5)
+    model = Seq2Seq(max_epochs=50, max_time=1e-9, **TINY).fit(X, y)
+    assert model.n_steps_ == 1 and model.n_iter_ == 1
+    assert model.predict(["123"])  # fitted all the same
+
+
 def test_plateau_schedule_halves_the_rate_after_an_epoch_without_progress():
     X, y = make_reversal(60, 3, 6, random_state=6)
     # No epoch can improve by tol=100: every epoch after the first counts as a plateau.
@@ -543,6 +576,9 @@ def test_requesting_missing_cuda_raises_value_error():
         ("batch_size", -4),
         ("max_epochs", 0),
         ("max_steps", 0),
+        ("max_time", 0.0),
+        ("max_time", float("inf")),
+        ("max_time", "60"),
         ("learning_rate", 0.0),
         ("lr_schedule", "linear"),
         ("label_smoothing", 1.5),

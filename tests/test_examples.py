@@ -197,23 +197,10 @@ def test_mean_row_entropy_bounds():
     assert both == pytest.approx(2 * math.log(4) / 5)
 
 
-def test_steps_for_budget():
-    assert g2p_cmudict.steps_for_budget(10, 0.5) == math.floor(0.9 * 600 / 0.5)
-    assert g2p_cmudict.steps_for_budget(0.001, 30.0) == 1  # never zero steps
-
-
-def test_seconds_per_step_leaves_the_model_unfitted(reversal_data):
-    from sklearn.exceptions import NotFittedError
-    from sklearn.utils.validation import check_is_fitted
-
-    from skattn import Seq2Seq
-
-    X, y, _, _ = reversal_data
-    model = Seq2Seq(hidden_size=8, embedding_dim=4, batch_size=8, random_state=0)
-    seconds = g2p_cmudict.seconds_per_step(model, X, y)
-    assert 0.0 < seconds < 60.0
-    with pytest.raises(NotFittedError):
-        check_is_fitted(model)
+def test_g2p_budget_becomes_max_time():
+    model = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--max-minutes", "12.5"]))
+    assert model.max_time == 750.0 and model.max_steps is None
+    assert g2p_cmudict.build_model(g2p_cmudict.parse_args(["--quick"])).max_time is None
 
 
 def test_g2p_evaluate_counts_any_reference_and_closest_per():
