@@ -28,9 +28,10 @@ steps. Over the full budget, dropout 0.1 overfitted (training loss 0.05 nats per
 0.2 on validation; 25.90 % dev WER) where dropout 0.3 reached 24.57 %; label smoothing 0.1
 (``--label-smoothing 0.1``) on top raised the validation exact match but not the dev WER
 (24.97 %), so it is off by default; two layers (``--num-layers 2``) cost 1.9x per step and
-reached 25.70 % in the budget (9 epochs instead of 16). On an idle 2-core machine two
-torch threads train this model 1.7x faster than one (``--threads 2``); when anything else runs on
-the cores, use ``--threads 1`` (two threads then slow down many times over).
+reached 25.70 % in the budget (9 epochs instead of 16); dropout 0.4 reached 25.37 %. On an
+idle 2-core machine two torch threads train this model 1.7x faster than one (``--threads 2``);
+when anything else runs on the cores, use ``--threads 1`` (two threads then slow down many
+times over).
 
 ``--max-minutes`` becomes the estimator's ``max_time``: training stops when the budget is spent
 (the epoch under way is still validated), and the cosine schedule reaches 0 there, however the
