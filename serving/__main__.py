@@ -19,7 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
-from serving.app import ServerSettings, create_app
+from serving.app import ServerSettings, check_model_name, create_app
 
 logger = logging.getLogger("serving")
 
@@ -182,8 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
         args.model_dir = [(args.model_name, args.model_dir[0][1])]
     for name, _ in args.model_dir:  # checked before any model loads
-        if name is not None and (not name or "/" in name):
-            parser.error(f"model name {name!r} must be non-empty and hold no '/'")
+        if name is not None:
+            try:
+                check_model_name(name)
+            except ValueError as exc:
+                parser.error(str(exc))
     runtimes = {}
     for name, model_dir in args.model_dir:
         runtime = _load(model_dir, args.device, name, args.intra_op_threads)

@@ -129,6 +129,14 @@ class _ClientGoneError(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+def check_model_name(name: object, where: str = "") -> None:
+    """Raise ``ValueError`` unless ``name`` can be a path segment: a non-empty str without '/'."""
+    if not isinstance(name, str):
+        raise ValueError(f"{where}model name {name!r} must be a str")
+    if not name or "/" in name:
+        raise ValueError(f"{where}model name {name!r} must be non-empty and hold no '/'")
+
+
 def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None = None) -> FastAPI:
     """Build the server for some runtimes.
 
@@ -150,8 +158,7 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
     if not isinstance(runtimes, Mapping) or not runtimes:
         raise ValueError("runtimes must be a non-empty mapping of model name to runtime")
     for name in runtimes:
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"runtimes: model name {name!r} must be a non-empty str without '/'")
+        check_model_name(name, "runtimes: ")
     server_metrics = ServerMetrics()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
     models = {}
@@ -258,7 +265,7 @@ def create_app(runtimes: Mapping[str, object], settings: ServerSettings | None =
                     temperature=parsed.temperature,
                     with_attention=parsed.wants_attention,
                 )
-            results = await _until_disconnect(futures, receive)
+            results = await _until_disconnect(model.batcher, futures, receive)
             body, response_headers = _encode(model.name, parsed, results)
             return 200, response_headers, body
         except _ApiError as exc:
@@ -420,7 +427,7 @@ async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -
 
 
 async def _until_disconnect(
-    futures: Sequence[asyncio.Future], receive: Receive
+    batcher: Batcher, futures: Sequence[asyncio.Future], receive: Receive
 ) -> list[ItemResult]:
     """The results of a request's futures; if the client leaves first, its items are withdrawn.
 
@@ -443,7 +450,7 @@ async def _until_disconnect(
         return results
     finally:
         watcher.cancel()
-        Batcher.withdraw(futures)
+        batcher.withdraw(futures)
 
 
 def _encode(

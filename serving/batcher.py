@@ -239,7 +239,7 @@ class Batcher:
         -------
         list of asyncio.Future
             One per source, resolving to an ``ItemResult`` or raising ``BatchError``.
-            Cancel a future to withdraw its item.
+            Pass them to :meth:`withdraw` to withdraw the items still queued.
 
         Raises
         ------
@@ -260,8 +260,6 @@ class Batcher:
         items = [
             _Item(source, temperature, with_attention, loop.create_future()) for source in sources
         ]
-        for item in items:  # a withdrawn item leaves the queue (and its depth gauge) at once
-            item.future.add_done_callback(self._on_cancel)
         self._pending.extend(items)
         self._report_depth()
         if items:
@@ -282,8 +280,7 @@ class Batcher:
         futures = self.submit(sources, temperature=temperature, with_attention=with_attention)
         return await self.results(futures)
 
-    @staticmethod
-    async def results(futures: Sequence[asyncio.Future]) -> list[ItemResult]:
+    async def results(self, futures: Sequence[asyncio.Future]) -> list[ItemResult]:
         """Wait for the results of a request's futures (from :meth:`submit`).
 
         If this coroutine is cancelled (the client left), or one item fails, the request's
@@ -292,17 +289,20 @@ class Batcher:
         try:
             return [await future for future in futures]
         finally:
-            Batcher.withdraw(futures)
+            self.withdraw(futures)
 
-    @staticmethod
-    def withdraw(futures: Sequence[asyncio.Future]) -> None:
-        """Withdraw a request's items still queued (cancel their futures) once it is answered
-        or abandoned, and mark its failed items' errors as retrieved: one error answers it."""
+    def withdraw(self, futures: Sequence[asyncio.Future]) -> None:
+        """Withdraw a request's items still queued once it is answered or abandoned: cancel
+        their futures and take them out of the queue (and its depth gauge) at once. Its failed
+        items' errors are marked as retrieved: one error answers it."""
+        withdrawn = False
         for future in futures:
             if not future.done():
-                future.cancel()
+                withdrawn = future.cancel() or withdrawn
             elif not future.cancelled():
                 future.exception()
+        if withdrawn:
+            self._drop_cancelled()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -407,10 +407,6 @@ class Batcher:
         return list(predictions), attentions
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _on_cancel(self, future: asyncio.Future) -> None:
-        if future.cancelled():
-            self._drop_cancelled()
 
     def _drop_cancelled(self) -> None:
         if any(item.future.cancelled() for item in self._pending):
