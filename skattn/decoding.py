@@ -264,8 +264,11 @@ def beam_decode(
 
     # Items still live after max_length tokens: their live beams, if they finished nothing.
     for first, count in zip(*_runs(owner), strict=True):
-        rows = np.arange(first, first + count)
-        stalled[int(owner[first])] = _live_hypotheses(log_prob, tokens, paths, rows, length_penalty)
+        if n_finished[owner[first]] == 0:
+            rows = np.arange(first, first + count)
+            stalled[int(owner[first])] = _live_hypotheses(
+                log_prob, tokens, paths, rows, length_penalty
+            )
 
     results = []
     for item in range(batch_size):
