@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 import serving
-from skattn.text import tokenize
+from skattn.core.text import tokenize
 
 MODEL_NAME = "model"
 REVERSAL_SOURCES = ["31415926", "2718", "123456789", "7"]

@@ -17,7 +17,8 @@ in order: the directory exists, the manifest parses and holds every key with the
 SHA-256, and the vocabularies hold the fixed special tokens. Any failure raises
 :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
 
-This module is torch-free: it reads JSON and bytes (and the special tokens from ``skattn.text``).
+This module is torch-free: it reads JSON and bytes (and the special tokens from
+``skattn.core.text``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skattn.text import SPECIAL_TOKENS
+from skattn.core.text import SPECIAL_TOKENS
 
 __all__ = [
     "DECODER_FILE",

@@ -1,13 +1,13 @@
-"""The torch-free runtime: an exported artifact run by onnxruntime, decoded by ``skattn.decoding``.
+"""The torch-free runtime: an exported artifact run by onnxruntime, decoded by ``skattn.core``.
 
 Data flow of one call::
 
-    strings --skattn.text--> src (B, T) int64, src_lengths (B,)
+    strings --skattn.core.text--> src (B, T) int64, src_lengths (B,)
       --encoder.onnx--> carry = {memory, keys, mask, <state_names...>}
-      --skattn.decoding.greedy_decode / beam_decode over this module's backend-->
-        Hypothesis (token ids, attention rows) --skattn.text--> strings
+      --skattn.core.search.greedy_decode / beam_decode over this module's backend-->
+        Hypothesis (token ids, attention rows) --skattn.core.text--> strings
 
-The backend is the pair of callables that ``skattn.decoding`` expects: ``step`` runs
+The backend is the pair of callables that ``skattn.core.search`` expects: ``step`` runs
 ``decoder_step.onnx`` once, ``select`` keeps (or repeats, for beams) rows of every carried tensor.
 Two backends share that contract:
 
@@ -27,9 +27,8 @@ those cores); graph optimisation ``ORT_ENABLE_ALL`` (constant folding, fusions, 
 Small models on few, busy cores are often fastest with ``intra_op_num_threads=1`` (hidden size
 128, batch 64, on a loaded 2-core machine: 0.62 s with one thread, 0.83 s with two).
 
-This module imports numpy, onnxruntime, ``skattn.text`` and ``skattn.decoding`` (plus ``onnx``,
-to build the select graph, only when IO binding is on): never torch, scikit-learn, or the
-training side of skattn.
+This module imports numpy, onnxruntime and ``skattn.core`` (plus ``onnx``, to build the select
+graph, only when IO binding is on): never torch, scikit-learn, or the training side of skattn.
 """
 
 from __future__ import annotations
@@ -54,8 +53,8 @@ from serving.artifact import (
     encoder_output_names,
     read_artifact,
 )
-from skattn.decoding import Hypothesis, beam_decode, greedy_decode
-from skattn.text import EOS, Vocabulary, detokenize, pad_batch, tokenize
+from skattn.core.search import Hypothesis, beam_decode, greedy_decode
+from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch, tokenize
 
 __all__ = ["BoundBackend", "NumpyBackend", "Runtime", "load", "session_options"]
 
@@ -194,7 +193,7 @@ class NumpyBackend:
         return dict(zip(names, outputs, strict=True))
 
     def stepper(self, temperature: float):
-        """The ``step`` callable for :mod:`skattn.decoding`, at a fixed temperature."""
+        """The ``step`` callable for :mod:`skattn.core.search`, at a fixed temperature."""
         temperature_value = np.asarray(temperature, dtype=np.float32)  # ()
 
         def step(y_prev: np.ndarray, carry: Carry, position: int):

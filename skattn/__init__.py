@@ -1,7 +1,7 @@
 """skattn: attention sequence-to-sequence models as scikit-learn estimators.
 
 The estimator (and with it torch and scikit-learn) is imported lazily, so that the torch-free
-modules (`skattn.text`, `skattn.decoding`, `skattn.reference`) stay light for `serving`.
+modules (`skattn.core.text`, `skattn.core.search`, `skattn.reference`) stay light for `serving`.
 """
 
 __version__ = "0.1.0"

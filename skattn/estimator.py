@@ -4,7 +4,7 @@ The data flow of one ``fit`` / ``predict``::
 
     strings --tokenize / Vocabulary--> id lists --pad_batch--> (B, T) int64 tensors
         --Seq2SeqModule.forward--> logits --cross-entropy--> Adam step        (fit)
-        --Seq2SeqModule.encode / step--> skattn.decoding --> ids --> strings   (predict)
+        --Seq2SeqModule.encode / step--> skattn.core.search --> ids --> strings   (predict)
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from sklearn.utils.validation import check_is_fitted
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from skattn.decoding import Hypothesis, beam_decode, greedy_decode
-from skattn.metrics import exact_match
-from skattn.models import Seq2SeqModule
-from skattn.text import (
+from skattn.core.search import Hypothesis, beam_decode, greedy_decode
+from skattn.core.text import (
     BOS,
     EOS,
     PAD,
@@ -40,6 +38,8 @@ from skattn.text import (
     pad_batch,
     tokenize,
 )
+from skattn.metrics import exact_match
+from skattn.models import Seq2SeqModule
 
 __all__ = ["Seq2Seq"]
 
@@ -283,7 +283,7 @@ class Seq2Seq(BaseEstimator):
 
     Attributes
     ----------
-    source_vocab_, target_vocab_ : skattn.text.Vocabulary
+    source_vocab_, target_vocab_ : skattn.core.text.Vocabulary
     module_ : skattn.models.Seq2SeqModule
         The trained network, in eval mode, on ``device_``.
     device_ : torch.device
@@ -699,7 +699,7 @@ class Seq2Seq(BaseEstimator):
 
     @torch.inference_mode()
     def _decode_batch(self, id_lists: list[list[int]], beam_size: int) -> list[Hypothesis]:
-        """Encode one batch and decode it through :mod:`skattn.decoding` with a torch backend.
+        """Encode one batch and decode it through :mod:`skattn.core.search` with a torch backend.
 
         The carry is ``(*state, memory, keys, mask)``, every tensor batch-first, so ``select``
         is one ``index_select`` on axis 0 of each.

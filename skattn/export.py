@@ -59,7 +59,7 @@ from serving.artifact import (
     encoder_output_names,
     write_manifest,
 )
-from skattn.text import EOS, tokenize
+from skattn.core.text import EOS, tokenize
 
 __all__ = ["OPSET", "export_module", "export_onnx"]
 

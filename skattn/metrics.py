@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from skattn.text import TOKENIZERS, tokenize
+from skattn.core.text import TOKENIZERS, tokenize
 
 __all__ = [
     "SCORERS",

@@ -23,9 +23,9 @@ from serving.artifact import (
     sha256_file,
 )
 from skattn import Seq2Seq
+from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.export import export_module, export_onnx
 from skattn.models import Seq2SeqModule
-from skattn.text import EOS, SPECIAL_TOKENS
 
 SOURCE_VOCABULARY = [*SPECIAL_TOKENS, *"abcdefghij"]
 TARGET_VOCABULARY = [*SPECIAL_TOKENS, *"klmnop"]

@@ -3,8 +3,8 @@ import sys
 import numpy as np
 import pytest
 
-from skattn import text
-from skattn.text import BOS, EOS, PAD, UNK, Vocabulary, detokenize, pad_batch, tokenize
+from skattn.core import text
+from skattn.core.text import BOS, EOS, PAD, UNK, Vocabulary, detokenize, pad_batch, tokenize
 
 
 def test_special_ids_are_fixed():
@@ -130,7 +130,7 @@ def test_pad_batch_custom_pad_and_empty():
 def test_text_does_not_import_torch_or_sklearn():
     import subprocess
 
-    code = "import sys, skattn.text; print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    code = "import sys, skattn.core.text; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
 
@@ -138,7 +138,7 @@ def test_text_does_not_import_torch_or_sklearn():
 def test_docstring_examples():
     import doctest
 
-    import skattn.text
+    import skattn.core.text
 
-    result = doctest.testmod(skattn.text)
+    result = doctest.testmod(skattn.core.text)
     assert result.attempted > 0 and result.failed == 0

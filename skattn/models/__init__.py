@@ -1,7 +1,8 @@
 """Torch models: a bidirectional RNN encoder and Bahdanau / Luong attention decoders.
 
-``Seq2SeqModule`` is the seam that training (``skattn.estimator``), decoding (``skattn.decoding``)
-and export (``skattn.export``) share: ``encode``, ``step``, ``forward`` and ``state_names``.
+``Seq2SeqModule`` is the seam that training (``skattn.estimator``), decoding
+(``skattn.core.search``) and export (``skattn.export``) share: ``encode``, ``step``,
+``forward`` and ``state_names``.
 """
 
 from skattn.models.decoders import BahdanauDecoder, FinalStateContext, LuongDecoder

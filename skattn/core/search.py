@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from skattn.text import BOS, EOS, PAD, UNK
+from skattn.core.text import BOS, EOS, PAD, UNK
 
 BOS_ID = BOS
 EOS_ID = EOS

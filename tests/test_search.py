@@ -1,4 +1,4 @@
-"""Tests for skattn.decoding against a hand-made NumPy backend with known answers.
+"""Tests for skattn.core.search against a hand-made NumPy backend with known answers.
 
 The backend is a per-item table indexed by a rolling hash of the item's whole history, which the
 carry holds: the next-token distribution and the attention weights depend on every previous
@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from skattn.decoding import BOS_ID, EOS_ID, Hypothesis, beam_decode, greedy_decode
+from skattn.core.search import BOS_ID, EOS_ID, Hypothesis, beam_decode, greedy_decode
 
 VOCAB = 6  # PAD, BOS, EOS, UNK, and two real tokens (4, 5)
 T = 4  # source length seen by the "attention"

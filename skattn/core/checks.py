@@ -1,0 +1,146 @@
+"""The validators that every module shares: integers, real numbers, devices and usable cores.
+
+Each check returns the value as a plain Python number (NumPy scalars from a grid built with
+``np.arange`` become ``int`` / ``float``) or raises ``ValueError`` naming the parameter.
+Torch-free and NumPy-free, so the serving side and the training side call the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+from pathlib import Path
+
+__all__ = [
+    "DEVICE_PATTERN",
+    "check_device",
+    "check_int",
+    "check_real",
+    "parse_device",
+    "usable_cores",
+]
+
+#: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")
+
+
+def check_int(
+    value: object,
+    name: str,
+    minimum: int | None = 1,
+    maximum: int | None = None,
+    *,
+    none_ok: bool = False,
+) -> int | None:
+    """``value`` as an ``int`` in ``[minimum, maximum]``, else ``ValueError`` naming ``name``.
+
+    Booleans are refused (``True`` is an ``int`` to Python, never a size to a user); any
+    ``numbers.Integral`` (NumPy integers included) is accepted. ``None`` passes when
+    ``none_ok``.
+
+    Examples
+    --------
+    >>> check_int(3, "window")
+    3
+    >>> check_int(0, "window")
+    Traceback (most recent call last):
+    ...
+    ValueError: window must be an int >= 1, got 0
+    """
+    if value is None and none_ok:
+        return None
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    ok = ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+    if not ok:
+        if maximum is None:
+            expected = "an int" if minimum is None else f"an int >= {minimum}"
+        else:
+            expected = f"an int in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {expected}{' or None' if none_ok else ''}, got {value!r}")
+    return int(value)
+
+
+def check_real(
+    value: object,
+    name: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    none_ok: bool = False,
+) -> float | None:
+    """``value`` as a finite ``float`` in the interval, else ``ValueError`` naming ``name``.
+
+    ``low_open`` / ``high_open`` exclude the bound. Booleans, NaN and infinities are refused.
+
+    Examples
+    --------
+    >>> check_real(0.5, "dropout", 0.0, 1.0, high_open=True)
+    0.5
+    """
+    if value is None and none_ok:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low)
+    ok = ok and (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        extra = " or None" if none_ok else ""
+        raise ValueError(f"{name} must be a finite float in {interval}{extra}, got {value!r}")
+    return float(value)
+
+
+def parse_device(device: object, name: str = "device") -> tuple[str, int | None]:
+    """Split a device string into ``(kind, index)``: ``"cuda:1" -> ("cuda", 1)``.
+
+    ``kind`` is ``"auto"``, ``"cpu"`` or ``"cuda"``; ``index`` is ``None`` unless given.
+    Whether the device exists is for the caller (torch or onnxruntime) to say.
+    """
+    match = DEVICE_PATTERN.fullmatch(device) if isinstance(device, str) else None
+    if match is None:
+        raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    index = match.group(1)
+    return device.split(":")[0], None if index is None else int(index)
+
+
+def check_device(device: object, name: str = "device") -> str:
+    """``device`` unchanged if it parses (:func:`parse_device`), else ``ValueError``."""
+    parse_device(device, name)
+    return device  # type: ignore[return-value]
+
+
+def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 ``cpu.max``, v1 cfs), or None."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity mask, capped by its cgroup CPU quota.
+
+    ``os.cpu_count()`` counts the machine's cores, which a container or ``taskset`` may not
+    grant; thread pools sized by it oversubscribe. At least 1.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
+    return max(1, cores)
