@@ -53,6 +53,7 @@ from serving.artifact import (
     encoder_output_names,
     read_artifact,
 )
+from serving.interface import ModelInfo, vocabulary_id
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
 from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch, tokenize
 
@@ -443,6 +444,27 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
+
+    @property
+    def info(self) -> ModelInfo:
+        """What clients may know about this model (see :class:`serving.interface.ModelInfo`)."""
+        manifest = self.manifest
+        return ModelInfo(
+            name=self.name,
+            provider=self.provider,
+            max_source_length=self.max_source_length,
+            max_output_length=self.max_output_length,
+            output_kind=manifest["output_kind"],
+            tokenizer=self.tokenizer,
+            decoder=manifest["decoder"],
+            attention=manifest["attention"],
+            scorer=manifest["scorer"],
+            beam_size=int(manifest["beam_size"]),
+            temperature=float(manifest["temperature"]),
+            vocabulary_id=vocabulary_id(
+                manifest["source_vocabulary"], manifest["target_vocabulary"]
+            ),
+        )
 
     # -- input checks -----------------------------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""What the server's parts expect of a served model: the ``Runtime`` protocol and ``ModelInfo``.
+
+The app, the batcher, the explorer and the test doubles meet here instead of duck-typing each
+other's attributes. :class:`serving.runtime.Runtime` (what ``serving.load`` returns) implements
+the protocol; so does any test double with the same three members.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["ModelInfo", "Runtime", "vocabulary_id"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What clients and the explorer may know about a served model (no weights, no graphs).
+
+    Attributes
+    ----------
+    name : str
+        The name the runtime was loaded under (the server may serve it under another).
+    provider : str
+        Where the graphs run: ``"CPUExecutionProvider"``, ``"CUDAExecutionProvider"``, ...
+    max_source_length, max_output_length : int
+        Limits in tokens: longer sources are refused; outputs stop after this many tokens.
+    output_kind : {"str", "tokens"}
+        What a prediction is: a str, or a list of tokens (sent joined by single spaces).
+    tokenizer : {"char", "space"}
+        How a source string is split into tokens.
+    decoder, attention, scorer : str
+        The model's kind (``attention="none"``: no attention, one-hot maps on the final state).
+    beam_size : int
+        1 decodes greedily.
+    temperature : float
+        The default attention softmax temperature (a request may pass another).
+    vocabulary_id : str
+        The first 16 hex digits of the SHA-256 of both vocabularies: equal for models trained
+        on the same data (the explorer pairs models by it).
+    """
+
+    name: str
+    provider: str
+    max_source_length: int
+    max_output_length: int
+    output_kind: str
+    tokenizer: str
+    decoder: str
+    attention: str
+    scorer: str
+    beam_size: int
+    temperature: float
+    vocabulary_id: str
+
+
+def vocabulary_id(source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]) -> str:
+    """A short digest of two vocabularies (token lists in id order, specials included)."""
+    text = json.dumps(
+        [list(source_vocabulary), list(target_vocabulary)],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """A model the server can serve: ``serving.load`` returns one.
+
+    ``predict_batch`` blocks (the batcher calls it from a worker thread); ``check_source``
+    is cheap and runs on the event loop, before an item may join a batch, so that one bad
+    source never fails a batch.
+    """
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    def check_source(self, text: object) -> None:
+        """Raise ``ValueError`` (naming the problem) if ``text`` cannot be translated."""
+        ...
+
+    def predict_batch(
+        self,
+        sources: Sequence[str],
+        temperature: float | None = None,
+        with_attention: bool = False,
+    ) -> tuple[list[str] | list[list[str]], list[np.ndarray] | None]:
+        """Predictions for ``sources`` and, with ``with_attention``, their ``(T_y, T_x)`` maps."""
+        ...
