@@ -10,8 +10,6 @@ import argparse
 import datetime
 import json
 import logging
-import os
-import re
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,7 +17,10 @@ from pathlib import Path
 
 import uvicorn
 
-from serving.app import ServerSettings, check_model_name, create_app
+from serving.app import create_app
+from serving.interface import Runtime
+from serving.settings import ServerSettings, check_model_name
+from skattn.core.checks import DEVICE_PATTERN, check_int, check_real, usable_cores
 
 logger = logging.getLogger("serving")
 
@@ -30,11 +31,7 @@ def default_intra_op_threads() -> int:
     On a small machine the difference matters: with every core given to onnxruntime, its
     threads and the HTTP event loop preempt each other on every operator of a large batch.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def _model_dir(value: str) -> tuple[str | None, Path]:
@@ -46,7 +43,7 @@ def _model_dir(value: str) -> tuple[str | None, Path]:
 
 
 def _device(value: str) -> str:
-    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+    if DEVICE_PATTERN.fullmatch(value):
         return value
     raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, not {value!r}")
 
@@ -171,12 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    if not 0 <= args.port <= 65535:
-        parser.error(f"--port must be in 0..65535, got {args.port}")
-    if args.shutdown_timeout <= 0:
-        parser.error(f"--shutdown-timeout must be positive, got {args.shutdown_timeout}")
-    if args.intra_op_threads < 1:
-        parser.error(f"--intra-op-threads must be >= 1, got {args.intra_op_threads}")
+    try:
+        check_int(args.port, "--port", 0, 65535)
+        check_real(args.shutdown_timeout, "--shutdown-timeout", 0.0, low_open=True)
+        check_int(args.intra_op_threads, "--intra-op-threads")
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.model_name is not None:
         if len(args.model_dir) > 1 or args.model_dir[0][0] is not None:
             parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
@@ -192,15 +189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = _load(model_dir, args.device, name, args.intra_op_threads)
         if runtime is None:
             return 2
-        if runtime.name in runtimes:
-            parser.error(f"--model-dir: two models are named {runtime.name!r}; use NAME=DIR")
-        runtimes[runtime.name] = runtime
+        if runtime.info.name in runtimes:
+            parser.error(f"--model-dir: two models are named {runtime.info.name!r}; use NAME=DIR")
+        runtimes[runtime.info.name] = runtime
         logger.info(
             "model loaded",
             extra={
-                "model": runtime.name,
+                "model": runtime.info.name,
                 "model_dir": str(model_dir),
-                "provider": runtime.provider,
+                "provider": runtime.info.provider,
             },
         )
     try:
@@ -217,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _load(model_dir: Path, device: str, name: str | None, intra_op_threads: int):
+def _load(model_dir: Path, device: str, name: str | None, intra_op_threads: int) -> Runtime | None:
     """``serving.load`` with a one-line message instead of a traceback on a bad artifact."""
     from serving import load  # lazily: the runtime brings onnxruntime
 
@@ -232,7 +229,7 @@ def _load(model_dir: Path, device: str, name: str | None, intra_op_threads: int)
 
 
 def serve(
-    runtimes: Mapping[str, object],
+    runtimes: Mapping[str, Runtime],
     settings: ServerSettings,
     *,
     host: str = "127.0.0.1",

@@ -20,25 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from serving.interface import Runtime
+from skattn.core.checks import check_int, check_real
+
 logger = logging.getLogger(__name__)
-
-
-class Runtime(Protocol):
-    """What the batcher needs from a runtime (``serving.load`` returns one)."""
-
-    def predict_batch(
-        self, sources: list[str], temperature: float | None = None, with_attention: bool = False
-    ) -> tuple[list[str] | list[list[str]], list[np.ndarray] | None]: ...
 
 
 class BatchMetrics(Protocol):
@@ -84,19 +78,13 @@ class _Item:
     enqueued: float = field(default_factory=time.monotonic)
 
 
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class Batcher:
     """Batch the items of concurrent requests into ``runtime.predict_batch`` calls.
 
     Parameters
     ----------
-    runtime : Runtime
-        Has ``predict_batch(sources, temperature=None, with_attention=False)``.
+    runtime : serving.interface.Runtime
+        Only its ``predict_batch(sources, temperature=None, with_attention=False)`` is called.
     max_batch_size : int, default=64
         The most items in one runtime call.
     max_delay_ms : float, default=2.0
@@ -134,16 +122,9 @@ class Batcher:
     ) -> None:
         if not callable(getattr(runtime, "predict_batch", None)):
             raise ValueError("runtime must have a predict_batch method")
-        self.max_batch_size = _check_positive_int(max_batch_size, "max_batch_size")
-        if (
-            isinstance(max_delay_ms, bool)
-            or not isinstance(max_delay_ms, (int, float))
-            or not math.isfinite(max_delay_ms)
-            or max_delay_ms < 0
-        ):
-            raise ValueError(f"max_delay_ms must be a finite number >= 0, got {max_delay_ms!r}")
-        self.max_delay_ms = float(max_delay_ms)
-        self.max_queue = _check_positive_int(max_queue, "max_queue")
+        self.max_batch_size = check_int(max_batch_size, "max_batch_size")
+        self.max_delay_ms = check_real(max_delay_ms, "max_delay_ms", 0.0)
+        self.max_queue = check_int(max_queue, "max_queue")
         if not isinstance(eager, bool):
             raise ValueError(f"eager must be a bool, got {eager!r}")
         self.eager = eager

@@ -18,14 +18,15 @@ same tokenizer and output kind.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+
+from serving.interface import ModelInfo, Runtime
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -35,54 +36,46 @@ CONTENT_SECURITY_POLICY = (
     "form-action 'none'; frame-ancestors 'none'"
 )
 
-_MANIFEST_FIELDS = ("decoder", "attention", "scorer", "tokenizer", "temperature", "output_kind")
+_SUMMARY_FIELDS = (
+    "decoder",
+    "attention",
+    "scorer",
+    "tokenizer",
+    "temperature",
+    "output_kind",
+    "max_source_length",
+    "vocabulary_id",
+)
 
 
-def model_summary(name: str, runtime: object, ready: bool) -> dict:
+def model_summary(name: str, info: ModelInfo, ready: bool) -> dict:
     """What the explorer needs to know about one served model.
 
     Parameters
     ----------
     name : str
         The name the model is served under.
-    runtime : object
-        The model's runtime (``serving.load``); its ``manifest`` dict gives the decoder kind,
-        attention kind, scorer, tokenizer, default temperature and output kind.
+    info : ModelInfo
+        The model's record (``runtime.info``).
     ready : bool
         Whether the model answers inference requests now.
 
     Returns
     -------
     dict
-        ``name``, ``ready``, the manifest fields (``None`` where the manifest lacks one;
-        ``temperature`` defaults to 1.0, ``output_kind`` to ``"str"``),
-        ``max_source_length`` and ``vocabulary_id``: the first 16 hex digits of the SHA-256 of
-        the source and target vocabularies (``None`` without them), equal for models trained
-        on the same data.
+        ``name``, ``ready``, and from ``info``: ``decoder``, ``attention``, ``scorer``,
+        ``tokenizer``, ``temperature``, ``output_kind``, ``max_source_length`` and
+        ``vocabulary_id`` (equal for models trained on the same data).
     """
-    manifest = getattr(runtime, "manifest", None) or {}
+    fields = asdict(info)
     summary: dict = {"name": name, "ready": bool(ready)}
-    for field in _MANIFEST_FIELDS:
-        summary[field] = manifest.get(field)
-    summary["temperature"] = float(manifest.get("temperature", 1.0))
-    summary["output_kind"] = manifest.get("output_kind", "str")
-    max_length = getattr(runtime, "max_source_length", None)
-    summary["max_source_length"] = None if max_length is None else int(max_length)
-    summary["vocabulary_id"] = _vocabulary_id(manifest)
+    summary.update({field: fields[field] for field in _SUMMARY_FIELDS})
     return summary
-
-
-def _vocabulary_id(manifest: Mapping) -> str | None:
-    vocabularies = [manifest.get("source_vocabulary"), manifest.get("target_vocabulary")]
-    if None in vocabularies:
-        return None
-    text = json.dumps(vocabularies, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def mount_explorer(
     app: FastAPI,
-    runtimes: Mapping[str, object],
+    runtimes: Mapping[str, Runtime],
     *,
     is_ready: Callable[[str], bool] | None = None,
 ) -> None:
@@ -95,12 +88,11 @@ def mount_explorer(
     ----------
     app : FastAPI
         The server app (``serving.app.create_app``); its inference endpoint answers the page.
-    runtimes : mapping of str to runtime
-        Model name -> runtime, the same mapping the app serves.
+    runtimes : mapping of str to Runtime
+        Model name -> runtime, the same mapping the app serves (only ``info`` is read).
     is_ready : callable, optional
-        ``is_ready(name) -> bool`` for the listing's ``ready`` field. Default: the model's
-        batcher runs (``app.state.models[name].batcher.running``) when the app keeps one,
-        else True.
+        ``is_ready(name) -> bool`` for the listing's ``ready`` field (``create_app`` passes
+        whether the model's batcher runs). Default: always True.
 
     Raises
     ------
@@ -114,8 +106,8 @@ def mount_explorer(
     if getattr(app.state, "explorer_mounted", False):
         return
     app.state.explorer_mounted = True
-    names = sorted(runtimes)
-    ready = is_ready if is_ready is not None else _batcher_ready(app)
+    infos = {name: runtimes[name].info for name in sorted(runtimes)}
+    ready = is_ready if is_ready is not None else (lambda name: True)
 
     @app.get("/", include_in_schema=False)
     async def explorer_page() -> FileResponse:
@@ -130,17 +122,8 @@ def mount_explorer(
 
     @app.get("/v2/models")
     async def list_models() -> JSONResponse:
-        return JSONResponse([model_summary(name, runtimes[name], ready(name)) for name in names])
+        return JSONResponse(
+            [model_summary(name, info, ready(name)) for name, info in infos.items()]
+        )
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="explorer-static")
-
-
-def _batcher_ready(app: FastAPI) -> Callable[[str], bool]:
-    """``is_ready`` from the batchers that ``create_app`` keeps in ``app.state.models``."""
-
-    def ready(name: str) -> bool:
-        model = getattr(app.state, "models", {}).get(name)
-        batcher = getattr(model, "batcher", None)
-        return True if batcher is None else bool(batcher.running)
-
-    return ready

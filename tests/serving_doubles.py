@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from serving.interface import ModelInfo, vocabulary_id
+
 FAIL_MARKER = "boom"
 
 
@@ -26,7 +28,8 @@ def check_source(text: object, max_source_length: int) -> None:
 
 
 class ReverseRuntime:
-    """Implements the runtime interface of docs/internals.md: ``predict_batch`` and friends.
+    """Implements :class:`serving.interface.Runtime`: ``info``, ``check_source`` and
+    ``predict_batch`` (plus ``predict`` and ``predict_attention``, as ``serving.load`` gives).
 
     Parameters
     ----------
@@ -46,12 +49,29 @@ class ReverseRuntime:
     ) -> None:
         self.delay = delay
         self.max_source_length = max_source_length
-        self.manifest = {"format_version": 1, "output_kind": "str"}
+        self.output_kind = "str"
         self.calls: list[tuple[list[str], float | None, bool]] = []
         self.started = threading.Semaphore(0)  # released once per batch started
         self._gate = threading.Event()
         if not gated:
             self._gate.set()
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.name,
+            provider=self.provider,
+            max_source_length=self.max_source_length,
+            max_output_length=self.max_source_length,
+            output_kind=self.output_kind,
+            tokenizer="char",
+            decoder="bahdanau",
+            attention="global",
+            scorer="additive",
+            beam_size=1,
+            temperature=1.0,
+            vocabulary_id=vocabulary_id(list("0123456789"), list("0123456789")),
+        )
 
     def release(self) -> None:
         """Let held and future batches run."""

@@ -31,6 +31,7 @@ from serving_doubles import check_source
 
 from serving.app import ServerSettings, create_app
 from serving.explorer import STATIC_DIR, model_summary, mount_explorer
+from serving.interface import ModelInfo, vocabulary_id
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -91,6 +92,26 @@ class FakeRuntime:
         self.gate = threading.Event()
         self.gate.set()
         self.temperatures: list[float | None] = []
+
+    @property
+    def info(self) -> ModelInfo:
+        manifest = self.manifest
+        return ModelInfo(
+            name=self.name,
+            provider=self.provider,
+            max_source_length=self.max_source_length,
+            max_output_length=self.max_source_length,
+            output_kind=manifest["output_kind"],
+            tokenizer=manifest["tokenizer"],
+            decoder=manifest["decoder"],
+            attention=manifest["attention"],
+            scorer=manifest["scorer"],
+            beam_size=1,
+            temperature=float(manifest["temperature"]),
+            vocabulary_id=vocabulary_id(
+                manifest["source_vocabulary"], manifest["target_vocabulary"]
+            ),
+        )
 
     def check_source(self, text: object) -> None:
         check_source(text, self.max_source_length)
@@ -235,21 +256,21 @@ def test_models_listing_describes_every_model(fake_server: ThreadedServer) -> No
 
 
 def test_model_summary_tells_tasks_apart() -> None:
-    same = [model_summary("m", FakeRuntime("m", vocabulary=v), True) for v in ("abc", "abc")]
-    other = model_summary("m", FakeRuntime("m", vocabulary="abd"), True)
+    same = [model_summary("m", FakeRuntime("m", vocabulary=v).info, True) for v in ("abc", "abc")]
+    other = model_summary("m", FakeRuntime("m", vocabulary="abd").info, True)
     assert same[0]["vocabulary_id"] == same[1]["vocabulary_id"] != other["vocabulary_id"]
-    bare = model_summary("bare", object(), False)
-    assert bare == {
-        "name": "bare",
+    summary = model_summary("plain", FakeRuntime("m", attention="none").info, False)
+    assert summary == {
+        "name": "plain",
         "ready": False,
-        "decoder": None,
-        "attention": None,
-        "scorer": None,
-        "tokenizer": None,
+        "decoder": "bahdanau",
+        "attention": "none",
+        "scorer": "additive",
+        "tokenizer": "char",
         "temperature": 1.0,
         "output_kind": "str",
-        "max_source_length": None,
-        "vocabulary_id": None,
+        "max_source_length": 12,
+        "vocabulary_id": FakeRuntime("m").info.vocabulary_id,
     }
 
 

@@ -261,7 +261,7 @@ def test_token_predictions_are_sent_joined_by_spaces(serve):
             return [list(p) for p in predictions], attentions
 
     runtime = TokenRuntime()
-    runtime.manifest["output_kind"] = "tokens"
+    runtime.output_kind = "tokens"
     server = serve(runtime)
     response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
     assert response.json()["outputs"][0]["data"] == ["c b a"]
@@ -590,6 +590,24 @@ def test_server_settings_are_validated(settings, name):
 def test_create_app_refuses_no_models():
     with pytest.raises(ValueError, match="runtimes"):
         create_app({})
+
+
+def test_create_app_takes_only_runtimes_of_the_shared_protocol():
+    from serving.interface import Runtime
+
+    assert isinstance(ReverseRuntime(), Runtime)
+
+    class NoInfo:  # what the server used to duck-type: no info record
+        max_source_length, provider = 8, "CPUExecutionProvider"
+
+        def check_source(self, text):
+            pass
+
+        def predict_batch(self, sources, temperature=None, with_attention=False):
+            return list(sources), None
+
+    with pytest.raises(ValueError, match="serving.interface.Runtime"):
+        create_app({MODEL: NoInfo()})
 
 
 def test_json_log_lines_carry_extra_fields():

@@ -1,0 +1,305 @@
+"""The inference route, ``POST /v2/models/{model}[/versions/1]/infer``, in plain ASGI.
+
+Routing, request and response objects of the framework cost more than the rest of a small
+request, so :class:`InferRoute`, a middleware in front of FastAPI, answers inference requests
+from :class:`InferHandler` and passes everything else on. The handler reads the body, has it
+parsed and validated in full (every source checked by the model's runtime) before its items join
+the batcher's queue, waits for the results (withdrawing its items if the client leaves) and
+encodes the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving import protocol
+from serving.batcher import Batcher, BatcherClosedError, BatchError, ItemResult, QueueFullError
+from serving.interface import ModelInfo, Runtime
+from serving.metrics import ModelMetrics, ServerMetrics
+from serving.settings import ServerSettings
+
+logger = logging.getLogger("serving.app")
+
+MODEL_VERSION = "1"
+
+__all__ = ["MODEL_VERSION", "ApiError", "InferHandler", "InferRoute", "ServedModel"]
+
+
+@dataclass
+class ServedModel:
+    """A served model: its name, runtime, the runtime's info, its batcher and its metrics."""
+
+    name: str
+    runtime: Runtime
+    info: ModelInfo
+    batcher: Batcher
+    metrics: ModelMetrics
+
+
+class ApiError(Exception):
+    """A request the server refuses: ``status``, a message and extra response headers."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+class _ClientGoneError(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+def lookup(models: Mapping[str, ServedModel], name: str, version: str | None) -> ServedModel:
+    """The served model ``name`` (at ``version``, if given), else ``ApiError`` 404."""
+    model = models.get(name)
+    if model is None:
+        raise ApiError(404, f"unknown model {name!r}; this server has {sorted(models)}")
+    if version is not None and version != MODEL_VERSION:
+        raise ApiError(404, f"model {name!r} has no version {version!r}")
+    return model
+
+
+_OUTCOME_BY_STATUS = {413: "too_large", 404: "not_found", 503: "unavailable"}
+
+# One log line per inference request: answered ones at DEBUG (at hundreds of requests a second,
+# the metrics say more than the lines), refused ones at INFO, failed ones at WARNING.
+_LOG_LEVEL_BY_OUTCOME = {
+    "ok": logging.DEBUG,
+    "disconnected": logging.INFO,
+    "queue_full": logging.WARNING,
+    "unavailable": logging.WARNING,
+    "error": logging.WARNING,
+}
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+class InferHandler:
+    """Answer one inference request: ``await handler(scope, receive, name, version)``.
+
+    Returns ``(status, headers, body)``, or None when the client has gone (nobody reads an
+    answer). Every error is ``{"error": message}``.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel],
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+    ) -> None:
+        self.models = models
+        self.settings = settings
+        self.metrics = metrics
+
+    async def __call__(
+        self, scope: Scope, receive: Receive, name: str, version: str | None
+    ) -> Answer | None:
+        started = time.monotonic()
+        outcome, items, request_id = "ok", 0, None
+        settings = self.settings
+        try:
+            model = lookup(self.models, name, version)
+        except ApiError as exc:
+            self.metrics.unknown_model()
+            return exc.status, {}, protocol.error_body(exc.message)
+        try:
+            headers = _headers(scope)
+            with model.batcher.receiving():  # an eager batcher waits for these items
+                body = await _read_body(receive, headers, settings.max_body_bytes)
+                parsed = _parse(headers, body, model, settings)
+                items, request_id = len(parsed.sources), parsed.id
+                futures = model.batcher.submit(
+                    parsed.sources,
+                    temperature=parsed.temperature,
+                    with_attention=parsed.wants_attention,
+                )
+            results = await _until_disconnect(model.batcher, futures, receive)
+            body, response_headers = _encode(model.name, parsed, results)
+            return 200, response_headers, body
+        except ApiError as exc:
+            outcome = _OUTCOME_BY_STATUS.get(exc.status, "bad_request")
+            return exc.status, exc.headers, protocol.error_body(exc.message)
+        except QueueFullError as exc:
+            outcome = "queue_full"
+            retry = {"Retry-After": str(settings.retry_after_s)}
+            return 503, retry, protocol.error_body(f"queue full: {exc}")
+        except BatcherClosedError as exc:
+            outcome = "unavailable"
+            retry = {"Retry-After": str(settings.retry_after_s)}
+            return 503, retry, protocol.error_body(str(exc))
+        except BatchError as exc:
+            outcome = "error"
+            return 500, {}, protocol.error_body(str(exc))
+        except _ClientGoneError:
+            outcome = "disconnected"
+            return None
+        except Exception as exc:  # a bug: answer this request, keep serving the others
+            outcome = "error"
+            logger.exception("infer failed", extra={"model": name})
+            return 500, {}, protocol.error_body(f"internal error: {type(exc).__name__}")
+        finally:
+            elapsed = time.monotonic() - started
+            model.metrics.request(outcome, elapsed)
+            level = _LOG_LEVEL_BY_OUTCOME.get(outcome, logging.INFO)
+            if logger.isEnabledFor(level):
+                logger.log(
+                    level,
+                    "infer",
+                    extra={
+                        "model": name,
+                        "items": items,
+                        "outcome": outcome,
+                        "request_id": request_id,
+                        "duration_ms": round(elapsed * 1000, 3),
+                    },
+                )
+
+
+class InferRoute:
+    """ASGI middleware: inference requests go straight to ``handler``, the rest to the app.
+
+    ``POST /v2/models/{name}[/versions/{version}]/infer`` is answered from ``handler``'s
+    ``(status, headers, body)``; another method on that path gets 405.
+    """
+
+    def __init__(self, app: ASGIApp, handler: InferHandler) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = None
+        if scope["type"] == "http":
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            match = _INFER_PATH.fullmatch(path)
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            answer = 405, {"Allow": "POST"}, protocol.error_body("Method Not Allowed")
+        else:
+            answer = await self.handler(scope, receive, match["name"], match["version"])
+        if answer is None:
+            return  # the client has gone
+        await send_answer(send, *answer)
+
+
+async def send_answer(send: Send, status: int, headers: Mapping[str, str], body: bytes) -> None:
+    """Send a whole response (JSON unless ``headers`` name another Content-Type)."""
+    raw_headers = [(b"content-length", str(len(body)).encode())]
+    if not any(key.lower() == "content-type" for key in headers):
+        raw_headers.append((b"content-type", b"application/json"))
+    raw_headers += [(key.lower().encode(), value.encode()) for key, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request headers, names lower-cased (a repeated header keeps its last value)."""
+    return {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+
+
+def _parse(
+    headers: Mapping[str, str], body: bytes, model: ServedModel, settings: ServerSettings
+) -> protocol.InferRequest:
+    """Decode and validate one inference request (every source checked by the runtime)."""
+    try:
+        body = protocol.decode_content(
+            body, headers.get("content-encoding"), settings.max_body_bytes
+        )
+        parsed = protocol.parse_infer_request(
+            body,
+            headers.get(protocol.HEADER_LENGTH.lower()),
+            max_items=settings.max_items_per_request,
+        )
+    except protocol.ProtocolError as exc:
+        raise ApiError(exc.status, exc.message) from exc
+    for i, source in enumerate(parsed.sources):
+        try:
+            model.runtime.check_source(source)
+        except ValueError as exc:
+            raise ApiError(400, f"input 'source' item {i}: {exc}") from exc
+    return parsed
+
+
+async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds ``limit`` bytes."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds {limit}")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGoneError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _until_disconnect(
+    batcher: Batcher, futures: Sequence[asyncio.Future], receive: Receive
+) -> list[ItemResult]:
+    """The results of a request's futures; if the client leaves first, its items are withdrawn.
+
+    Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``.
+    """
+
+    async def wait_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    results = []
+    try:
+        for future in futures:
+            if not future.done():
+                await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not future.done():  # the watcher returned: the client has gone
+                    raise _ClientGoneError
+            results.append(future.result())  # a failed item's BatchError answers the request
+        return results
+    finally:
+        watcher.cancel()
+        batcher.withdraw(futures)
+
+
+def _encode(
+    model_name: str, request: protocol.InferRequest, results: list[ItemResult]
+) -> tuple[bytes, dict[str, str]]:
+    """The response for a request's results, with the outputs it asked for, in its order."""
+    predictions = [_as_text(r.prediction) for r in results]
+    tensors = {protocol.PREDICTION: protocol.prediction_tensor(predictions)}
+    if request.wants_attention:
+        attention, lengths = protocol.attention_tensors([r.attention for r in results])
+        tensors[protocol.ATTENTION] = attention
+        tensors[protocol.ATTENTION_LENGTHS] = lengths
+    return protocol.encode_infer_response(
+        model_name=model_name,
+        model_version=MODEL_VERSION,
+        request_id=request.id,
+        outputs=[(tensors[out.name], out.binary) for out in request.outputs],
+    )
+
+
+def _as_text(prediction: str | Sequence[str]) -> str:
+    """A prediction as text: a model with ``output_kind="tokens"`` gives tokens, sent joined
+    by single spaces (``"HH AH0 L OW1"``)."""
+    return prediction if isinstance(prediction, str) else " ".join(prediction)

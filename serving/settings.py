@@ -1,0 +1,72 @@
+"""The server's settings: every limit, delay and switch of the HTTP app, validated when built.
+
+``python -m serving`` maps each field to a flag of the same name (``max_body_bytes`` is
+``--max-body-bytes``); the README's server section lists them with their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from skattn.core.checks import check_int, check_real
+
+__all__ = ["ServerSettings", "check_model_name"]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and batching settings of the server (validated when built).
+
+    Parameters
+    ----------
+    max_batch_size : int, default=64
+        The most items in one runtime call.
+    max_delay_ms : float, default=2.0
+        The longest an item waits for others to join its batch.
+    max_queue : int, default=1024
+        The most items waiting per model; beyond it requests get 503 with Retry-After.
+    max_items_per_request : int, default=256
+        The most sources in one request; beyond it 413.
+    max_body_bytes : int, default=1048576
+        The largest request body (after decompression); beyond it 413.
+    retry_after_s : int, default=1
+        The ``Retry-After`` a client gets with a 503.
+    eager_batching : bool, default=True
+        Take a batch as soon as the worker is free and no request is being read, instead of
+        waiting out ``max_delay_ms`` (which still bounds the wait while requests are being
+        read): a lone client gets the unbatched latency, concurrent ones still share batches.
+    """
+
+    max_batch_size: int = 64
+    max_delay_ms: float = 2.0
+    max_queue: int = 1024
+    max_items_per_request: int = 256
+    max_body_bytes: int = 1 << 20
+    retry_after_s: int = 1
+    eager_batching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_batch_size",
+            "max_queue",
+            "max_items_per_request",
+            "max_body_bytes",
+            "retry_after_s",
+        ):
+            check_int(getattr(self, name), name)
+        check_real(self.max_delay_ms, "max_delay_ms", 0.0)
+        if not isinstance(self.eager_batching, bool):
+            raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
+        if self.max_items_per_request > self.max_queue:
+            raise ValueError(
+                f"max_items_per_request ({self.max_items_per_request}) must not exceed "
+                f"max_queue ({self.max_queue}): such a request could never be queued"
+            )
+
+
+def check_model_name(name: object, where: str = "") -> None:
+    """Raise ``ValueError`` unless ``name`` can be a path segment: a non-empty str without '/'."""
+    if not isinstance(name, str):
+        raise ValueError(f"{where}model name {name!r} must be a str")
+    if not name or "/" in name:
+        raise ValueError(f"{where}model name {name!r} must be non-empty and hold no '/'")
