@@ -22,7 +22,7 @@ import time
 import torch
 from torch import nn
 
-from skattn.models import Seq2SeqModule
+from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.models.decoders import step_loop
 
 SCORERS = ("dot", "general", "additive", "scaled_dot")
@@ -78,7 +78,7 @@ def tokens_per_second(
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     forward = make_forward(model, batch, stepwise=stepwise, decoder_only=decoder_only)
-    vocab_size = model.config["target_vocab_size"]
+    vocab_size = model.config.target_vocab_size
 
     def train_step():
         logits = forward()  # (B, T_y, V)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def build(**overrides) -> Seq2SeqModule:
         torch.manual_seed(0)
-        return Seq2SeqModule(args.vocab_size, args.vocab_size, **sizes, **overrides)
+        return Seq2SeqModule(ModelConfig(args.vocab_size, args.vocab_size, **sizes, **overrides))
 
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; cell={args.cell}, "

@@ -39,7 +39,7 @@ from skattn.core.text import (
     tokenize,
 )
 from skattn.metrics import exact_match
-from skattn.models import Seq2SeqModule
+from skattn.models import ModelConfig, Seq2SeqModule
 
 __all__ = ["Seq2Seq"]
 
@@ -505,21 +505,13 @@ class Seq2Seq(BaseEstimator):
         return order[n_val:], order[:n_val]
 
     def _build_module(self) -> Seq2SeqModule:
-        return Seq2SeqModule(
-            len(self.source_vocab_),
-            len(self.target_vocab_),
-            embedding_dim=self.embedding_dim,
-            hidden_size=self.hidden_size,
-            num_layers=self.num_layers,
-            dropout=self.dropout,
-            cell=self.cell,
-            decoder=self.decoder,
-            attention=self.attention,
-            scorer=self.scorer,
-            input_feeding=bool(self.input_feeding),
-            window=self.window,
-            num_heads=self.num_heads,
+        """The untrained module of the fitted vocabularies and this estimator's parameters."""
+        config = ModelConfig.from_params(
+            self.get_params(),
+            source_vocab_size=len(self.source_vocab_),
+            target_vocab_size=len(self.target_vocab_),
         )
+        return Seq2SeqModule(config)
 
     def _train(
         self,
@@ -840,7 +832,7 @@ class Seq2Seq(BaseEstimator):
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__
         module = state.pop("module_", None)
         if module is not None:
-            state["_module_config"] = dict(module.config)
+            state["_module_config"] = module.config.to_dict()
             state["_module_state"] = {k: v.detach().cpu() for k, v in module.state_dict().items()}
         return state
 
@@ -853,7 +845,7 @@ class Seq2Seq(BaseEstimator):
             device = self.device_
             if device.type == "cuda" and not torch.cuda.is_available():
                 device = torch.device("cpu")
-            module = Seq2SeqModule(**config)
+            module = Seq2SeqModule(ModelConfig.from_dict(config))
             module.load_state_dict(weights)
             self.module_ = module.to(device).eval()
             self.device_ = device

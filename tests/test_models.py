@@ -1,15 +1,20 @@
-"""Tests for skattn.models: the encoder, the decoders and the Seq2SeqModule seam."""
+"""Tests for skattn.models: the config, the encoder, the decoders and the Seq2SeqModule seam."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from skattn.models import Seq2SeqModule, reverse_within_length
+from skattn.attention import SCORERS as SCORER_CLASSES
+from skattn.models import OPTIONS, ModelConfig, Seq2SeqModule, reverse_within_length
 from skattn.models.encoder import BiRNNEncoder
+from skattn.models.rnn import CELLS as CELL_CLASSES
 
 CELLS = ["gru", "lstm"]
 DECODERS = ["bahdanau", "luong"]
@@ -22,7 +27,7 @@ def make_model(**overrides) -> Seq2SeqModule:
     torch.manual_seed(0)
     config = dict(embedding_dim=6, hidden_size=8, num_layers=2, window=1, scorer="general")
     config.update(overrides)
-    return Seq2SeqModule(SRC_VOCAB, TGT_VOCAB, **config).eval()
+    return Seq2SeqModule(ModelConfig(SRC_VOCAB, TGT_VOCAB, **config)).eval()
 
 
 def padded(items: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,8 +317,9 @@ def test_every_parameter_gets_a_gradient(decoder, cell):
 def test_learns_to_reverse_short_sequences():
     """A few hundred Adam steps on 3-token reversal drive the teacher-forced loss near zero."""
     torch.manual_seed(0)
+    sizes = dict(embedding_dim=16, hidden_size=32)
     model = Seq2SeqModule(
-        8, 8, embedding_dim=16, hidden_size=32, decoder="luong", scorer="dot", input_feeding=False
+        ModelConfig(8, 8, **sizes, decoder="luong", scorer="dot", input_feeding=False)
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(150):
@@ -329,7 +335,7 @@ def test_learns_to_reverse_short_sequences():
     assert loss.item() < 0.05
 
 
-# ----------------------------------------------------------------------------- validation
+# ----------------------------------------------------------------------------- the config
 
 
 @pytest.mark.parametrize(
@@ -339,32 +345,76 @@ def test_learns_to_reverse_short_sequences():
         ("decoder", "transformer"),
         ("attention", "sparse"),
         ("scorer", "concat"),
+        ("scorer", None),
         ("hidden_size", 0),
         ("embedding_dim", 2.5),
         ("num_layers", 0),
+        ("num_layers", True),
         ("dropout", 1.0),
         ("dropout", -0.1),
+        ("dropout", float("nan")),
         ("window", 0),
         ("input_feeding", "yes"),
         ("num_heads", 3),
         ("attention_size", 0),
+        ("source_vocab_size", 0),
+        ("target_vocab_size", np.int64(-1)),
     ],
 )
-def test_bad_configuration_raises_value_error_naming_the_parameter(name, value):
+def test_bad_configuration_raises_value_error_naming_the_field(name, value):
+    sizes = {"source_vocab_size": SRC_VOCAB, "target_vocab_size": TGT_VOCAB, "hidden_size": 8}
     with pytest.raises(ValueError, match=name):
-        Seq2SeqModule(SRC_VOCAB, TGT_VOCAB, **{"hidden_size": 8, name: value})
+        ModelConfig(**{**sizes, name: value})
 
 
-@pytest.mark.parametrize("name", ["source_vocab_size", "target_vocab_size"])
-def test_bad_vocabulary_size_raises(name):
-    sizes = {"source_vocab_size": SRC_VOCAB, "target_vocab_size": TGT_VOCAB, name: 0}
-    with pytest.raises(ValueError, match=name):
-        Seq2SeqModule(**sizes)
+def test_config_turns_numpy_scalars_into_python_values_and_is_json_safe():
+    config = ModelConfig(
+        np.int64(13),
+        np.int32(11),
+        hidden_size=np.int64(8),
+        dropout=np.float64(0.25),
+        input_feeding=np.True_,
+        window=np.int16(2),
+    )
+    data = config.to_dict()
+    assert set(data) == {field.name for field in dataclasses.fields(ModelConfig)}
+    assert [type(data[k]) for k in ("source_vocab_size", "hidden_size", "window")] == [int] * 3
+    assert type(data["dropout"]) is float and data["input_feeding"] is True
+    assert ModelConfig.from_dict(json.loads(json.dumps(data))) == config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.hidden_size = 16  # type: ignore[misc]
+
+
+def test_config_from_dict_refuses_unknown_fields():
+    data = {**ModelConfig(SRC_VOCAB, TGT_VOCAB).to_dict(), "hidden": 8}
+    with pytest.raises(ValueError, match="'hidden'"):
+        ModelConfig.from_dict(data)
+
+
+def test_config_from_params_takes_the_fields_it_names_and_ignores_the_rest():
+    params = {"hidden_size": 16, "scorer": "dot", "batch_size": 8, "beam_size": 3}
+    config = ModelConfig.from_params(params, source_vocab_size=5, target_vocab_size=6)
+    assert config == ModelConfig(5, 6, hidden_size=16, scorer="dot")
+
+
+def test_options_are_the_registries_keys():
+    assert set(OPTIONS["scorer"]) == set(SCORER_CLASSES)
+    assert set(OPTIONS["cell"]) == set(CELL_CLASSES)
+    for name, values in [("decoder", DECODERS), ("attention", ATTENTIONS)]:
+        assert list(OPTIONS[name]) == values
+        for value in values:
+            config = ModelConfig(SRC_VOCAB, TGT_VOCAB, hidden_size=8, **{name: value})
+            assert Seq2SeqModule(config).config is config
+
+
+def test_module_wants_a_config():
+    with pytest.raises(TypeError, match="ModelConfig"):
+        Seq2SeqModule({"source_vocab_size": SRC_VOCAB, "target_vocab_size": TGT_VOCAB})
 
 
 def test_config_rebuilds_an_identical_module():
     model = make_model(decoder="luong", cell="lstm", attention="local-p", num_heads=2)
-    clone = Seq2SeqModule(**model.config).eval()
+    clone = Seq2SeqModule(ModelConfig.from_dict(model.config.to_dict())).eval()
     clone.load_state_dict(model.state_dict())
     src, lengths = padded(SOURCES)
     tgt_in, _ = padded(TARGETS)
