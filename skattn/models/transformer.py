@@ -1,0 +1,469 @@
+r"""The Transformer (Vaswani et al., 2017) with pre-LayerNorm blocks, behind the RNN models' seam.
+
+Encoder, ``N`` blocks over the source (``m`` = the padding mask, ``True`` at real tokens)::
+
+    x_0 = E[src] sqrt(D) + P[0 .. T-1]
+    x   = x + Dropout(SelfAttention(LN(x), m))            # every query reads the real keys
+    x   = x + Dropout(FFN(LN(x)))                         # FFN(z) = max(0, z W_1 + b_1) W_2 + b_2
+    memory = LN(x_N), zero at padding
+
+Decoder, ``N`` blocks over the target prefix::
+
+    y_0 = E[tgt] sqrt(D) + P[i]
+    y   = y + Dropout(SelfAttention(LN(y), causal))       # position i reads positions <= i
+    y   = y + Dropout(CrossAttention(LN(y), memory, m, tau))
+    y   = y + Dropout(FFN(LN(y)))
+    logits = LN(y_N) W_out
+
+Attention is :class:`~skattn.attention.self_attention.MultiHeadAttention` (``num_kv_heads``:
+grouped-query; 1 = multi-query). ``tau`` (``temperature``) divides the cross-attention scores
+only, as the attention temperature of the RNN models does: small sharpens the attention maps
+towards one source position, large flattens them; 1 (training) leaves the model unchanged.
+Self-attention never sees it.
+
+Positions (``positions=``): ``"sinusoidal"`` (default), ``PE[p, 2i] = sin(p / 10000^{2i/D})``,
+``PE[p, 2i+1] = cos(p / 10000^{2i/D})``, is computed from ``p`` (no table), so it is defined for
+any length; past the longest training length the model meets codes it never trained on, and
+quality usually degrades gradually rather than failing. ``"learned"`` is a table of
+``max_positions`` rows; a position past it is **clamped** to the last row (a graph cannot raise
+on a value; the estimator should check lengths against ``max_positions`` before it decodes).
+``"none"`` adds nothing: self-attention is then permutation-equivariant (seed 000, §3.6d).
+
+The seam (``Seq2SeqModule``'s, ``docs/internals.md``): ``encode`` runs the encoder and projects
+the cross-attention keys and values of every layer once per sentence into ``keys``::
+
+    keys (B, T, num_layers * 2 * kv_dim)   layer l: [..., (2l) kv : (2l+1) kv] = K_l,
+                                                    [..., (2l+1) kv : (2l+2) kv] = V_l
+
+(as the RNN model's ``keys = U_a H``). The decoder state is the key-value cache of the causal
+self-attention, two batch-first tensors (``state_names = ("self_keys", "self_values")``)::
+
+    self_keys, self_values (B, num_layers, t, kv_dim)    t = target positions already read
+
+with ``t = 0`` initially; each ``step`` appends one row per layer (``t -> t + 1``), so a step costs
+``O(t)`` and beam search reorders the cache with one ``index_select`` on axis 0, like every other
+carried tensor. ``kv_dim = num_kv_heads * D / num_heads``. Attention maps are the last layer's
+cross-attention weights averaged over heads (rows sum to 1 over real source positions).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor, nn
+
+from skattn.attention.self_attention import MultiHeadAttention
+from skattn.models.encoder import length_mask
+from skattn.models.positions import POSITIONS, make_positions
+
+__all__ = [
+    "DecoderBlock",
+    "EncoderBlock",
+    "FeedForward",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "TransformerModule",
+]
+
+State = tuple[Tensor, ...]
+
+
+class FeedForward(nn.Sequential):
+    """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2``, position-wise, ``D -> ffn_size -> D``."""
+
+    def __init__(self, d_model: int, ffn_size: int, dropout: float) -> None:
+        super().__init__(
+            nn.Linear(d_model, ffn_size),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(ffn_size, d_model),
+        )
+
+
+class EncoderBlock(nn.Module):
+    """``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``, dropout on each sublayer's output."""
+
+    def __init__(
+        self, d_model: int, num_heads: int, num_kv_heads: int | None, ffn_size: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
+        self.ffn = FeedForward(d_model, ffn_size, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``x (B, T, D)``, ``mask (B, 1, T)`` (keys each query may read) -> ``(B, T, D)``."""
+        x = x + self.dropout(self.self_attn(self.ln_1(x), mask=mask)[0])
+        return x + self.dropout(self.ffn(self.ln_2(x)))
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention over the cached prefix, cross-attention, FFN; each pre-LN."""
+
+    def __init__(
+        self, d_model: int, num_heads: int, num_kv_heads: int | None, ffn_size: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2, self.ln_3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.self_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
+        self.ffn = FeedForward(d_model, ffn_size, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        y: Tensor,
+        past_k: Tensor,
+        past_v: Tensor,
+        self_mask: Tensor | None,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_mask: Tensor,
+        temperature: float | Tensor = 1.0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """One block over ``y (B, T_y, D)``, the positions after a cached prefix of ``t``.
+
+        ``past_k, past_v (B, t, kv)``; ``self_mask`` broadcasts to ``(B, T_y, t + T_y)``
+        (``None``: every cached key is readable, a one-position step); ``cross_k, cross_v
+        (B, T, kv)``; ``src_mask (B, 1, T)``. Returns ``y (B, T_y, D)``, the extended cache
+        ``k, v (B, t + T_y, kv)`` and, if asked, cross-attention weights ``(B, h, T_y, T)``.
+        """
+        h = self.ln_1(y)  # (B, T_y, D)
+        k_new, v_new = self.self_attn.project_kv(h)  # (B, T_y, kv) each
+        k = torch.cat([past_k, k_new], dim=1)  # (B, t + T_y, kv)
+        v = torch.cat([past_v, v_new], dim=1)  # (B, t + T_y, kv)
+        y = y + self.dropout(self.self_attn.attend(h, k, v, self_mask)[0])
+        context, weights = self.cross_attn.attend(
+            self.ln_2(y), cross_k, cross_v, src_mask, temperature, need_weights
+        )
+        y = y + self.dropout(context)
+        return y + self.dropout(self.ffn(self.ln_3(y))), k, v, weights
+
+
+def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
+    """``E (V, D)`` drawn from ``N(0, 1/D)`` (fairseq) so that ``E sqrt(D)`` has unit scale."""
+    embedding = nn.Embedding(vocab_size, d_model, padding_idx=0)
+    nn.init.normal_(embedding.weight, std=d_model**-0.5)
+    with torch.no_grad():
+        embedding.weight[0].zero_()
+    return embedding
+
+
+class _Stack(nn.Module):
+    """What the encoder and the decoder share: scaled embeddings plus positions, then blocks.
+
+    Parameters
+    ----------
+    vocab_size, d_model, num_layers, num_heads : int
+    num_kv_heads : int or None
+        Key / value heads (``None``: ``num_heads``).
+    ffn_size : int
+        Hidden units of the feed-forward layers.
+    dropout : float
+    positions : {"sinusoidal", "learned", "none"}
+    max_positions : int
+        Rows of the learned table (unused otherwise).
+    """
+
+    block: type[nn.Module]
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        num_kv_heads: int | None,
+        ffn_size: int,
+        dropout: float,
+        positions: str,
+        max_positions: int,
+    ) -> None:
+        super().__init__()
+        self.d_model, self.num_layers = d_model, num_layers
+        self.embedding = _embedding(vocab_size, d_model)
+        self.positions = make_positions(positions, d_model, max_positions)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            self.block(d_model, num_heads, num_kv_heads, ffn_size, dropout)
+            for _ in range(num_layers)
+        )
+        self.ln_f = nn.LayerNorm(d_model)
+
+    def embed(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+        """``Dropout(E[ids] sqrt(D) + P[start + j])``: ``(B, T) -> (B, T, D)``."""
+        x = self.embedding(ids) * math.sqrt(self.d_model)  # (B, T, D)
+        if self.positions is not None:
+            positions = start + torch.arange(ids.shape[1], device=ids.device)  # (T,)
+            x = x + self.positions(positions)  # (B, T, D)
+        return self.dropout(x)
+
+
+class TransformerEncoder(_Stack):
+    """Pre-LN encoder: ``memory = LN(blocks(E[src] sqrt(D) + P))``, zero at padding.
+
+    Parameters: see ``_Stack`` (``vocab_size, d_model, num_layers, num_heads, num_kv_heads,
+    ffn_size, dropout, positions, max_positions``).
+    """
+
+    block = EncoderBlock
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """``src (B, T)``, ``src_lengths (B,)`` -> ``memory (B, T, D)``, ``mask (B, T)`` bool."""
+        B, T = src.shape
+        mask = length_mask(src_lengths, T)  # (B, T)
+        x = self.embed(src)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask.unsqueeze(1))  # (B, T, D); keys masked by (B, 1, T)
+        return self.ln_f(x) * mask.unsqueeze(-1).to(x.dtype), mask  # (B, T, D), zero at padding
+
+
+class TransformerDecoder(_Stack):
+    """Pre-LN decoder with a key-value cache, offering the RNN decoders' methods.
+
+    Same parameters as :class:`TransformerEncoder`. ``init_state``, ``step`` and ``forward``
+    follow :mod:`skattn.models.decoders`; ``precompute`` builds the cross-attention ``keys``.
+    """
+
+    state_names = ("self_keys", "self_values")
+    block = DecoderBlock
+
+    def __init__(self, vocab_size: int, d_model: int, *sizes) -> None:
+        super().__init__(vocab_size, d_model, *sizes)
+        self.kv_dim = self.blocks[0].self_attn.kv_dim
+        self.output = nn.Linear(d_model, vocab_size)  # W_out
+
+    def precompute(self, memory: Tensor) -> Tensor:
+        """Every layer's cross-attention ``[K_l; V_l]``: ``(B, T, D) -> (B, T, L * 2 * kv)``."""
+        kv = [torch.cat(block.cross_attn.project_kv(memory), dim=-1) for block in self.blocks]
+        return torch.cat(kv, dim=-1)  # (B, T, L * 2 * kv)
+
+    def init_state(self, memory: Tensor) -> State:
+        """An empty cache: ``self_keys, self_values (B, L, 0, kv)``."""
+        empty = memory.new_zeros(memory.shape[0], self.num_layers, 0, self.kv_dim)
+        return empty, empty.clone()
+
+    def _decode(
+        self,
+        tgt: Tensor,
+        state: State,
+        start: int | Tensor,
+        self_mask: Tensor | None,
+        keys: Tensor,
+        mask: Tensor,
+        temperature: float | Tensor,
+    ) -> tuple[Tensor, State, Tensor]:
+        """Run the blocks over ``tgt (B, T_y)`` at positions ``start ..`` after the cache.
+
+        Returns logits ``(B, T_y, V)``, the cache extended by ``T_y`` rows and the last layer's
+        cross-attention weights averaged over heads ``(B, T_y, T)``.
+        """
+        past_k, past_v = state  # (B, L, t, kv) each
+        y = self.embed(tgt, start)  # (B, T_y, D)
+        cross = keys.unflatten(-1, (self.num_layers, 2, self.kv_dim))  # (B, T, L, 2, kv)
+        src_mask = mask.unsqueeze(1)  # (B, 1, T)
+        new_k, new_v = [], []
+        for layer, block in enumerate(self.blocks):
+            last = layer == self.num_layers - 1
+            y, k, v, weights = block(
+                y,
+                past_k[:, layer],
+                past_v[:, layer],
+                self_mask,
+                cross[:, :, layer, 0],
+                cross[:, :, layer, 1],
+                src_mask,
+                temperature,
+                last,
+            )
+            new_k.append(k)  # (B, t + T_y, kv)
+            new_v.append(v)
+        logits = self.output(self.ln_f(y))  # (B, T_y, V)
+        state = (torch.stack(new_k, dim=1), torch.stack(new_v, dim=1))  # (B, L, t + T_y, kv)
+        return logits, state, weights.mean(dim=1)  # weights: (B, h, T_y, T) -> (B, T_y, T)
+
+    def step(
+        self,
+        y_prev: Tensor,
+        state: State,
+        memory: Tensor,
+        keys: Tensor,
+        mask: Tensor,
+        temperature: float | Tensor,
+        position: Tensor,
+    ) -> tuple[Tensor, State, Tensor]:
+        """One position: ``y_prev (B,)`` at ``position`` (= the cache length ``t``).
+
+        Returns logits ``(B, V)``, the cache grown to ``t + 1`` and weights ``(B, T)``.
+        ``memory`` is unused: ``keys`` holds its projections.
+        """
+        logits, state, weights = self._decode(
+            y_prev.unsqueeze(1), state, position, None, keys, mask, temperature
+        )
+        return logits.squeeze(1), state, weights.squeeze(1)
+
+    def forward(
+        self,
+        tgt_in: Tensor,
+        state: State,
+        memory: Tensor,
+        keys: Tensor,
+        mask: Tensor,
+        temperature: float | Tensor = 1.0,
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher forcing over ``tgt_in (B, T_y)``, all positions in parallel after ``state``.
+
+        Target padding needs no mask: it follows every real position, and the causal mask
+        already hides what follows. Returns logits ``(B, T_y, V)`` and weights ``(B, T_y, T)``.
+        """
+        t, T_y = state[0].shape[2], tgt_in.shape[1]
+        i = torch.arange(T_y, device=tgt_in.device).unsqueeze(1)  # (T_y, 1)
+        j = torch.arange(t + T_y, device=tgt_in.device).unsqueeze(0)  # (1, t + T_y)
+        causal = (j <= t + i).unsqueeze(0)  # (1, T_y, t + T_y)
+        logits, _, weights = self._decode(tgt_in, state, t, causal, keys, mask, temperature)
+        return logits, weights
+
+
+def _check_config(config: dict) -> None:
+    """Raise ``ValueError`` naming the first bad :class:`TransformerModule` parameter."""
+    names = (
+        "source_vocab_size",
+        "target_vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "ffn_size",
+        "max_positions",
+    )
+    for name in names + ("num_kv_heads",):
+        value = config[name]
+        if name == "num_kv_heads" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    dropout = config["dropout"]
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    if config["positions"] not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {config['positions']!r}")
+    heads, kv_heads = config["num_heads"], config["num_kv_heads"] or config["num_heads"]
+    if config["hidden_size"] % heads:
+        raise ValueError(f"num_heads={heads} must divide hidden_size={config['hidden_size']}")
+    if heads % kv_heads:
+        raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={heads}")
+
+
+class TransformerModule(nn.Module):
+    """A Transformer encoder and decoder behind ``Seq2SeqModule``'s seam (same signatures).
+
+    Parameters
+    ----------
+    source_vocab_size, target_vocab_size : int
+        Vocabulary sizes, specials included (``PAD=0``, ``BOS=1``, ``EOS=2``, ``UNK=3``).
+    hidden_size : int, default=128
+        ``d_model``, the width of every block; embeddings have this size too.
+    num_layers : int, default=2
+        Blocks in the encoder and in the decoder.
+    num_heads : int, default=4
+        Query heads; must divide ``hidden_size``.
+    num_kv_heads : int or None, default=None
+        Key / value heads (grouped-query attention; 1 = multi-query); must divide
+        ``num_heads``. ``None`` means ``num_heads``.
+    ffn_size : int or None, default=None
+        Feed-forward hidden units; ``None`` means ``4 * hidden_size``.
+    dropout : float, default=0.1
+        On the embedding sums, every sublayer output and inside the feed-forward layers.
+    positions : {"sinusoidal", "learned", "none"}, default="sinusoidal"
+    max_positions : int, default=512
+        Rows of the learned position tables (clamped past them, see the module docstring).
+
+    Attributes
+    ----------
+    config : dict
+        The constructor's arguments (``ffn_size`` resolved).
+    state_names : tuple of str
+        ``("self_keys", "self_values")``, each ``(B, num_layers, t, kv_dim)``.
+
+    Notes
+    -----
+    Wiring: the estimator builds this instead of ``Seq2SeqModule`` for ``encoder=decoder=
+    "transformer"``; training, search and export only use ``encode`` / ``step`` / ``forward`` /
+    ``state_names``. The export must declare axis 2 of the cache (inputs and ``new_`` outputs)
+    dynamic, next to ``B``; ``tests/test_transformer.py`` exports ``step`` traced at ``t = 0``.
+    """
+
+    def __init__(
+        self,
+        source_vocab_size: int,
+        target_vocab_size: int,
+        *,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        num_kv_heads: int | None = None,
+        ffn_size: int | None = None,
+        dropout: float = 0.1,
+        positions: str = "sinusoidal",
+        max_positions: int = 512,
+    ) -> None:
+        super().__init__()
+        ffn_size = 4 * hidden_size if ffn_size is None else ffn_size
+        self.config = config = dict(
+            source_vocab_size=source_vocab_size,
+            target_vocab_size=target_vocab_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            ffn_size=ffn_size,
+            dropout=dropout,
+            positions=positions,
+            max_positions=max_positions,
+        )
+        _check_config(config)
+        shared = (
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            ffn_size,
+            dropout,
+            positions,
+            max_positions,
+        )
+        self.encoder = TransformerEncoder(source_vocab_size, *shared)
+        self.decoder = TransformerDecoder(target_vocab_size, *shared)
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return self.decoder.state_names
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor, State]:
+        """``memory (B, T, D)``, ``keys (B, T, L * 2 * kv)``, ``mask (B, T)``, the empty cache."""
+        memory, mask = self.encoder(src, src_lengths)
+        return memory, self.decoder.precompute(memory), mask, self.decoder.init_state(memory)
+
+    def step(
+        self,
+        y_prev: Tensor,
+        state: State,
+        memory: Tensor,
+        keys: Tensor,
+        mask: Tensor,
+        temperature: Tensor,
+        position: Tensor,
+    ) -> tuple[Tensor, State, Tensor]:
+        """``log_probs (B, V)``, the cache grown by one row, cross-attention weights ``(B, T)``."""
+        logits, state, weights = self.decoder.step(
+            y_prev, state, memory, keys, mask, temperature, position
+        )
+        return torch.log_softmax(logits, dim=-1), state, weights
+
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced ``logits (B, T_y, V)`` and weights ``(B, T_y, T)`` (temperature 1)."""
+        memory, keys, mask, state = self.encode(src, src_lengths)
+        return self.decoder(tgt_in, state, memory, keys, mask)
