@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body; beyond it 413 (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-output-elements",
+        type=int,
+        default=defaults.max_output_elements,
+        help="most tensor elements in one response (attention maps count N x T_y x T_x); "
+        "beyond it 413 (default: %(default)s)",
+    )
+    parser.add_argument(
         "--device",
         type=_device,
         default="auto",
@@ -164,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else args.max_items_per_request
             ),
             max_body_bytes=args.max_body_bytes,
+            max_output_elements=args.max_output_elements,
             eager_batching=args.eager_batching,
         )
     except ValueError as exc:

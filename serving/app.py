@@ -75,6 +75,9 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             )
     metrics = ServerMetrics()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
+    # Two encoders: large responses are encoded off the event loop; more threads would only
+    # contend for the GIL.
+    encoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skattn-encode")
     models = _served_models(runtimes, settings, metrics, executor)
 
     @asynccontextmanager
@@ -88,6 +91,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             logger.info("draining")
             await asyncio.gather(*(model.batcher.stop(drain=True) for model in models.values()))
             executor.shutdown(wait=True)
+            encoder.shutdown(wait=True)
             logger.info("stopped")
 
     app = FastAPI(title="skattn", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -96,7 +100,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     app.state.settings = settings
     add_routes(app, models, metrics)
     add_error_handlers(app)
-    app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics))
+    app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics, encoder))
     # GET / (the attention explorer) and GET /v2/models
     mount_explorer(app, runtimes, is_ready=lambda name: models[name].batcher.running)
     return app

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -82,11 +83,26 @@ _LOG_LEVEL_BY_OUTCOME = {
 Answer = tuple[int, dict[str, str], bytes]
 
 
+# Responses of more output elements than this are encoded in the ``encoder`` threads: below it
+# (a request without attention, or with a few short maps) the thread hop costs more than the
+# encoding, which then takes well under a millisecond.
+INLINE_ENCODE_ELEMENTS = 16384
+
+
 class InferHandler:
     """Answer one inference request: ``await handler(scope, receive, name, version)``.
 
     Returns ``(status, headers, body)``, or None when the client has gone (nobody reads an
     answer). Every error is ``{"error": message}``.
+
+    Parameters
+    ----------
+    models : mapping of str to ServedModel
+    settings : ServerSettings
+    metrics : ServerMetrics
+    encoder : Executor, optional
+        Where large responses are encoded, off the event loop (JSON encoding slices its work,
+        so the loop keeps answering meanwhile); without one they are encoded inline.
     """
 
     def __init__(
@@ -94,10 +110,12 @@ class InferHandler:
         models: Mapping[str, ServedModel],
         settings: ServerSettings,
         metrics: ServerMetrics,
+        encoder: Executor | None = None,
     ) -> None:
         self.models = models
         self.settings = settings
         self.metrics = metrics
+        self.encoder = encoder
 
     async def __call__(
         self, scope: Scope, receive: Receive, name: str, version: str | None
@@ -122,7 +140,21 @@ class InferHandler:
                     with_attention=parsed.wants_attention,
                 )
             results = await _until_disconnect(model.batcher, futures, receive)
-            body, response_headers = _encode(model.name, parsed, results)
+            elements = output_elements(parsed, results)
+            if elements > settings.max_output_elements:
+                raise ApiError(
+                    413,
+                    f"the response would hold {elements} output elements, more than "
+                    f"max_output_elements={settings.max_output_elements} "
+                    "(--max-output-elements); ask for fewer sources or without attention",
+                )
+            if elements > INLINE_ENCODE_ELEMENTS and self.encoder is not None:
+                loop = asyncio.get_running_loop()
+                body, response_headers = await loop.run_in_executor(
+                    self.encoder, _encode, model.name, parsed, results
+                )
+            else:
+                body, response_headers = _encode(model.name, parsed, results)
             return 200, response_headers, body
         except ApiError as exc:
             outcome = _OUTCOME_BY_STATUS.get(exc.status, "bad_request")
@@ -279,6 +311,23 @@ async def _until_disconnect(
     finally:
         watcher.cancel()
         batcher.withdraw(futures)
+
+
+def output_elements(request: protocol.InferRequest, results: Sequence[ItemResult]) -> int:
+    """The number of tensor elements of the response to ``request`` (before building it)."""
+    n = len(results)
+    total = 0
+    for output in request.outputs:
+        if output.name == protocol.ATTENTION:
+            shapes = [r.attention.shape for r in results]
+            t_y = max((shape[0] for shape in shapes), default=0)
+            t_x = max((shape[1] for shape in shapes), default=0)
+            total += n * t_y * t_x
+        elif output.name == protocol.ATTENTION_LENGTHS:
+            total += 2 * n
+        else:
+            total += n
+    return total
 
 
 def _encode(

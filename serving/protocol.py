@@ -486,14 +486,13 @@ def encode_infer_response(
             raw = _tensor_bytes(tensor)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
-        else:
-            entry["data"] = _tensor_json(tensor)
-        entries.append(entry)
+            entries.append(_json(entry))
+        else:  # the entry's JSON with its data spliced in: '{..., "data": [...]}'
+            entries.append(_json(entry)[:-1] + b',"data":' + _tensor_json(tensor) + b"}")
     header: dict = {"model_name": model_name, "model_version": model_version}
     if request_id is not None:
         header["id"] = request_id
-    header["outputs"] = entries
-    header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
+    header_bytes = b"".join([_json(header)[:-1], b',"outputs":[', b",".join(entries), b"]}"])
     if not chunks:
         return header_bytes, {"Content-Type": "application/json"}
     headers = {
@@ -503,6 +502,16 @@ def encode_infer_response(
     return b"".join([header_bytes, *chunks]), headers
 
 
+def _json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# Numbers are encoded this many at a time: one json.dumps call holds the GIL throughout, and a
+# slice of 4,096 floats takes a few milliseconds, so an encoding thread lets the event loop
+# answer (health checks, small requests) between slices.
+JSON_CHUNK = 4096
+
+
 def _tensor_bytes(tensor: OutputTensor) -> bytes:
     if tensor.datatype == "BYTES":
         return serialize_bytes_tensor([text.encode("utf-8") for text in tensor.data])
@@ -510,10 +519,15 @@ def _tensor_bytes(tensor: OutputTensor) -> bytes:
     return np.ascontiguousarray(tensor.data, dtype=little_endian).tobytes()
 
 
-def _tensor_json(tensor: OutputTensor) -> list:
+def _tensor_json(tensor: OutputTensor) -> bytes:
+    """A tensor's data as a JSON array (flattened, row-major), numbers a slice at a time."""
     if tensor.datatype == "BYTES":
-        return list(tensor.data)
-    return np.asarray(tensor.data).ravel().tolist()
+        return _json(list(tensor.data))
+    flat = np.asarray(tensor.data).ravel()
+    parts = [
+        _json(flat[i : i + JSON_CHUNK].tolist())[1:-1] for i in range(0, flat.size, JSON_CHUNK)
+    ]
+    return b"[" + b",".join(parts) + b"]"
 
 
 def error_body(message: str) -> bytes:

@@ -29,6 +29,12 @@ class ServerSettings:
         The most sources in one request; beyond it 413.
     max_body_bytes : int, default=1048576
         The largest request body (after decompression); beyond it 413.
+    max_output_elements : int, default=1048576
+        The most tensor elements one response may hold (every output counted: an attention
+        map of N items is ``N x max T_y x max T_x``); beyond it 413, naming the limit.
+        2**20 elements are 4 MiB as binary FP32 and about 20 MB as JSON; they hold the
+        attention of 256 items of 63 source and 64 output tokens. A small request (one
+        character per source) can otherwise ask for a response thousands of times its size.
     retry_after_s : int, default=1
         The ``Retry-After`` a client gets with a 503.
     eager_batching : bool, default=True
@@ -42,6 +48,7 @@ class ServerSettings:
     max_queue: int = 1024
     max_items_per_request: int = 256
     max_body_bytes: int = 1 << 20
+    max_output_elements: int = 1 << 20
     retry_after_s: int = 1
     eager_batching: bool = True
 
@@ -51,6 +58,7 @@ class ServerSettings:
             "max_queue",
             "max_items_per_request",
             "max_body_bytes",
+            "max_output_elements",
             "retry_after_s",
         ):
             check_int(getattr(self, name), name)

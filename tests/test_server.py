@@ -6,6 +6,7 @@ tests at the end serve a real exported model.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gzip
 import json
@@ -385,6 +386,49 @@ def test_body_too_large_is_413(serve):
         headers={"Content-Encoding": "gzip"},
     )
     assert len(bomb) < 200 and response.status_code == 413
+
+
+ATTENTION_OUTPUTS = [{"name": "prediction"}, {"name": "attention"}]
+
+
+def test_a_response_over_max_output_elements_is_413_naming_the_limit(serve):
+    server = serve(ReverseRuntime(max_source_length=64), max_output_elements=1000)
+    url = f"{server.url}/v2/models/{MODEL}/infer"
+    big = infer_body(["a" * 20] * 4, outputs=ATTENTION_OUTPUTS)  # 4 x 20 x 21 = 1680 elements
+    response = httpx.post(url, json=big)
+    assert response.status_code == 413
+    assert "1684 output elements" in response.json()["error"]
+    assert "max_output_elements=1000" in response.json()["error"]
+    assert httpx.post(url, json=infer_body(["a" * 20] * 4)).status_code == 200  # 4 elements
+    small = infer_body(["a" * 20, "b"], outputs=ATTENTION_OUTPUTS)  # 2 x 20 x 21 + 2
+    assert httpx.post(url, json=small).status_code == 200
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="too_large") == 1
+
+
+def test_health_answers_while_a_large_response_is_encoded(serve, monkeypatch):
+    encoding, finish = threading.Event(), threading.Event()
+    encode = protocol.encode_infer_response
+
+    def held_encode(**kwargs):
+        encoding.set()
+        finish.wait(timeout=10)  # the event loop must not be the thread waiting here
+        return encode(**kwargs)
+
+    monkeypatch.setattr(protocol, "encode_infer_response", held_encode)
+    server = serve(ReverseRuntime(max_source_length=256))
+    request = infer_body(["7" * 256] * 2, outputs=ATTENTION_OUTPUTS)  # 131,586 elements
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(httpx.post, f"{server.url}/v2/models/{MODEL}/infer", json=request)
+        assert encoding.wait(timeout=10)
+        try:
+            started = time.monotonic()
+            assert httpx.get(f"{server.url}/v2/health/ready", timeout=3).status_code == 200
+            assert time.monotonic() - started < 1.0
+        finally:
+            finish.set()
+        response = answer.result(timeout=20)
+    assert response.status_code == 200
+    assert response.json()["outputs"][1]["shape"] == [2, 256, 257]
 
 
 def test_unknown_model_is_404(serve):
