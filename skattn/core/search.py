@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from skattn.core.checks import check_int
 from skattn.core.text import BOS, EOS, PAD, UNK
 
 BOS_ID = BOS
@@ -56,12 +57,6 @@ class Hypothesis:
     tokens: list[int]
     weights: np.ndarray
     score: float
-
-
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _call_step(
@@ -118,8 +113,8 @@ def greedy_decode(
     list of Hypothesis
         One per item, in input order.
     """
-    batch_size = _check_int(batch_size, "batch_size", 0)
-    max_length = _check_int(max_length, "max_length", 1)
+    batch_size = check_int(batch_size, "batch_size", 0)
+    max_length = check_int(max_length, "max_length", 1)
     tokens: list[list[int]] = [[] for _ in range(batch_size)]
     rows_w: list[list[np.ndarray]] = [[] for _ in range(batch_size)]
     scores = np.zeros(batch_size)
@@ -193,9 +188,9 @@ def beam_decode(
     list of Hypothesis
         The best hypothesis of each item, in input order.
     """
-    batch_size = _check_int(batch_size, "batch_size", 0)
-    beam_size = _check_int(beam_size, "beam_size", 1)
-    max_length = _check_int(max_length, "max_length", 1)
+    batch_size = check_int(batch_size, "batch_size", 0)
+    beam_size = check_int(beam_size, "beam_size", 1)
+    max_length = check_int(max_length, "max_length", 1)
     if not np.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite float >= 0, got {length_penalty!r}")
 
@@ -203,72 +198,48 @@ def beam_decode(
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     n_finished = np.zeros(batch_size, dtype=np.int64)  # len(finished[item])
     # An item whose extensions all had log-probability -inf stops with its live beams as they
-    # were (unless it finished some hypothesis before).
+    # were (unless it finished some hypothesis before); so does one cut off at max_length.
     stalled: dict[int, list[Hypothesis]] = {}
-    # The live beams, one carried row each; an item's rows are contiguous, items ascending.
-    owner = np.arange(batch_size)  # (N,) item of each row
-    log_prob = np.zeros(batch_size)  # (N,) summed log-probability of each beam
-    tokens = np.zeros((batch_size, 0), dtype=np.int64)  # (N, t) tokens of each beam
-    paths: np.ndarray | None = None  # (N, t, T) attention rows of each beam
-    y_prev = np.full(batch_size, bos_id, dtype=np.int64)
+    beams = _Beams.start(batch_size)
 
     for position in range(max_length):
-        if owner.size == 0:
+        if beams.size == 0:
             break
-        log_probs, carry, weights = _call_step(step, y_prev, carry, position, never)
+        log_probs, carry, weights = _call_step(step, beams.y_prev(bos_id), carry, position, never)
         # log_probs (N, V), weights (N, T)
-        n, vocab = log_probs.shape
-        if paths is None:
-            paths = np.zeros((n, 0, weights.shape[1]), dtype=weights.dtype)
-        extended = np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
+        extended = beams.paths_with(weights)  # (N, t + 1, T)
+        ranked = _Ranking.of(beams, log_probs, K, eos_id)
 
-        # Each item's beams side by side, padded to K with -inf: totals (I, K, V).
-        starts, counts = _runs(owner)  # (I,) first row and number of rows of each item
-        items = owner[starts]
-        item_of_row = np.repeat(np.arange(items.size), counts)  # (N,)
-        totals = np.full((items.size, K, vocab), -np.inf)
-        totals[item_of_row, np.arange(n) - starts[item_of_row]] = log_prob[:, None] + log_probs
-        # The 2K best extensions of each item, best first; ties to the earlier beam, then the
-        # lower token id (a stable sort of the flattened (beam, token) index).
-        flat = totals.reshape(items.size, K * vocab)
-        ranked = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * K]  # (I, 2K)
-        total = np.take_along_axis(flat, ranked, axis=1)  # (I, 2K), descending
-        beam, token = np.divmod(ranked, vocab)
-        row = starts[:, None] + beam  # (I, 2K) the carried row each extension extends
-        finite = np.isfinite(total)  # -inf (and NaN) sort last: a finite prefix
-        is_eos = (token == eos_id) & finite
-        # EOS within the first K ranks finishes a hypothesis; the first K others stay live.
-        ends = is_eos & (np.arange(2 * K) < K)
-        grows = finite & ~is_eos
-        grows &= np.cumsum(grows, axis=1) <= K
-
-        for i, r in zip(*np.nonzero(ends), strict=True):
-            source = row[i, r]
-            score = _normalised(float(total[i, r]), position + 1, length_penalty)
-            hypothesis = Hypothesis(tokens[source].tolist(), extended[source], score)
-            finished[items[i]].append(hypothesis)
-            n_finished[items[i]] += 1
+        for i, r in zip(*np.nonzero(ranked.ends), strict=True):
+            source = ranked.row[i, r]
+            score = _normalised(float(ranked.total[i, r]), position + 1, length_penalty)
+            item = ranked.items[i]
+            hypothesis = Hypothesis(beams.tokens[source].tolist(), extended[source], score)
+            finished[item].append(hypothesis)
+            n_finished[item] += 1
+        grows = ranked.grows
         n_growing = grows.sum(axis=1)  # (I,)
-        for i in np.flatnonzero((n_growing == 0) & (n_finished[items] == 0)):
-            rows = np.arange(starts[i], starts[i] + counts[i])
-            stalled[int(items[i])] = _live_hypotheses(log_prob, tokens, paths, rows, length_penalty)
-        grows &= ((n_finished[items] < K) & (n_growing > 0))[:, None]  # the others are done
+        for i in np.flatnonzero((n_growing == 0) & (n_finished[ranked.items] == 0)):
+            rows = np.arange(ranked.starts[i], ranked.starts[i] + ranked.counts[i])
+            stalled[int(ranked.items[i])] = beams.hypotheses(rows, length_penalty)
+        grows = grows & ((n_finished[ranked.items] < K) & (n_growing > 0))[:, None]  # the rest end
 
         i, r = np.nonzero(grows)  # items ascending, best first
-        source = row[i, r]
+        source = ranked.row[i, r]
         if source.size:
             carry = select(carry, source)
-        owner, y_prev, log_prob = items[i], token[i, r].astype(np.int64), total[i, r]
-        tokens = np.concatenate([tokens[source], y_prev[:, None]], axis=1)
-        paths = extended[source]
+        beams = _Beams(
+            owner=ranked.items[i],
+            log_prob=ranked.total[i, r],
+            tokens=np.concatenate([beams.tokens[source], ranked.token[i, r, None]], axis=1),
+            paths=extended[source],
+        )
 
     # Items still live after max_length tokens: their live beams, if they finished nothing.
-    for first, count in zip(*_runs(owner), strict=True):
-        if n_finished[owner[first]] == 0:
+    for first, count in zip(*_runs(beams.owner), strict=True):
+        if n_finished[beams.owner[first]] == 0:
             rows = np.arange(first, first + count)
-            stalled[int(owner[first])] = _live_hypotheses(
-                log_prob, tokens, paths, rows, length_penalty
-            )
+            stalled[int(beams.owner[first])] = beams.hypotheses(rows, length_penalty)
 
     results = []
     for item in range(batch_size):
@@ -278,26 +249,105 @@ def beam_decode(
     return results
 
 
+@dataclass(frozen=True)
+class _Beams:
+    """The live hypotheses of every item, one carried row each.
+
+    An item's rows are contiguous and items ascend, so an item's beams are one run of
+    ``owner``; ``tokens`` and ``paths`` grow by one column per step.
+    """
+
+    owner: np.ndarray  # (N,) the item of each row
+    log_prob: np.ndarray  # (N,) summed log-probability of each beam
+    tokens: np.ndarray  # (N, t) int64 output tokens so far
+    paths: np.ndarray | None  # (N, t, T) attention rows so far (None before the first step)
+
+    @classmethod
+    def start(cls, batch_size: int) -> _Beams:
+        """One empty beam per item."""
+        empty = np.zeros((batch_size, 0), dtype=np.int64)
+        return cls(np.arange(batch_size), np.zeros(batch_size), empty, None)
+
+    @property
+    def size(self) -> int:
+        return self.owner.size
+
+    def y_prev(self, bos_id: int) -> np.ndarray:
+        """Each beam's last token (BOS before the first step): ``(N,) int64``."""
+        if self.tokens.shape[1] == 0:
+            return np.full(self.size, bos_id, dtype=np.int64)
+        return np.ascontiguousarray(self.tokens[:, -1])
+
+    def paths_with(self, weights: np.ndarray) -> np.ndarray:
+        """``paths`` with this step's attention rows ``weights (N, T)`` appended."""
+        paths = self.paths
+        if paths is None:
+            paths = np.zeros((self.size, 0, weights.shape[1]), dtype=weights.dtype)
+        return np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
+
+    def hypotheses(self, rows: np.ndarray, length_penalty: float) -> list[Hypothesis]:
+        """Live beams as hypotheses, best first, each normalised by its length (no EOS)."""
+        length = self.tokens.shape[1]
+        return [
+            Hypothesis(
+                self.tokens[r].tolist(),
+                self.paths[r],
+                _normalised(float(self.log_prob[r]), length, length_penalty),
+            )
+            for r in rows
+        ]
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    """The ``2K`` best extensions ``(beam, token)`` of each item, best first.
+
+    Ties go to the earlier beam, then the lower token id (a stable sort of the flattened
+    ``(beam, token)`` index). ``ends``: EOS within the first ``K`` ranks finishes a hypothesis;
+    ``grows``: the first ``K`` other finite extensions stay live.
+    """
+
+    items: np.ndarray  # (I,) the items with live beams
+    starts: np.ndarray  # (I,) first row of each item
+    counts: np.ndarray  # (I,) live rows of each item
+    row: np.ndarray  # (I, 2K) the carried row each extension extends
+    token: np.ndarray  # (I, 2K) int64 its token
+    total: np.ndarray  # (I, 2K) its summed log-probability, descending
+    ends: np.ndarray  # (I, 2K) bool
+    grows: np.ndarray  # (I, 2K) bool
+
+    @classmethod
+    def of(cls, beams: _Beams, log_probs: np.ndarray, K: int, eos_id: int) -> _Ranking:
+        n, vocab = log_probs.shape
+        # Each item's beams side by side, padded to K with -inf: totals (I, K, V).
+        starts, counts = _runs(beams.owner)
+        item_of_row = np.repeat(np.arange(starts.size), counts)  # (N,)
+        totals = np.full((starts.size, K, vocab), -np.inf)
+        totals[item_of_row, np.arange(n) - starts[item_of_row]] = (
+            beams.log_prob[:, None] + log_probs
+        )
+        flat = totals.reshape(starts.size, K * vocab)
+        ranked = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * K]  # (I, 2K)
+        total = np.take_along_axis(flat, ranked, axis=1)  # (I, 2K), descending
+        beam, token = np.divmod(ranked, vocab)
+        finite = np.isfinite(total)  # -inf (and NaN) sort last: a finite prefix
+        is_eos = (token == eos_id) & finite
+        grows = finite & ~is_eos
+        return cls(
+            items=beams.owner[starts],
+            starts=starts,
+            counts=counts,
+            row=starts[:, None] + beam,
+            token=token.astype(np.int64),
+            total=total,
+            ends=is_eos & (np.arange(2 * K) < K),
+            grows=grows & (np.cumsum(grows, axis=1) <= K),
+        )
+
+
 def _runs(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """First index and length of each run of equal values in ``owner`` (empty for no rows)."""
     if owner.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
     return starts, np.diff(np.r_[starts, owner.size])
-
-
-def _live_hypotheses(
-    log_prob: np.ndarray,
-    tokens: np.ndarray,
-    paths: np.ndarray,
-    rows: np.ndarray,
-    length_penalty: float,
-) -> list[Hypothesis]:
-    """Live beams as hypotheses, best first, each normalised by its length (no EOS)."""
-    length = tokens.shape[1]
-    return [
-        Hypothesis(
-            tokens[r].tolist(), paths[r], _normalised(float(log_prob[r]), length, length_penalty)
-        )
-        for r in rows
-    ]

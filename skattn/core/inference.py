@@ -1,0 +1,175 @@
+"""The one inference layer: sources -> ids -> length-sorted chunks -> search -> outputs.
+
+``Seq2Seq.predict*`` (torch) and ``serving.Runtime`` (onnxruntime) both translate through a
+:class:`Translator` over a :class:`Backend`; only the backend differs::
+
+    token lists --Vocabulary.encode + [EOS]--> id lists
+      --sorted by length, cut into chunks of max_batch_size--> pad_batch --> (B, T), (B,)
+      --backend.encode--> carry --greedy_decode / beam_decode (backend.step, backend.select)-->
+        Hypothesis per item, back in input order
+      --Vocabulary.decode, detokenize--> str or token list; attention rows (T_y, T_x)
+
+Chunks of similar lengths waste little on padding; an item's result never depends on the
+chunk it was decoded in (the search reads only an item's own rows, and masks its padding).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from skattn.core.checks import check_int, check_real
+from skattn.core.search import Hypothesis, beam_decode, greedy_decode
+from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
+
+__all__ = ["Backend", "SearchSettings", "Translator", "as_text"]
+
+#: Items per encoder call unless a caller says otherwise.
+DEFAULT_MAX_BATCH_SIZE = 256
+
+
+class Backend(Protocol):
+    """A model's encoder and decoder step, on some engine (torch, onnxruntime).
+
+    The carry is opaque to the search; every tensor in it is batch-first, so ``select`` keeps
+    (or repeats, for beams) rows along axis 0.
+    """
+
+    def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Any:
+        """``src (B, T) int64, src_lengths (B,) int64`` -> the initial carry."""
+        ...
+
+    def step(
+        self, y_prev: np.ndarray, carry: Any, position: int, temperature: float
+    ) -> tuple[np.ndarray, Any, np.ndarray]:
+        """``y_prev (N,)`` -> ``log_probs (N, V)``, the next carry, attention ``weights (N, T)``."""
+        ...
+
+    def select(self, carry: Any, rows: np.ndarray) -> Any:
+        """The carry's rows ``rows (M,) int64`` (which may repeat)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How to search: greedy (``beam_size=1``) or beam, how long, at which temperature."""
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    max_length: int = 100
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_int(self.beam_size, "beam_size")
+        check_int(self.max_length, "max_output_length")
+        check_real(self.length_penalty, "length_penalty", 0.0)
+        check_real(self.temperature, "temperature", 0.0, low_open=True)
+
+
+def as_text(prediction: str | Sequence[str]) -> str:
+    """A prediction as one string: token lists (``output_kind="tokens"``) joined by spaces."""
+    return prediction if isinstance(prediction, str) else " ".join(prediction)
+
+
+class Translator:
+    """Translate token lists with a backend: the inference glue, written once.
+
+    Parameters
+    ----------
+    backend : Backend
+    source_vocabulary, target_vocabulary : Vocabulary
+    tokenizer : {"char", "space"}
+        Joins output tokens when ``output_kind="str"``.
+    output_kind : {"str", "tokens"}
+    max_batch_size : int, default=256
+        The most items per encoder call (results do not depend on it).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        source_vocabulary: Vocabulary,
+        target_vocabulary: Vocabulary,
+        tokenizer: str,
+        output_kind: str,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    ) -> None:
+        self.backend = backend
+        self.source_vocabulary = source_vocabulary
+        self.target_vocabulary = target_vocabulary
+        self.tokenizer = tokenizer
+        self.output_kind = output_kind
+        self.max_batch_size = check_int(max_batch_size, "max_batch_size")
+
+    def source_ids(self, token_lists: Sequence[Sequence[str]]) -> list[list[int]]:
+        """Source ids with the end-of-source marker: ``encode(tokens) + [EOS]``."""
+        return [self.source_vocabulary.encode(tokens) + [EOS] for tokens in token_lists]
+
+    def decode(
+        self, id_lists: Sequence[Sequence[int]], settings: SearchSettings
+    ) -> list[Hypothesis]:
+        """Search every id list (each ending with EOS), in length-sorted chunks, in input order."""
+        order = np.argsort([len(ids) for ids in id_lists], kind="stable")
+        hypotheses: list[Hypothesis | None] = [None] * len(id_lists)
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start : start + self.max_batch_size]
+            decoded = self._decode_chunk([id_lists[i] for i in chunk], settings)
+            for index, hypothesis in zip(chunk, decoded, strict=True):
+                hypotheses[index] = hypothesis
+        return hypotheses  # type: ignore[return-value]
+
+    def _decode_chunk(
+        self, id_lists: Sequence[Sequence[int]], settings: SearchSettings
+    ) -> list[Hypothesis]:
+        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
+        backend = self.backend
+        carry = backend.encode(src, src_lengths)
+        step = functools.partial(backend.step, temperature=settings.temperature)
+        n = len(id_lists)
+        if settings.beam_size == 1:
+            return greedy_decode(step, backend.select, carry, n, settings.max_length)
+        return beam_decode(
+            step,
+            backend.select,
+            carry,
+            n,
+            settings.beam_size,
+            settings.max_length,
+            length_penalty=settings.length_penalty,
+        )
+
+    def output(self, token_ids: Sequence[int]) -> str | list[str]:
+        """Output ids as the model's output kind: a str, or a list of tokens."""
+        tokens = self.target_vocabulary.decode(token_ids)
+        return tokens if self.output_kind == "tokens" else detokenize(tokens, self.tokenizer)
+
+    def translate(
+        self,
+        token_lists: Sequence[Sequence[str]],
+        settings: SearchSettings,
+        with_attention: bool = False,
+    ) -> tuple[list, list[np.ndarray] | None]:
+        """Predictions for tokenized sources and, with ``with_attention``, their maps.
+
+        Returns
+        -------
+        predictions : list
+            One per source: a str or a token list (``output_kind``).
+        attentions : list of ndarray (T_y, T_x) float64, or None
+            One row per output token (the search never emits a special id), one column per
+            source token plus the end-of-source marker; rows sum to 1.
+        """
+        id_lists = self.source_ids(token_lists)
+        hypotheses = self.decode(id_lists, settings)
+        predictions = [self.output(h.tokens) for h in hypotheses]
+        if not with_attention:
+            return predictions, None
+        attentions = [
+            h.weights[: len(h.tokens), : len(ids)].astype(np.float64)  # (T_y, T_x)
+            for ids, h in zip(id_lists, hypotheses, strict=True)
+        ]
+        return predictions, attentions

@@ -1,0 +1,334 @@
+"""The artifact contract: what ``manifest.json`` holds, the graphs' names, and their checks.
+
+An artifact is a directory that ``Seq2Seq.export_onnx`` writes and ``serving.load`` reads::
+
+    model_dir/
+      manifest.json      a Manifest (below), as JSON
+      encoder.onnx       src (B, T) int64, src_lengths (B,) int64
+                         -> memory, keys, mask, <state_names...>
+      decoder_step.onnx  y_prev (B,) int64, <state_names...>, memory, keys, mask,
+                         temperature () float32, position () int64
+                         -> log_probs (B, V), <new_ + state_names...>, weights (B, T)
+
+:class:`Manifest` is the one record both halves share: the exporter builds it and calls
+:meth:`Manifest.to_json`; the server calls :meth:`Manifest.from_json`, which validates every
+field and raises :class:`ArtifactError` naming the file. The graph input and output names are
+methods of the record, so the writer and the reader cannot disagree about them.
+
+Format versions: 1 (the first); 2 adds ``model`` (the model's hyperparameters) and ``binding``
+(a digest of the vocabularies and the model, also stored in each graph's metadata, so that a
+manifest whose vocabulary was edited, or a graph from another model, is refused at load).
+Version 1 artifacts still load, without that check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
+
+__all__ = [
+    "BINDING_KEY",
+    "DECODER_FILE",
+    "ENCODER_FILE",
+    "FORMAT_VERSION",
+    "GRAPH_FILES",
+    "MANIFEST_FILE",
+    "ArtifactError",
+    "Manifest",
+    "binding_digest",
+    "sha256_file",
+]
+
+FORMAT_VERSION = 2
+MANIFEST_FILE = "manifest.json"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder_step.onnx"
+GRAPH_FILES = (ENCODER_FILE, DECODER_FILE)
+#: The key of the graphs' ``metadata_props`` entry that holds :attr:`Manifest.binding`.
+BINDING_KEY = "skattn.binding"
+
+SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+OUTPUT_KINDS = ("str", "tokens")
+#: Upper bounds a manifest may ask for: past them one request could hold the server for hours.
+MAX_BEAM_SIZE = 64
+MAX_OUTPUT_LENGTH = 4096
+MAX_SOURCE_LENGTH = 65536
+
+
+class ArtifactError(ValueError):
+    """An artifact directory that cannot be served: missing, corrupt, or from a newer writer."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything the graphs need around them, as ``manifest.json`` stores it.
+
+    Attributes
+    ----------
+    tokenizer : {"char", "space"}
+    source_vocabulary, target_vocabulary : tuple of str
+        All tokens in id order, the specials ``<pad> <s> </s> <unk>`` first.
+    decoder, attention, scorer, cell : str
+        The model's kind (for clients and the explorer; the graphs compute it).
+    input_feeding : bool
+    state_names : tuple of str
+        The decoder state tensors, in graph order.
+    max_source_length, max_output_length : int
+        Limits in tokens (EOS not counted).
+    beam_size : int
+        1 decodes greedily.
+    length_penalty : float
+        Beam hypotheses are ranked by ``sum(log p) / length ** length_penalty``.
+    temperature : float
+        The default attention softmax temperature.
+    output_kind : {"str", "tokens"}
+        What a prediction is.
+    files : mapping of str to str
+        Graph file name -> SHA-256 of its bytes (empty until :meth:`with_files`; an artifact
+        must list both graphs).
+    model : mapping
+        The model's hyperparameters (format 2; empty in format 1).
+    format_version : int
+    writer : mapping
+        Who wrote it (``opset``, ``torch_version``); informative only.
+    """
+
+    tokenizer: str
+    source_vocabulary: tuple[str, ...]
+    target_vocabulary: tuple[str, ...]
+    decoder: str
+    attention: str
+    scorer: str
+    cell: str
+    input_feeding: bool
+    state_names: tuple[str, ...]
+    max_source_length: int
+    max_output_length: int
+    beam_size: int
+    length_penalty: float
+    temperature: float
+    output_kind: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    writer: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- graph names ------------------------------------------------------------------------
+
+    @staticmethod
+    def encoder_inputs() -> list[str]:
+        """Inputs of ``encoder.onnx``, in order."""
+        return ["src", "src_lengths"]
+
+    def encoder_outputs(self) -> list[str]:
+        """Outputs of ``encoder.onnx``: ``memory, keys, mask, <state_names...>``."""
+        return ["memory", "keys", "mask", *self.state_names]
+
+    def decoder_inputs(self) -> list[str]:
+        """Inputs of ``decoder_step.onnx``, in order."""
+        return ["y_prev", *self.state_names, "memory", "keys", "mask", "temperature", "position"]
+
+    def decoder_outputs(self) -> list[str]:
+        """Outputs of ``decoder_step.onnx``: ``log_probs, new_<state>..., weights``."""
+        return ["log_probs", *(f"new_{name}" for name in self.state_names), "weights"]
+
+    def carry_names(self) -> list[str]:
+        """What the search carries between steps: the state, then the encoder's outputs."""
+        return [*self.state_names, "memory", "keys", "mask"]
+
+    # -- the binding between the manifest and its graphs ------------------------------------
+
+    @property
+    def binding(self) -> str:
+        """SHA-256 of what the graphs were built for: vocabularies, state names, the model.
+
+        Written into each graph's metadata at export; a graph whose binding differs was not
+        exported with this manifest (an edited vocabulary, a graph from another model).
+        """
+        return binding_digest(
+            self.source_vocabulary, self.target_vocabulary, self.state_names, self.model
+        )
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``manifest.json`` holds (version 1's layout, plus version 2's keys)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["source_vocabulary"] = list(self.source_vocabulary)
+        data["target_vocabulary"] = list(self.target_vocabulary)
+        data["state_names"] = list(self.state_names)
+        data["special_ids"] = dict(SPECIAL_IDS)
+        data["limits"] = {
+            "max_source_length": data.pop("max_source_length"),
+            "max_output_length": data.pop("max_output_length"),
+        }
+        data["files"] = dict(self.files)
+        data["model"] = dict(self.model)
+        data["binding"] = self.binding
+        writer = data.pop("writer")
+        return {**data, **writer}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = MANIFEST_FILE) -> Manifest:
+        """Parse and validate ``manifest.json``; :class:`ArtifactError` names ``where``."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as error:  # bad JSON, a number too long to convert
+            raise ArtifactError(f"{where}: not valid JSON ({error})") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = MANIFEST_FILE) -> Manifest:
+        """Validate a parsed manifest (see :meth:`from_json`)."""
+        reader = _Reader(data, where)
+        version = reader.integer("format_version", 1)
+        if version > FORMAT_VERSION:
+            raise ArtifactError(
+                f"{where}: format_version {version} is newer than this reader's "
+                f"({FORMAT_VERSION}); upgrade skattn/serving to load this model"
+            )
+        if reader.take("special_ids", dict) != SPECIAL_IDS:
+            raise ArtifactError(f"{where}: special_ids must be {SPECIAL_IDS}")
+        limits = reader.take("limits", dict)
+        model = reader.take("model", dict) if version >= 2 else {}
+        manifest = cls(
+            format_version=version,
+            tokenizer=reader.choice("tokenizer", tuple(TOKENIZERS)),
+            source_vocabulary=reader.vocabulary("source_vocabulary"),
+            target_vocabulary=reader.vocabulary("target_vocabulary"),
+            decoder=reader.take("decoder", str),
+            attention=reader.take("attention", str),
+            scorer=reader.take("scorer", str),
+            cell=reader.take("cell", str),
+            input_feeding=reader.take("input_feeding", bool),
+            state_names=reader.state_names(),
+            max_source_length=_Reader(limits, where, "limits").integer(
+                "max_source_length", 1, MAX_SOURCE_LENGTH
+            ),
+            max_output_length=_Reader(limits, where, "limits").integer(
+                "max_output_length", 1, MAX_OUTPUT_LENGTH
+            ),
+            beam_size=reader.integer("beam_size", 1, MAX_BEAM_SIZE),
+            length_penalty=reader.real("length_penalty", 0.0),
+            temperature=reader.real("temperature", 0.0, low_open=True),
+            output_kind=reader.choice("output_kind", OUTPUT_KINDS),
+            files=reader.files(),
+            model=model,
+            writer={k: data[k] for k in ("opset", "torch_version") if k in data},
+        )
+        if version >= 2 and reader.take("binding", str) != manifest.binding:
+            raise ArtifactError(
+                f"{where}: 'binding' does not match the vocabularies and model it lists: the "
+                "manifest was edited after export"
+            )
+        return manifest
+
+    def with_files(self, directory: str | os.PathLike) -> Manifest:
+        """A copy whose ``files`` hold the SHA-256 of the graphs now in ``directory``."""
+        digests = {name: sha256_file(Path(directory) / name) for name in GRAPH_FILES}
+        return dataclasses.replace(self, files=digests)
+
+
+def binding_digest(
+    source_vocabulary: Sequence[str],
+    target_vocabulary: Sequence[str],
+    state_names: Sequence[str],
+    model: Mapping[str, Any],
+) -> str:
+    """SHA-256 of canonical JSON of what a pair of graphs was exported for."""
+    bound = [list(source_vocabulary), list(target_vocabulary), list(state_names), dict(model)]
+    text = json.dumps(bound, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _Reader:
+    """Typed reads of one JSON object, each failure an ArtifactError naming the key."""
+
+    def __init__(self, data: Any, where: str, prefix: str = "") -> None:
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{where}: must hold a JSON object, got {type(data).__name__}")
+        self.data, self.where = data, where
+        self.prefix = f"{prefix}." if prefix else ""
+
+    def fail(self, key: str, expected: str) -> ArtifactError:
+        value = repr(self.data.get(key))
+        if len(value) > 60:
+            value = value[:57] + "..."
+        return ArtifactError(f"{self.where}: {self.prefix}{key!r} must be {expected}, got {value}")
+
+    def take(self, key: str, kind: type) -> Any:
+        if key not in self.data:
+            raise ArtifactError(f"{self.where}: missing key {self.prefix}{key!r}")
+        value = self.data[key]
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            raise self.fail(key, f"a {kind.__name__}")
+        return value
+
+    def integer(self, key: str, low: int, high: int | None = None) -> int:
+        value = self.data.get(key)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+        if not ok or (high is not None and value > high):
+            raise self.fail(key, f"an int in [{low}, {high}]" if high else f"an int >= {low}")
+        return value
+
+    def real(self, key: str, low: float, *, low_open: bool = False) -> float:
+        value = self.data.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and (value > low if low_open else value >= low)
+        if not ok:
+            raise self.fail(key, f"a finite number {'>' if low_open else '>='} {low}")
+        return float(value)
+
+    def choice(self, key: str, options: tuple[str, ...]) -> str:
+        value = self.data.get(key)
+        if value not in options:
+            raise self.fail(key, f"one of {list(options)}")
+        return value
+
+    def vocabulary(self, key: str) -> tuple[str, ...]:
+        tokens = self.take(key, list)
+        if not all(isinstance(t, str) for t in tokens) or len(tokens) <= len(SPECIAL_TOKENS):
+            raise ArtifactError(f"{self.where}: {key!r} must be a list of str beyond the specials")
+        if tuple(tokens[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+            raise ArtifactError(f"{self.where}: {key!r} must start with {list(SPECIAL_TOKENS)}")
+        if len(set(tokens)) != len(tokens):
+            raise ArtifactError(f"{self.where}: {key!r} holds a token twice")
+        return tuple(tokens)
+
+    def state_names(self) -> tuple[str, ...]:
+        names = self.take("state_names", list)
+        if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ArtifactError(
+                f"{self.where}: 'state_names' must be a non-empty list of identifiers"
+            )
+        return tuple(names)
+
+    def files(self) -> dict[str, str]:
+        files = self.take("files", dict)
+        digests_ok = all(isinstance(v, str) for v in files.values())
+        if not set(files) <= set(GRAPH_FILES) or not digests_ok:
+            raise ArtifactError(
+                f"{self.where}: 'files' must map {list(GRAPH_FILES)} to their SHA-256"
+            )
+        return dict(files)
