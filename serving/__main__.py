@@ -18,6 +18,7 @@ from pathlib import Path
 import uvicorn
 
 from serving.app import create_app
+from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
 from serving.interface import Runtime
 from serving.settings import ServerSettings, check_model_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real, usable_cores
@@ -116,6 +117,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="most tensor elements in one response (attention maps count N x T_y x T_x); "
         "beyond it 413 (default: %(default)s)",
     )
+    connections = ConnectionLimits()
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=defaults.body_timeout_s,
+        help="longest a request body may take to arrive; beyond it 408 and close "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=connections.header_timeout_s,
+        help="longest a request's line and headers may take, from the connection's start or "
+        "the request's first byte; beyond it 408 and close (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=connections.max_header_bytes,
+        help="most bytes of request line and headers; beyond it 431 and close "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=connections.max_connections,
+        help="open connections before the longest-idle one is closed for a new one; lowered "
+        "to fit the file-descriptor limit (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--health-connections",
+        type=int,
+        default=connections.health_connections,
+        help="connections admitted beyond --max-connections when none is idle, for "
+        "/v2/health/* only (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-alive-s",
+        type=float,
+        default=connections.keep_alive_s,
+        help="how long an idle kept-alive connection stays open (default: %(default)s)",
+    )
     parser.add_argument(
         "--device",
         type=_device,
@@ -172,7 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             max_body_bytes=args.max_body_bytes,
             max_output_elements=args.max_output_elements,
+            body_timeout_s=args.body_timeout_s,
             eager_batching=args.eager_batching,
+        )
+        limits = ConnectionLimits(
+            header_timeout_s=args.header_timeout_s,
+            max_header_bytes=args.max_header_bytes,
+            max_connections=args.max_connections,
+            health_connections=args.health_connections,
+            keep_alive_s=args.keep_alive_s,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -216,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             log_level=args.log_level,
             shutdown_timeout=args.shutdown_timeout,
+            limits=limits,
         )
     except KeyboardInterrupt:
         pass
@@ -244,6 +296,7 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
     shutdown_timeout: float | None = 30.0,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve runtimes with uvicorn until SIGTERM or SIGINT, then drain and return.
 
@@ -261,10 +314,14 @@ def serve(
         uvicorn's log level.
     shutdown_timeout : float or None, default=30.0
         On SIGTERM, how long to wait for requests in flight before cancelling them.
+    limits : ConnectionLimits, optional
+        Header timeout and size, connection bound, keep-alive (defaults when omitted);
+        ``max_connections`` is lowered to fit the file-descriptor limit.
     """
     app = create_app(runtimes, settings)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
+        fit_to_file_limit(ConnectionLimits() if limits is None else limits),
         host=host,
         port=port,
         log_config=None,  # keep the JSON-lines handler of configure_logging

@@ -34,6 +34,7 @@ from fastapi import FastAPI
 
 from serving.batcher import Batcher
 from serving.explorer import mount_explorer
+from serving.guard import RequestGuard
 from serving.infer import MODEL_VERSION, InferHandler, InferRoute, ServedModel
 from serving.interface import Runtime
 from serving.metrics import ServerMetrics
@@ -101,6 +102,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     add_routes(app, models, metrics)
     add_error_handlers(app)
     app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics, encoder))
+    app.add_middleware(RequestGuard)  # added last: the outermost layer
     # GET / (the attention explorer) and GET /v2/models
     mount_explorer(app, runtimes, is_ready=lambda name: models[name].batcher.running)
     return app

@@ -68,7 +68,12 @@ def lookup(models: Mapping[str, ServedModel], name: str, version: str | None) ->
     return model
 
 
-_OUTCOME_BY_STATUS = {413: "too_large", 404: "not_found", 503: "unavailable"}
+_OUTCOME_BY_STATUS = {
+    408: "timeout",
+    413: "too_large",
+    404: "not_found",
+    503: "unavailable",
+}
 
 # One log line per inference request: answered ones at DEBUG (at hundreds of requests a second,
 # the metrics say more than the lines), refused ones at INFO, failed ones at WARNING.
@@ -131,7 +136,9 @@ class InferHandler:
         try:
             headers = _headers(scope)
             with model.batcher.receiving():  # an eager batcher waits for these items
-                body = await _read_body(receive, headers, settings.max_body_bytes)
+                body = await _read_body(
+                    receive, headers, settings.max_body_bytes, settings.body_timeout_s
+                )
                 parsed = _parse(headers, body, model, settings)
                 items, request_id = len(parsed.sources), parsed.id
                 futures = model.batcher.submit(
@@ -267,14 +274,25 @@ def _parse(
     return parsed
 
 
-async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it exceeds ``limit`` bytes."""
+async def _read_body(
+    receive: Receive, headers: Mapping[str, str], limit: int, timeout: float
+) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds ``limit`` bytes, and with 408
+    (closing the connection) if it has not all arrived ``timeout`` seconds from now."""
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds {limit}")
     chunks, size = [], 0
+    deadline = time.monotonic() + timeout
     while True:
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"request body took longer than body_timeout_s={timeout:g} (--body-timeout-s)",
+                {"Connection": "close"},
+            ) from None
         if message["type"] == "http.disconnect":
             raise _ClientGoneError
         chunk = message.get("body", b"")

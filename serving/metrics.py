@@ -23,6 +23,7 @@ OUTCOMES = (
     "ok",  # 200
     "bad_request",  # 400, 415
     "too_large",  # 413
+    "timeout",  # 408: the body did not arrive in time
     "not_found",  # 404: unknown model
     "queue_full",  # 503: the batcher's queue is full
     "unavailable",  # 503: the server is shutting down

@@ -35,6 +35,11 @@ class ServerSettings:
         2**20 elements are 4 MiB as binary FP32 and about 20 MB as JSON; they hold the
         attention of 256 items of 63 source and 64 output tokens. A small request (one
         character per source) can otherwise ask for a response thousands of times its size.
+    body_timeout_s : float, default=10.0
+        The longest a request body may take to arrive, from the end of its headers; beyond
+        it 408 and the connection is closed. A 1 MiB body (``max_body_bytes``) then needs
+        105 kB/s, which any client of a model server has; a client that declares a body and
+        never sends it no longer holds a connection and a batcher slot forever.
     retry_after_s : int, default=1
         The ``Retry-After`` a client gets with a 503.
     eager_batching : bool, default=True
@@ -49,6 +54,7 @@ class ServerSettings:
     max_items_per_request: int = 256
     max_body_bytes: int = 1 << 20
     max_output_elements: int = 1 << 20
+    body_timeout_s: float = 10.0
     retry_after_s: int = 1
     eager_batching: bool = True
 
@@ -63,6 +69,7 @@ class ServerSettings:
         ):
             check_int(getattr(self, name), name)
         check_real(self.max_delay_ms, "max_delay_ms", 0.0)
+        check_real(self.body_timeout_s, "body_timeout_s", 0.0, low_open=True)
         if not isinstance(self.eager_batching, bool):
             raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
         if self.max_items_per_request > self.max_queue:

@@ -34,6 +34,7 @@ from serving_doubles import ReverseRuntime, reverse_attention
 from serving import protocol
 from serving.__main__ import JsonFormatter, build_parser, main
 from serving.app import ServerSettings, create_app
+from serving.connections import uvicorn_config
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "reverse"
@@ -44,7 +45,7 @@ MODEL = "reverse"
 
 
 class RunningServer:
-    def __init__(self, runtime, settings):
+    def __init__(self, runtime, settings, limits=None, http_impl="auto"):
         self.runtime = runtime
         self.app = create_app({MODEL: runtime}, settings)
         # proto=IPPROTO_TCP, so that asyncio sets TCP_NODELAY on accepted connections
@@ -52,8 +53,14 @@ class RunningServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, lifespan="on", log_level="warning"
+        config = uvicorn_config(
+            self.app,
+            limits,
+            http_impl=http_impl,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            log_level="warning",
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -98,12 +105,14 @@ class RunningServer:
 
 @pytest.fixture
 def serve():
-    """serve(runtime=None, **settings) -> a running server; stopped after the test."""
+    """serve(runtime=None, limits=None, http_impl="auto", **settings) -> a running server;
+    stopped after the test."""
     with contextlib.ExitStack() as stack:
 
-        def start(runtime=None, **settings):
+        def start(runtime=None, limits=None, http_impl="auto", **settings):
             runtime = ReverseRuntime() if runtime is None else runtime
-            return stack.enter_context(RunningServer(runtime, ServerSettings(**settings)))
+            server = RunningServer(runtime, ServerSettings(**settings), limits, http_impl)
+            return stack.enter_context(server)
 
         yield start
 

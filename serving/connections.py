@@ -1,0 +1,282 @@
+"""Connection limits: what uvicorn does not bound on its own (issue 14, items 2 and 3).
+
+uvicorn closes a kept-alive connection after ``timeout_keep_alive``, but nothing else: a
+connection that sends nothing, trickles its headers or sends endless headers is kept forever,
+and with enough of them the process runs out of file descriptors. :func:`uvicorn_config` gives
+uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
+
+- a **header timeout**: from the connection's start, or from the first byte of a request on a
+  kept-alive one, until that request's headers are complete: 408 and close (a connection that
+  sent nothing is closed silently);
+- a **header size limit**: past ``max_header_bytes`` of request line and headers, 431 and
+  close, whether the headers are still arriving or came in one read;
+- a **connection bound**: beyond ``max_connections`` open connections, a new one closes the
+  longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
+  connections when it runs out); when every connection is busy, up to
+  ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
+  get 503), so that a load balancer can still see the server; beyond those, a new connection
+  gets 503 and is closed at once.
+
+The body's read timeout is the app's (``ServerSettings.body_timeout_s``): the protocol cannot
+tell a slow body from a slow handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import uvicorn
+
+from serving import protocol
+from skattn.core.checks import check_int, check_real
+
+__all__ = ["REFUSE", "ConnectionLimits", "fit_to_file_limit", "protocol_class", "uvicorn_config"]
+
+logger = logging.getLogger("serving.connections")
+
+#: The scope key under which the protocol asks the app to refuse a request: ``(status, message)``.
+REFUSE = "skattn.refuse"
+
+HEALTH_PREFIX = "/v2/health/"
+
+# File descriptors the process needs besides its connections: the listening socket, epoll,
+# the model files onnxruntime maps, logs, the interpreter's own.
+RESERVED_FILES = 64
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Limits of the HTTP connections (validated when built).
+
+    Parameters
+    ----------
+    header_timeout_s : float, default=10.0
+        The longest a request's line and headers may take to arrive, from the connection's
+        start or the request's first byte. tritonclient and curl send them in one write; 10 s
+        leaves room for a congested link and none for a client that trickles them.
+    max_header_bytes : int, default=32768
+        The most bytes of request line and headers (nginx's default buffers hold 32 KiB;
+        tritonclient sends a few hundred bytes); beyond it 431.
+    max_connections : int, default=512
+        The most open connections before an idle one is closed for a new one (and at most
+        the file-descriptor limit minus what the process needs, see :func:`fit_to_file_limit`).
+    health_connections : int, default=8
+        Connections admitted beyond ``max_connections`` when none is idle, for health checks.
+    keep_alive_s : float, default=5.0
+        How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    """
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 32768
+    max_connections: int = 512
+    health_connections: int = 8
+    keep_alive_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        check_real(self.header_timeout_s, "header_timeout_s", 0.0, low_open=True)
+        check_real(self.keep_alive_s, "keep_alive_s", 0.0, low_open=True)
+        check_int(self.max_header_bytes, "max_header_bytes", 1024)
+        check_int(self.max_connections, "max_connections")
+        check_int(self.health_connections, "health_connections", 0)
+
+
+def fit_to_file_limit(limits: ConnectionLimits) -> ConnectionLimits:
+    """``limits`` with ``max_connections`` lowered to what ``RLIMIT_NOFILE`` allows.
+
+    The soft limit is first raised towards the hard one; if the connections (plus the health
+    ones and :data:`RESERVED_FILES`) still do not fit, ``max_connections`` shrinks, with a
+    warning. Raises ``ValueError`` if not even one connection fits.
+    """
+    needed = limits.max_connections + limits.health_connections + RESERVED_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return limits
+    fitted = soft - limits.health_connections - RESERVED_FILES
+    if fitted < 1:
+        raise ValueError(
+            f"the file-descriptor limit ({soft}) leaves no room for connections; raise it "
+            "(ulimit -n) or lower --health-connections"
+        )
+    logger.warning(
+        "max_connections lowered to fit the file-descriptor limit",
+        extra={"max_connections": fitted, "requested": limits.max_connections, "nofile": soft},
+    )
+    return replace(limits, max_connections=fitted)
+
+
+class _GuardedProtocol:
+    """The mixin of the guarded protocols: put before uvicorn's H11Protocol or
+    HttpToolsProtocol (it relies only on their ``cycle``, ``transport``, ``connections`` and
+    ``data_received``)."""
+
+    limits: ConnectionLimits = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._awaiting_headers = False
+        self._header_bytes = 0
+        self._health_only = False
+        self._last_active = time.monotonic()
+
+    # -- the connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self._await_headers()
+        limits = self.limits
+        if len(self.connections) <= limits.max_connections:
+            return
+        if self._close_an_idle_connection():
+            return
+        if len(self.connections) <= limits.max_connections + limits.health_connections:
+            self._health_only = True
+            return
+        self._refuse(503, "too many connections; retry later")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self._last_active = time.monotonic()
+        before = self.cycle
+        if not self._awaiting_headers and (before is None or before.response_complete):
+            self._await_headers()  # the first byte of the next request on this connection
+        if self._awaiting_headers:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if self.cycle is not before and self.cycle is not None:  # its headers are complete
+            self._headers_complete(self.cycle.scope)
+        elif (
+            self._awaiting_headers
+            and self._header_bytes > self.limits.max_header_bytes
+            and not self.transport.is_closing()
+        ):
+            self._refuse(431, self._too_large_message())
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _await_headers(self) -> None:
+        self._cancel_header_timer()
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        self._header_timer = self.loop.call_later(
+            self.limits.header_timeout_s, self._header_timeout
+        )
+
+    def _headers_complete(self, scope: dict) -> None:
+        self._cancel_header_timer()
+        self._awaiting_headers = False
+        size = len(scope.get("raw_path", b"")) + sum(
+            len(name) + len(value) + 4 for name, value in scope["headers"]
+        )
+        if size > self.limits.max_header_bytes:
+            scope[REFUSE] = (431, self._too_large_message())
+        elif self._health_only and not scope.get("path", "").startswith(HEALTH_PREFIX):
+            scope[REFUSE] = (503, "too many connections: this one may ask /v2/health/* only")
+
+    def _too_large_message(self) -> str:
+        return (
+            f"request headers exceed max_header_bytes={self.limits.max_header_bytes} "
+            "(--max-header-bytes)"
+        )
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._awaiting_headers:
+            return
+        if self._header_bytes == 0:
+            self.transport.close()  # nothing was asked: nothing to answer
+        else:
+            self._refuse(
+                408,
+                f"request headers took longer than header_timeout_s="
+                f"{self.limits.header_timeout_s:g} (--header-timeout-s)",
+            )
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _idle(self) -> bool:
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete
+
+    def _close_an_idle_connection(self) -> bool:
+        idle = [
+            other
+            for other in self.connections
+            if other is not self and isinstance(other, _GuardedProtocol) and other._idle()
+        ]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda other: other._last_active)
+        oldest._cancel_header_timer()
+        oldest.transport.close()
+        self.connections.discard(oldest)  # connection_lost follows on the next loop turn
+        return True
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``{"error": message}`` with ``status`` and close, outside any request."""
+        self._cancel_header_timer()
+        self._awaiting_headers = False
+        body = protocol.error_body(message)
+        head = (
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+            "content-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
+
+
+def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (``"httptools"``, ``"h11"``, or ``"auto"``: httptools when
+    installed) with the limits of ``limits``."""
+    if http_impl not in ("auto", "httptools", "h11"):
+        raise ValueError(f"http_impl must be 'auto', 'httptools' or 'h11', got {http_impl!r}")
+    base: type[asyncio.Protocol]
+    if http_impl == "h11":
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    elif http_impl == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
+    name = f"Guarded{base.__name__}"
+    return type(name, (_GuardedProtocol, base), {"limits": limits})
+
+
+def uvicorn_config(
+    app: Any, limits: ConnectionLimits | None = None, *, http_impl: str = "auto", **kwargs: Any
+) -> uvicorn.Config:
+    """A ``uvicorn.Config`` for ``app`` whose connections obey ``limits``.
+
+    ``kwargs`` go to ``uvicorn.Config`` (host, port, log settings, ...).
+    """
+    limits = ConnectionLimits() if limits is None else limits
+    return uvicorn.Config(
+        app,
+        http=protocol_class(limits, http_impl),
+        timeout_keep_alive=limits.keep_alive_s,
+        # h11 refuses (400) a header block this large; the guard answers 431 before it.
+        h11_max_incomplete_event_size=limits.max_header_bytes + (1 << 18),
+        **kwargs,
+    )

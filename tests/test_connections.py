@@ -1,0 +1,218 @@
+"""Hostile connections (issue 14, items 2 and 3): timeouts for headers and bodies, a header
+size limit, and a bound on connections that leaves room for health checks. Every server listens
+on 127.0.0.1; the timeouts are shortened to fractions of a second."""
+
+import contextlib
+import socket
+import time
+
+import httpx
+import pytest
+from serving_doubles import ReverseRuntime
+from test_server import MODEL, RunningServer, infer_body
+
+from serving.app import ServerSettings
+from serving.connections import ConnectionLimits, fit_to_file_limit
+
+INFER = f"/v2/models/{MODEL}/infer".encode()
+IMPLS = ["httptools", "h11"]
+
+
+@pytest.fixture
+def serve():
+    """serve(runtime=None, limits=None, http_impl="auto", **settings), as in test_server."""
+    with contextlib.ExitStack() as stack:
+
+        def start(runtime=None, limits=None, http_impl="auto", **settings):
+            runtime = ReverseRuntime() if runtime is None else runtime
+            server = RunningServer(runtime, ServerSettings(**settings), limits, http_impl)
+            return stack.enter_context(server)
+
+        yield start
+
+
+def connect(server, timeout=5.0):
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    return sock
+
+
+def read_until_closed(sock, limit_s=5.0):
+    """Everything the server sends until it closes, and how long that took."""
+    started = time.monotonic()
+    data = b""
+    sock.settimeout(limit_s)
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        raise AssertionError(f"the connection was still open after {limit_s} s") from None
+    except ConnectionResetError:
+        pass
+    return data, time.monotonic() - started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_body_shorter_than_its_content_length_gets_408_and_is_closed(serve, http_impl):
+    server = serve(http_impl=http_impl, body_timeout_s=0.3)
+    with connect(server) as sock:
+        sock.sendall(b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n{")
+        answer, elapsed = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"body_timeout_s=0.3" in answer
+    assert 0.25 < elapsed < 3
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="timeout") == 1
+    assert server.batcher._receiving == 0 and server.batcher.queue_depth == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_silent_connection_is_closed_after_the_header_timeout(serve, http_impl):
+    server = serve(limits=ConnectionLimits(header_timeout_s=0.3), http_impl=http_impl)
+    with connect(server) as sock:
+        answer, elapsed = read_until_closed(sock)
+    assert answer == b"" and 0.25 < elapsed < 3  # nothing asked, nothing answered
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_trickled_headers_get_408_and_a_kept_alive_connection_gets_a_new_deadline(
+    serve, http_impl
+):
+    server = serve(limits=ConnectionLimits(header_timeout_s=0.5), http_impl=http_impl)
+    with connect(server) as sock:
+        started = time.monotonic()
+        request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100
+        closed = False
+        for byte in request:  # one byte every 50 ms: 7 s if the server waited
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+            sock.settimeout(0.001)
+            try:
+                if sock.recv(65536, socket.MSG_PEEK):
+                    break
+            except TimeoutError:
+                pass
+        answer, _ = read_until_closed(sock)
+        assert closed or answer.startswith(b"HTTP/1.1 408 ")
+        assert time.monotonic() - started < 3
+    with connect(server) as sock:  # each request of a kept-alive connection has its deadline
+        for _ in range(3):
+            sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(2)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.3)  # 0.9 s in all: more than one header timeout
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "one-write"])
+def test_headers_over_max_header_bytes_get_431(serve, http_impl, streamed):
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            if streamed:  # 100 MB would be read to the end without a limit
+                for _ in range(100):
+                    sock.sendall(b"a" * (1 << 20))
+            else:
+                sock.sendall(b"a" * 9000 + b"\r\n\r\n")
+        except OSError:  # the server answered and closed while we were still sending
+            pass
+        answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"max_header_bytes=8192" in answer
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    # headers under the limit pass
+    headers = {"X-Fine": "b" * 6000}
+    assert httpx.get(f"{server.url}/v2/health/ready", headers=headers).status_code == 200
+
+
+def test_at_max_connections_an_idle_connection_makes_room(serve):
+    server = serve(limits=ConnectionLimits(max_connections=4, health_connections=1))
+    idle = [connect(server) for _ in range(4)]
+    time.sleep(0.1)
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/v2/health/ready").status_code == 200
+            assert client.post(INFER.decode(), json=infer_body(["abc"])).status_code == 200
+        answer, _ = read_until_closed(idle[0], limit_s=2)  # the oldest idle one was closed
+        assert answer == b""
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, limits=ConnectionLimits(max_connections=3, health_connections=1))
+    busy = []
+    for i in range(3):  # three requests in flight, held at the runtime's gate
+        sock = connect(server, timeout=10)
+        body = b'{"inputs":[{"name":"source","shape":[1],"datatype":"BYTES","data":["%d"]}]}' % i
+        sock.sendall(
+            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        busy.append(sock)
+    assert runtime.started.acquire(timeout=10)
+    time.sleep(0.1)
+    try:
+        with httpx.Client(base_url=server.url, timeout=5) as client:  # the health connection
+            assert client.get("/v2/health/ready").status_code == 200
+            refused = client.post(INFER.decode(), json=infer_body(["abc"]))
+            assert refused.status_code == 503 and "health" in refused.json()["error"]
+        with httpx.Client(base_url=server.url, timeout=5) as a, httpx.Client(
+            base_url=server.url, timeout=5
+        ) as b:
+            assert a.get("/v2/health/live").status_code == 200  # the health slot, kept alive
+            assert b.get("/v2/health/live").status_code == 200  # a's idle connection made room
+    finally:
+        runtime.release()
+        for sock in busy:
+            sock.settimeout(10)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.close()
+
+
+def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 256))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, value: None)
+    fitted = fit_to_file_limit(ConnectionLimits(max_connections=512, health_connections=8))
+    assert fitted.max_connections == 256 - 8 - 64
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 4096))
+    assert fit_to_file_limit(ConnectionLimits()).max_connections == 512
+
+
+@pytest.mark.parametrize(
+    ("limits", "name"),
+    [
+        ({"header_timeout_s": 0}, "header_timeout_s"),
+        ({"max_header_bytes": 10}, "max_header_bytes"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"health_connections": -1}, "health_connections"),
+        ({"keep_alive_s": float("inf")}, "keep_alive_s"),
+    ],
+)
+def test_connection_limits_are_validated(limits, name):
+    with pytest.raises(ValueError, match=name):
+        ConnectionLimits(**limits)
+
+
+def test_the_cli_maps_every_limit_to_a_flag():
+    from serving.__main__ import build_parser
+
+    args = build_parser().parse_args(
+        ["--model-dir", "m", "--header-timeout-s", "2", "--body-timeout-s", "3",
+         "--max-header-bytes", "4096", "--max-connections", "9", "--health-connections", "2",
+         "--keep-alive-s", "1.5"]
+    )  # fmt: skip
+    assert (args.header_timeout_s, args.body_timeout_s, args.max_header_bytes) == (2, 3, 4096)
+    assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
+
+
