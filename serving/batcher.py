@@ -9,6 +9,9 @@ as no request is being received (handlers announce the reading of a request with
 :meth:`Batcher.receiving`): waiting only pays when more items are on their way, and a lone
 client then gets the unbatched latency.
 
+A read counts as coming for ``max_delay_ms`` from its start only, so that a stalled upload
+cannot make everyone else wait out the delay.
+
 The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
 event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
 free, so under load the batches grow by themselves. Every item gets exactly one result; when a
@@ -128,7 +131,9 @@ class Batcher:
         if not isinstance(eager, bool):
             raise ValueError(f"eager must be a bool, got {eager!r}")
         self.eager = eager
-        self._receiving = 0  # requests announced by receiving() whose items are not queued yet
+        # When each request announced by receiving() (and not queued yet) began to be read.
+        self._reads: dict[int, float] = {}
+        self._read_tokens = 0
         self.runtime = runtime
         self._own_executor = executor is None
         self._executor = executor
@@ -183,19 +188,30 @@ class Batcher:
 
     # -- submitting --------------------------------------------------------------------------
 
+    @property
+    def _receiving(self) -> int:
+        """The number of requests being read (announced by :meth:`receiving`)."""
+        return len(self._reads)
+
     @contextmanager
     def receiving(self) -> Iterator[None]:
         """Announce a request being read: an eager batcher waits (up to ``max_delay_ms``) for it.
 
         Wrap the reading and validation of a request and its :meth:`submit` in one ``with``
         block, with no ``await`` between ``submit`` and the end of the block.
+
+        A read counts as "more items coming" only for ``max_delay_ms`` from its start: a body
+        that takes longer (a slow or stalled upload) could not have joined a batch within the
+        delay anyway, and must not make every other client wait out the delay.
         """
-        self._receiving += 1
+        self._read_tokens += 1
+        token = self._read_tokens
+        self._reads[token] = time.monotonic()
         try:
             yield
         finally:
-            self._receiving -= 1
-            if self._receiving == 0 and self._wakeup is not None:
+            del self._reads[token]
+            if not self._reads and self._wakeup is not None:
                 self._wakeup.set()  # a batch may be due now that nothing more is coming
 
     def submit(
@@ -311,14 +327,12 @@ class Batcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            remaining = self._pending[0].enqueued + max_delay - time.monotonic()
-            nothing_coming = self.eager and self._receiving == 0
-            if (
-                len(self._pending) >= self.max_batch_size
-                or remaining <= 0
-                or nothing_coming
-                or self._stopping
-            ):
+            now = time.monotonic()
+            remaining = self._pending[0].enqueued + max_delay - now
+            if self.eager:  # wait only while a read younger than max_delay may bring items
+                coming = max(self._reads.values(), default=-max_delay) + max_delay - now
+                remaining = min(remaining, coming)
+            if len(self._pending) >= self.max_batch_size or remaining <= 0 or self._stopping:
                 return self._take_batch()
             self._wakeup.clear()
             timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)

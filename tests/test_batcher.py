@@ -146,6 +146,26 @@ def test_an_eager_batcher_waits_at_most_the_delay_for_a_request_being_received()
     assert runtime.batch_sizes == [1]
 
 
+def test_a_stalled_read_does_not_hold_an_eager_batcher_back():
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=300, eager=True)
+        with batcher.receiving():  # an upload that started and stalled
+            await asyncio.sleep(0.35)  # older than max_delay: its items cannot be coming
+            loop = asyncio.get_running_loop()
+            latencies = []
+            for source in ("ab", "cd", "ef"):
+                sent = loop.time()
+                await batcher.infer([source])
+                latencies.append(loop.time() - sent)
+        await batcher.stop()
+        return runtime, latencies
+
+    runtime, latencies = run(body())
+    assert max(latencies) < 0.15, latencies  # not the 0.3 s delay
+    assert runtime.batch_sizes == [1, 1, 1]
+
+
 def test_more_items_than_max_batch_size_are_split_and_each_answered_once():
     async def body():
         runtime = ReverseRuntime()

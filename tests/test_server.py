@@ -569,6 +569,28 @@ def test_a_lone_request_does_not_wait_out_the_delay_unless_eager_batching_is_off
     assert time.monotonic() - start >= 0.3  # waited out the delay for a batch to fill
 
 
+def test_a_stalled_upload_does_not_slow_a_lone_client_of_an_eager_server(serve):
+    server = serve(max_batch_size=64, max_delay_ms=300)
+    stalled = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        stalled.sendall(
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 200\r\n\r\n{".encode()
+        )
+        wait_until(lambda: server.batcher._receiving == 1)
+        time.sleep(0.35)  # older than the delay
+        with httpx.Client(base_url=server.url) as client:
+            latencies = []
+            for _ in range(5):
+                started = time.monotonic()
+                response = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+                latencies.append(time.monotonic() - started)
+                assert response.status_code == 200
+        assert sorted(latencies)[2] < 0.15, latencies  # the median is not the 0.3 s delay
+    finally:
+        stalled.close()
+
+
 def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(serve):
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, max_batch_size=64, max_delay_ms=1)
