@@ -62,17 +62,24 @@ class TimedSeq2Seq(Seq2Seq):
             module.decoder.recur = torch.compile(module.decoder.recur, dynamic=True)
         return module
 
-    def _batch_loss(self, *args, **kwargs):
-        if not self.bf16:
-            return super()._batch_loss(*args, **kwargs)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return super()._batch_loss(*args, **kwargs)
+    def _make_trainer(self, *args, **kwargs):
+        trainer = super()._make_trainer(*args, **kwargs)
+        train_step, batch_loss = trainer.train_step, trainer.batch_loss
 
-    def _train_step(self, *args, **kwargs):
-        start = time.perf_counter()
-        result = super()._train_step(*args, **kwargs)
-        self.step_seconds_.append(time.perf_counter() - start)
-        return result
+        def timed_train_step(batch):
+            start = time.perf_counter()
+            result = train_step(batch)
+            self.step_seconds_.append(time.perf_counter() - start)
+            return result
+
+        def bf16_batch_loss(*args, **kwargs):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return batch_loss(*args, **kwargs)
+
+        trainer.train_step = timed_train_step
+        if self.bf16:
+            trainer.batch_loss = bf16_batch_loss
+        return trainer
 
 
 def measure(X, y, params: dict, compile_step: bool, bf16: bool, steps: int, warmup: int):

@@ -2,126 +2,76 @@
 
 The data flow of one ``fit`` / ``predict``::
 
-    strings --tokenize / Vocabulary--> id lists --pad_batch--> (B, T) int64 tensors
-        --Seq2SeqModule.forward--> logits --cross-entropy--> Adam step        (fit)
-        --Seq2SeqModule.encode / step--> skattn.core.search --> ids --> strings   (predict)
+    strings --tokenize / Vocabulary--> id lists --skattn.training.Trainer--> Seq2SeqModule (fit)
+    strings --> id lists --Seq2SeqModule.encode / step--> skattn.core.search --> strings (predict)
+
+This module is the scikit-learn surface: the parameters and their constraints, thin ``fit`` /
+``predict`` adapters and pickling. The model's hyperparameters are a
+:class:`~skattn.models.ModelConfig`; the training loop is :mod:`skattn.training`.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
-import numbers
-import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils import Tags, check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
-from torch.nn import functional as F
-from tqdm import tqdm
 
+from skattn import training
+from skattn.core.checks import parse_device
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
-from skattn.core.text import (
-    BOS,
-    EOS,
-    PAD,
-    SPECIAL_TOKENS,
-    TOKENIZERS,
-    Vocabulary,
-    detokenize,
-    pad_batch,
-    tokenize,
-)
+from skattn.core.text import EOS, SPECIAL_TOKENS, TOKENIZERS, Vocabulary, detokenize, tokenize
 from skattn.metrics import exact_match
-from skattn.models import ModelConfig, Seq2SeqModule
+from skattn.models import OPTIONS, ModelConfig, Seq2SeqModule
 
 __all__ = ["Seq2Seq"]
 
 #: Items per batch at prediction time (sorted by length, so padding stays small).
 PREDICT_BATCH_SIZE = 256
-#: Training batches are formed from windows of this many batches' worth of length-sorted items.
-BUCKET_BATCHES = 50
-#: ``lr_schedule="plateau"`` multiplies the learning rate by this after an epoch without progress.
-PLATEAU_FACTOR = 0.5
 
 
-# ---------------------------------------------------------------- parameter constraints
-# Each constraint is a small function ``check(name, value)`` that raises ``ValueError``.
-
-Constraint = Callable[[str, Any], None]
+# ---------------------------------------------------------------- constraints and input
 
 
-def _options(*choices: Any) -> Constraint:
-    def check(name: str, value: Any) -> None:
-        if isinstance(value, bool) or value not in choices:
-            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+class _Range(Interval):
+    """scikit-learn's ``Interval`` without booleans: ``True`` is an int to Python, never a size
+    or a rate to a user."""
 
-    return check
-
-
-def _integer(low: int, *, none_ok: bool = False) -> Constraint:
-    def check(name: str, value: Any) -> None:
-        if value is None and none_ok:
-            return
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            kind = f"an int >= {low}" + (" or None" if none_ok else "")
-            raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-    return check
+    def is_satisfied_by(self, val: Any) -> bool:
+        return not isinstance(val, bool | np.bool_) and super().is_satisfied_by(val)
 
 
-def _real(
-    low: float,
-    high: float = math.inf,
-    *,
-    low_open: bool,
-    high_open: bool = True,
-    none_ok: bool = False,
-) -> Constraint:
-    def check(name: str, value: Any) -> None:
-        if value is None and none_ok:
-            return
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        ok = ok and math.isfinite(value)
-        ok = ok and (value > low if low_open else value >= low)
-        ok = ok and (value < high if high_open else value <= high)
-        if not ok:
-            interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-            extra = " or None" if none_ok else ""
-            raise ValueError(f"{name} must be a float in {interval}{extra}, got {value!r}")
+class _Device(StrOptions):
+    """``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (see ``core.checks.parse_device``)."""
 
-    return check
+    def __init__(self) -> None:
+        super().__init__({"auto", "cpu", "cuda"})
+
+    def is_satisfied_by(self, val: Any) -> bool:
+        try:
+            parse_device(val)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        return "a str among 'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
-def _boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
+def _at_least(low: int) -> list:
+    return [_Range(Integral, low, None, closed="left")]
 
 
-def _device(name: str, value: Any) -> None:
-    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
-        raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
-
-
-def _random_state(name: str, value: Any) -> None:
-    if value is None or isinstance(value, np.random.RandomState):
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be None, an int >= 0 or a RandomState, got {value!r}")
-
-
-def _verbose(name: str, value: Any) -> None:
-    if not isinstance(value, bool | np.bool_ | numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a bool or an int >= 0, got {value!r}")
-
-
-# ---------------------------------------------------------------- input handling
+def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
+    return [_Range(Real, low, high, closed=closed)]
 
 
 def _as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str]], str]:
@@ -146,47 +96,14 @@ def _as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[st
     return token_lists, kinds.pop()
 
 
-def _improves(new: tuple[float, ...], best: tuple[float, ...], tol: float) -> bool:
-    """Whether ``new`` is lower than ``best`` by more than ``tol`` in the first quantity that
-    differs by more than ``tol`` (lexicographic order with a tolerance)."""
-    for n, b in zip(new, best, strict=True):
-        if n < b - tol:
-            return True
-        if n > b + tol:
-            return False
-    return False
-
-
-def _clock() -> float:
-    """Seconds on the clock that ``max_time`` is measured with (replaced in tests)."""
-    return time.perf_counter()
-
-
-class _Budget:
-    """When training must stop: after ``max_steps`` optimizer steps or ``max_time`` seconds
-    from its creation, whichever comes first (``None``: no limit)."""
-
-    def __init__(self, max_steps: int | None, max_time: float | None) -> None:
-        self.max_steps = math.inf if max_steps is None else max_steps
-        self.max_time = math.inf if max_time is None else float(max_time)
-        self.start = _clock()
-
-    def time_share(self) -> float:
-        """The share of ``max_time`` spent, capped at 1 (0 without a time limit)."""
-        return min((_clock() - self.start) / self.max_time, 1.0)
-
-    def spent(self, steps: int) -> bool:
-        return steps >= self.max_steps or _clock() - self.start >= self.max_time
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda"):
-        index = int(device.split(":")[1]) if ":" in device else 0
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r} was requested but CUDA device is not available")
-    return torch.device(device)
+def _refuse_reserved_tokens(targets: list[list[str]]) -> None:
+    """A target token spelled like a special one could never be output (a source one is unknown)."""
+    reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
+    if reserved:
+        raise ValueError(
+            f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
+            f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
+        )
 
 
 # ---------------------------------------------------------------- the estimator
@@ -318,39 +235,36 @@ class Seq2Seq(BaseEstimator):
     True
     """
 
-    _parameter_constraints: dict[str, Constraint] = {
-        "scorer": _options("dot", "general", "additive", "scaled_dot"),
-        "decoder": _options("bahdanau", "luong"),
-        "attention": _options("global", "local-m", "local-p", "none"),
-        "input_feeding": _boolean,
-        "window": _integer(1),
-        "temperature": _real(0.0, low_open=True),
-        "cell": _options("gru", "lstm"),
-        "embedding_dim": _integer(1),
-        "hidden_size": _integer(1),
-        "num_layers": _integer(1),
-        "dropout": _real(0.0, 1.0, low_open=False),
-        "num_heads": _integer(1),
-        "beam_size": _integer(1),
-        "length_penalty": _real(0.0, low_open=False),
-        "max_output_length": _integer(1, none_ok=True),
-        "batch_size": _integer(1),
-        "max_epochs": _integer(1),
-        "max_steps": _integer(1, none_ok=True),
-        "max_time": _real(0.0, low_open=True, none_ok=True),
-        "learning_rate": _real(0.0, low_open=True),
-        "lr_schedule": _options("constant", "plateau", "cosine"),
-        "label_smoothing": _real(0.0, 1.0, low_open=False),
-        "max_grad_norm": _real(0.0, low_open=True, none_ok=True),
-        "early_stopping": _boolean,
-        "early_stopping_metric": _options("loss", "exact_match"),
-        "validation_fraction": _real(0.0, 1.0, low_open=True),
-        "n_iter_no_change": _integer(1),
-        "tol": _real(0.0, low_open=False),
-        "tokenizer": _options(*TOKENIZERS),
-        "device": _device,
-        "random_state": _random_state,
-        "verbose": _verbose,
+    _parameter_constraints: dict[str, list] = {
+        **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
+        "input_feeding": ["boolean"],
+        "window": _at_least(1),
+        "temperature": _reals(0.0),
+        "embedding_dim": _at_least(1),
+        "hidden_size": _at_least(1),
+        "num_layers": _at_least(1),
+        "dropout": _reals(0.0, 1.0, closed="left"),
+        "num_heads": _at_least(1),
+        "beam_size": _at_least(1),
+        "length_penalty": _reals(0.0, closed="left"),
+        "max_output_length": [*_at_least(1), None],
+        "batch_size": _at_least(1),
+        "max_epochs": _at_least(1),
+        "max_steps": [*_at_least(1), None],
+        "max_time": [*_reals(0.0), None],
+        "learning_rate": _reals(0.0),
+        "lr_schedule": [StrOptions({"constant", "plateau", "cosine"})],
+        "label_smoothing": _reals(0.0, 1.0, closed="left"),
+        "max_grad_norm": [*_reals(0.0), None],
+        "early_stopping": ["boolean"],
+        "early_stopping_metric": [StrOptions({"loss", "exact_match"})],
+        "validation_fraction": _reals(0.0, 1.0),
+        "n_iter_no_change": _at_least(1),
+        "tol": _reals(0.0, closed="left"),
+        "tokenizer": [StrOptions(set(TOKENIZERS))],
+        "device": [_Device()],
+        "random_state": [*_at_least(0), np.random.RandomState, None],
+        "verbose": ["verbose"],
     }
 
     def __init__(
@@ -422,8 +336,6 @@ class Seq2Seq(BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    # ------------------------------------------------------------ scikit-learn protocol
-
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.input_tags.string = True
@@ -431,18 +343,9 @@ class Seq2Seq(BaseEstimator):
         tags.target_tags.required = True
         return tags
 
-    def _validate_params(self) -> None:
-        """Check every hyperparameter against ``_parameter_constraints``."""
-        for name, check in self._parameter_constraints.items():
-            check(name, getattr(self, name))
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"num_heads must divide hidden_size, got num_heads={self.num_heads} and "
-                f"hidden_size={self.hidden_size}"
-            )
-
     # ------------------------------------------------------------ fit
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Sequence, y: Sequence) -> Seq2Seq:
         """Learn to map each ``X[i]`` to ``y[i]``.
 
@@ -457,29 +360,24 @@ class Seq2Seq(BaseEstimator):
         -------
         self : Seq2Seq
         """
-        self._validate_params()
+        if y is None:
+            raise ValueError("Seq2Seq requires y to be passed, but the target y is None")
         sources, _ = _as_token_lists(X, "X", self.tokenizer)
         targets, output_kind = _as_token_lists(y, "y", self.tokenizer)
         if len(sources) != len(targets):
             raise ValueError(
                 f"X and y must have the same length, got {len(sources)} and {len(targets)}"
             )
+        _refuse_reserved_tokens(targets)
         rng = check_random_state(self.random_state)
-        train_idx, val_idx = self._split(len(sources), rng)
-        device = _resolve_device(self.device)
-
-        reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
-        if reserved:  # (a source token like that is simply unknown)
-            raise ValueError(
-                f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
-                f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
-            )
+        fraction = self.validation_fraction if self.early_stopping else None
+        train_idx, val_idx = training.split(len(sources), fraction, rng)
+        self.device_ = device = training.resolve_device(self.device)
         self.source_vocab_ = Vocabulary.build(sources)
         self.target_vocab_ = Vocabulary.build(targets)
         self.output_kind_ = output_kind
         self.max_source_length_ = max(len(s) for s in sources)
         self.max_output_length_ = 2 * max(map(len, targets)) + 10
-        self.device_ = device
         src = [self.source_vocab_.encode(s) + [EOS] for s in sources]
         tgt = [self.target_vocab_.encode(t) for t in targets]
 
@@ -487,22 +385,12 @@ class Seq2Seq(BaseEstimator):
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             self.module_ = self._build_module().to(device)
-            self._train(src, tgt, train_idx, val_idx, rng)
-        self.module_.eval()
+            trainer = self._make_trainer(src, tgt, len(train_idx), validation=len(val_idx) > 0)
+            self.history_ = trainer.fit(train_idx, val_idx, rng)
+        self.n_iter_ = len(self.history_)
+        self.n_steps_ = trainer.steps
+        self.best_epoch_ = trainer.best_epoch or self.n_iter_
         return self
-
-    def _split(self, n: int, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
-        """Shuffled train / validation indices (no validation without early stopping)."""
-        order = rng.permutation(n)
-        if not self.early_stopping:
-            return order, order[:0]
-        n_val = max(1, round(self.validation_fraction * n))
-        if n - n_val < 1:
-            raise ValueError(
-                f"early_stopping needs at least one training item after the validation split; "
-                f"got {n} items with validation_fraction={self.validation_fraction}"
-            )
-        return order[n_val:], order[:n_val]
 
     def _build_module(self) -> Seq2SeqModule:
         """The untrained module of the fitted vocabularies and this estimator's parameters."""
@@ -513,169 +401,66 @@ class Seq2Seq(BaseEstimator):
         )
         return Seq2SeqModule(config)
 
-    def _train(
-        self,
-        src: list[list[int]],
-        tgt: list[list[int]],
-        train_idx: np.ndarray,
-        val_idx: np.ndarray,
-        rng: np.random.RandomState,
-    ) -> None:
-        """The epoch loop: train, validate, record, stop early, keep the best weights."""
-        optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.learning_rate)
-        budget = _Budget(self.max_steps, self.max_time)
-        scheduler = self._cosine_schedule(optimizer, len(train_idx), budget)
-        self.history_: list[dict[str, Any]] = []
-        self.n_steps_ = 0
-        # The monitored quantities are minimised in order: exact match enters with its sign
-        # flipped, and the loss breaks its ties.
-        keys, signs = ("train_loss",), (1.0,)
-        if len(val_idx) and self.early_stopping_metric == "exact_match":
-            keys, signs = ("val_exact_match", "val_loss"), (-1.0, 1.0)
-        elif len(val_idx):
-            keys = ("val_loss",)
-        best = (math.inf,) * len(keys)
-        best_epoch, best_state, last_improvement = 0, None, 0
-        epochs = tqdm(
-            range(1, self.max_epochs + 1), desc="Seq2Seq", unit="epoch", disable=not self.verbose
-        )
-        for epoch in epochs:
-            start = time.perf_counter()
-            lr = optimizer.param_groups[0]["lr"]
-            train_loss = self._train_epoch(optimizer, scheduler, src, tgt, train_idx, rng, budget)
-            record = {"epoch": epoch, "steps": self.n_steps_, "lr": lr, "train_loss": train_loss}
-            if len(val_idx):
-                record |= self._evaluate(src, tgt, val_idx)
-            record["seconds"] = time.perf_counter() - start
-            self.history_.append(record)
-            epochs.set_postfix({k: round(v, 4) for k, v in record.items() if "_" in k})
-
-            # As in scikit-learn's MLP: patience counts epochs without an improvement by more
-            # than tol; the weights kept are those of the best monitored value.
-            monitored = tuple(sign * record[key] for key, sign in zip(keys, signs, strict=True))
-            if _improves(monitored, best, self.tol):
-                last_improvement = epoch
-            elif self.lr_schedule == "plateau":
-                for group in optimizer.param_groups:
-                    group["lr"] *= PLATEAU_FACTOR
-            if monitored < best:
-                best, best_epoch = monitored, epoch
-                if len(val_idx):
-                    best_state = copy.deepcopy(self.module_.state_dict())
-            if epoch - last_improvement >= self.n_iter_no_change or budget.spent(self.n_steps_):
-                break
-        epochs.close()
-        if best_state is not None:
-            self.module_.load_state_dict(best_state)
-        self.n_iter_ = len(self.history_)
-        self.best_epoch_ = best_epoch if best_state is not None else self.n_iter_
-
-    def _cosine_schedule(
-        self, optimizer: torch.optim.Optimizer, n_train: int, budget: _Budget
-    ) -> torch.optim.lr_scheduler.LRScheduler | None:
-        """``lr_t = lr * (1 + cos(pi p)) / 2`` over the budget training may take, or None.
-
-        ``p = max(t / T, share of max_time spent)``, capped at 1: the steps training may take
-        are ``T = min(max_steps, max_epochs * steps per epoch)``.
-        """
-        if self.lr_schedule != "cosine":
-            return None
-        steps_per_epoch = math.ceil(n_train / self.batch_size)  # as _length_batches cuts them
-        total = min(budget.max_steps, self.max_epochs * steps_per_epoch)
-
-        def factor(t: int) -> float:
-            progress = max(min(t, total) / total, budget.time_share())
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-    def _train_epoch(
-        self,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-        src: list[list[int]],
-        tgt: list[list[int]],
-        train_idx: np.ndarray,
-        rng: np.random.RandomState,
-        budget: _Budget,
-    ) -> float:
-        """One shuffled pass over the training items (cut short when the budget is spent)."""
-        target_lengths = np.array([len(t) for t in tgt])
-        losses = []  # (summed loss, tokens) per batch
-        for batch in _length_batches(train_idx, target_lengths, self.batch_size, rng):
-            losses.append(self._train_step(optimizer, src, tgt, batch))
-            self.n_steps_ += 1
-            if scheduler is not None:
-                scheduler.step()
-            if budget.spent(self.n_steps_):
-                break
-        return _mean(losses)
-
-    def _evaluate(
-        self, src: list[list[int]], tgt: list[list[int]], val_idx: np.ndarray
-    ) -> dict[str, float]:
-        """Teacher-forced loss and greedy exact match on the validation items."""
-        self.module_.eval()
-        batches = np.array_split(val_idx, math.ceil(len(val_idx) / PREDICT_BATCH_SIZE))
-        with torch.inference_mode():
-            losses = [self._batch_loss(src, tgt, b) for b in batches]
-        predicted = self._decode_ids([src[i] for i in val_idx], beam_size=1)
-        hits = [h.tokens == tgt[i] for h, i in zip(predicted, val_idx, strict=True)]
-        return {
-            "val_loss": _mean([(float(loss), n) for loss, n in losses]),
-            "val_exact_match": float(np.mean(hits)),
-        }
-
-    def _tensors(self, id_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, lengths = pad_batch(id_lists)
-        return (
-            torch.from_numpy(ids).to(self.device_),  # (B, T)
-            torch.from_numpy(lengths).to(self.device_),  # (B,)
+    def _make_trainer(
+        self, src: list[list[int]], tgt: list[list[int]], n_train: int, validation: bool
+    ) -> training.Trainer:
+        """A trainer for ``module_`` whose callbacks carry out this estimator's parameters."""
+        budget = training.Budget(self.max_steps, self.max_time)
+        callbacks: list[training.Callback] = [budget]
+        if self.lr_schedule == "cosine":
+            steps_per_epoch = math.ceil(n_train / self.batch_size)  # as length_batches cuts them
+            callbacks.append(training.CosineSchedule(budget, self.max_epochs, steps_per_epoch))
+        monitor_args = (validation, self.early_stopping_metric, self.tol)
+        if self.lr_schedule == "plateau":
+            callbacks.append(training.PlateauSchedule(training.Monitor.for_metric(*monitor_args)))
+        monitor = training.Monitor.for_metric(*monitor_args)
+        callbacks.append(training.EarlyStopping(monitor, self.n_iter_no_change, validation))
+        callbacks.append(training.ProgressBar(self.max_epochs, disable=not self.verbose))
+        return training.Trainer(
+            self.module_,
+            src,
+            tgt,
+            decode=lambda ids: [h.tokens for h in self._decode_ids(ids, beam_size=1)],
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            max_epochs=self.max_epochs,
+            max_grad_norm=self.max_grad_norm,
+            label_smoothing=self.label_smoothing,
+            callbacks=callbacks,
         )
 
-    def _batch_loss(
-        self,
-        src: list[list[int]],
-        tgt: list[list[int]],
-        batch: np.ndarray,
-        label_smoothing: float = 0.0,
-    ) -> tuple[torch.Tensor, int]:
-        """Summed token cross-entropy of a teacher-forced batch, and its number of tokens.
+    # ------------------------------------------------------------ pickling
 
-        ``loss = -sum_i log p(y_i | y_<i, x)`` over the decoder outputs ``tokens + [EOS]``,
-        with decoder inputs ``[BOS] + tokens``; padding is ignored. With ``label_smoothing``
-        ``e``, each term becomes ``-(1 - e) log p(y_i) - e/V sum_v log p(v)``.
-        """
-        source, source_lengths = self._tensors([src[i] for i in batch])
-        target, _ = self._tensors([[BOS, *tgt[i], EOS] for i in batch])  # (B, T_y + 1)
-        tgt_in, tgt_out = target[:, :-1], target[:, 1:]  # (B, T_y)
-        logits, _ = self.module_(source, source_lengths, tgt_in)  # (B, T_y, V)
-        loss = F.cross_entropy(
-            logits.transpose(1, 2),
-            tgt_out,
-            ignore_index=PAD,
-            reduction="sum",
-            label_smoothing=label_smoothing,
-        )
-        return loss, int((tgt_out != PAD).sum())
+    def __getstate__(self) -> dict:
+        """Store the module as its config and a CPU state dict, so any machine can load it."""
+        state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__
+        module = state.pop("module_", None)
+        if module is not None:
+            state["_module_config"] = module.config.to_dict()
+            state["_module_state"] = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        return state
 
-    def _train_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        src: list[list[int]],
-        tgt: list[list[int]],
-        batch: np.ndarray,
-    ) -> tuple[float, int]:
-        self.module_.train()
-        optimizer.zero_grad(set_to_none=True)
-        loss, n_tokens = self._batch_loss(src, tgt, batch, self.label_smoothing)
-        (loss / n_tokens).backward()
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.module_.parameters(), self.max_grad_norm)
-        optimizer.step()
-        return float(loss.detach()), n_tokens
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing."""
+        config = state.pop("_module_config", None)
+        weights = state.pop("_module_state", None)
+        super().__setstate__(state)
+        if config is not None:
+            device = self.device_
+            if device.type == "cuda" and not torch.cuda.is_available():
+                device = torch.device("cpu")
+            module = Seq2SeqModule(ModelConfig.from_dict(config))
+            module.load_state_dict(weights)
+            self.module_ = module.to(device).eval()
+            self.device_ = device
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "module_")
 
     # ------------------------------------------------------------ predict
+
+    def _tensors(self, id_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return training.to_tensors(id_lists, self.device_)  # (B, T), (B,)
 
     def _decode_ids(self, id_lists: list[list[int]], beam_size: int) -> list[Hypothesis]:
         """Decode source id lists (each ending with EOS), batched by length, in input order."""
@@ -824,54 +609,3 @@ class Seq2Seq(BaseEstimator):
         from skattn.export import export_onnx
 
         return export_onnx(self, path)
-
-    # ------------------------------------------------------------ pickling
-
-    def __getstate__(self) -> dict:
-        """Store the module as its config and a CPU state dict, so any machine can load it."""
-        state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__
-        module = state.pop("module_", None)
-        if module is not None:
-            state["_module_config"] = module.config.to_dict()
-            state["_module_state"] = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing."""
-        config = state.pop("_module_config", None)
-        weights = state.pop("_module_state", None)
-        super().__setstate__(state)
-        if config is not None:
-            device = self.device_
-            if device.type == "cuda" and not torch.cuda.is_available():
-                device = torch.device("cpu")
-            module = Seq2SeqModule(ModelConfig.from_dict(config))
-            module.load_state_dict(weights)
-            self.module_ = module.to(device).eval()
-            self.device_ = device
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "module_")
-
-
-def _length_batches(
-    indices: np.ndarray, lengths: np.ndarray, batch_size: int, rng: np.random.RandomState
-) -> list[np.ndarray]:
-    """Shuffled batches of items of similar length, so that little compute goes to padding.
-
-    The items are shuffled, each window of ``BUCKET_BATCHES`` batches' worth is sorted by
-    length and cut into batches, and the batches are shuffled.
-    """
-    order = indices[rng.permutation(len(indices))]
-    window = batch_size * BUCKET_BATCHES
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = order[start : start + window]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches.extend(np.array_split(chunk, math.ceil(len(chunk) / batch_size)))
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def _mean(losses: Sequence[tuple[float, int]]) -> float:
-    """Token-weighted mean of ``(summed loss, tokens)`` pairs."""
-    return sum(loss for loss, _ in losses) / max(sum(n for _, n in losses), 1)
