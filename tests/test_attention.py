@@ -322,10 +322,10 @@ def test_unknown_scorer_lists_the_valid_names():
         (dict(scorer="dot", num_heads=3), "not divisible"),
         (dict(scorer="general", num_heads=3, query_size=6), "key_size=4 is not divisible"),
         (dict(scorer="dot", query_size=6), "query_size == key_size"),
-        (dict(scorer="dot", num_heads=0), "num_heads must be a positive int"),
+        (dict(scorer="dot", num_heads=0), "num_heads must be an int >= 1"),
         (dict(scorer="additive", attention_size=0), "attention_size"),
         (dict(scorer="dot", local="local"), "local must be None or one of"),
-        (dict(scorer="dot", local="local-m", window=0), "window must be a positive int"),
+        (dict(scorer="dot", local="local-m", window=0), "window must be an int >= 1"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):

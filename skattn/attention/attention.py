@@ -14,6 +14,7 @@ from skattn.attention.local import (
 )
 from skattn.attention.scorers import make_scorer
 from skattn.attention.softmax import check_temperature, masked_softmax, tempered_scores
+from skattn.core.checks import check_int
 
 
 class Attention(nn.Module):
@@ -83,8 +84,7 @@ class Attention(nn.Module):
         super().__init__()
         if local is not None and local not in LOCAL_KINDS:
             raise ValueError(f"local must be None or one of {list(LOCAL_KINDS)}, got {local!r}")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"window must be a positive int, got {window!r}")
+        window = check_int(window, "window")
         self.scorer = make_scorer(scorer, query_size, key_size, attention_size, num_heads)
         self.query_size = query_size
         self.key_size = key_size

@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor, nn
 
+from skattn.core.checks import check_int
+
 
 class Scorer(nn.Module, ABC):
     """Base class: input checks, head splitting and the single-query / all-steps dispatch.
@@ -49,17 +51,10 @@ class Scorer(nn.Module, ABC):
         num_heads: int = 1,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("query_size", query_size),
-            ("key_size", key_size),
-            ("num_heads", num_heads),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.query_size = query_size
-        self.key_size = key_size
-        self.num_heads = num_heads
-        self.keys_size = key_size
+        self.query_size = check_int(query_size, "query_size")
+        self.key_size = check_int(key_size, "key_size")
+        self.num_heads = check_int(num_heads, "num_heads")
+        self.keys_size = self.key_size
 
     @abstractmethod
     def precompute(self, H: Tensor) -> Tensor:
@@ -234,9 +229,7 @@ class AdditiveScorer(Scorer):
         super().__init__(query_size, key_size, attention_size, num_heads)
         if num_heads != 1:
             raise ValueError(f"the additive scorer has a single head, got num_heads={num_heads}")
-        n = query_size if attention_size is None else attention_size
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"attention_size must be a positive int, got {attention_size!r}")
+        n = check_int(query_size if attention_size is None else attention_size, "attention_size")
         self.attention_size = n
         self.keys_size = n
         self.W_a = nn.Parameter(torch.empty(query_size, n))
