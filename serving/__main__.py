@@ -337,10 +337,14 @@ def serve(
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server.run()
+    except SystemExit:  # uvicorn exits 3 when the lifespan's start-up fails
+        if not app.state.startup_error:
+            raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     if not server.started:
-        raise SystemExit(f"error: the server could not start on {host}:{port}")
+        reason = app.state.startup_error or f"could not listen on {host}:{port}"
+        raise SystemExit(f"error: the server could not start: {reason}")
 
 
 class JsonFormatter(logging.Formatter):

@@ -60,8 +60,10 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     Returns
     -------
     FastAPI
-        The ASGI app; its lifespan starts and (draining) stops one batcher per model. All
-        models share one inference worker thread. ``app.state.models`` maps each name to its
+        The ASGI app; its lifespan warms each model up (:func:`warm_up`: start-up fails,
+        with ``app.state.startup_error`` naming the model, if one cannot translate), then
+        starts and (draining) stops one batcher per model. All models share one inference
+        worker thread. ``app.state.models`` maps each name to its
         :class:`serving.infer.ServedModel`.
     """
     settings = ServerSettings() if settings is None else settings
@@ -83,6 +85,15 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            for model in models.values():
+                await warm_up(model, executor)
+        except Exception as exc:
+            app.state.startup_error = str(exc)
+            logger.error("start-up failed", extra={"error": str(exc)})
+            executor.shutdown(wait=False)
+            encoder.shutdown(wait=False)
+            raise
         for model in models.values():
             await model.batcher.start()
         logger.info("server ready", extra={"models": sorted(models)})
@@ -99,6 +110,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     app.state.models = models
     app.state.metrics = metrics
     app.state.settings = settings
+    app.state.startup_error = None
     add_routes(app, models, metrics)
     add_error_handlers(app)
     app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics, encoder))
@@ -106,6 +118,30 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     # GET / (the attention explorer) and GET /v2/models
     mount_explorer(app, runtimes, is_ready=lambda name: models[name].batcher.running)
     return app
+
+
+async def warm_up(model: ServedModel, executor: ThreadPoolExecutor) -> None:
+    """Translate the model's ``info.warmup_source`` (with attention) once, before the server
+    reports ready: raise ``RuntimeError`` naming the model if it cannot.
+
+    The first call also pays for onnxruntime's lazy initialisation, which a client's first
+    request would otherwise pay.
+    """
+    source = model.info.warmup_source
+    loop = asyncio.get_running_loop()
+    try:
+        model.runtime.check_source(source)
+        predictions, attentions = await loop.run_in_executor(
+            executor, lambda: model.runtime.predict_batch([source], with_attention=True)
+        )
+        if len(predictions) != 1 or attentions is None or len(attentions) != 1:
+            raise RuntimeError("it returned no single prediction and attention map")
+    except Exception as exc:
+        raise RuntimeError(
+            f"model {model.name!r} failed its warm-up inference of {source!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    logger.info("model warmed up", extra={"model": model.name})
 
 
 def _served_models(

@@ -15,7 +15,8 @@ cannot make everyone else wait out the delay.
 The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
 event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
 free, so under load the batches grow by themselves. Every item gets exactly one result; when a
-runtime call raises, every item of that batch gets the error and the batcher carries on. Items
+runtime call raises, the batch is split in halves and each run again (down to single items), so
+that only the items that fail on their own get the error, and the batcher carries on. Items
 whose caller has gone (a cancelled future) are skipped.
 """
 
@@ -357,30 +358,52 @@ class Batcher:
         batch = [item for item in batch if not item.future.cancelled()]
         if not batch:
             return
-        sources = [item.source for item in batch]
-        temperature = batch[0].temperature
-        with_attention = any(item.with_attention for item in batch)
         started = time.monotonic()
         if self._metrics is not None:
             for item in batch:
                 self._metrics.queue_wait(started - item.enqueued)
+        with_attention = any(item.with_attention for item in batch)
+        await self._run_group(batch, batch[0].temperature, with_attention)
+
+    async def _run_group(
+        self, group: list[_Item], temperature: float | None, with_attention: bool
+    ) -> None:
+        """One runtime call for ``group``; if it raises, its halves are run apart (bisection),
+        so that only the items that fail on their own get the error.
+
+        Bounded: a batch of n items with one failing item costs at most 2 log2(n) more calls
+        (12 for 64 items), and 2n - 2 when every item fails (a broken model fails fast).
+        """
+        sources = [item.source for item in group]
+        started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
             predictions, attentions = await loop.run_in_executor(
                 self._executor, self._predict, sources, temperature, with_attention
             )
         except asyncio.CancelledError:
-            self._fail(batch, BatcherClosedError("the batcher stopped"))
+            self._fail(group, BatcherClosedError("the batcher stopped"))
             raise
         except Exception as exc:
-            self._record(len(batch), started, failed=True)
-            logger.exception("batch failed", extra={"batch_size": len(batch), "error": repr(exc)})
+            self._record(len(group), started, failed=True)
+            if len(group) > 1:
+                logger.warning(
+                    "batch failed; running its halves apart",
+                    extra={"batch_size": len(group), "error": repr(exc)},
+                )
+                half = len(group) // 2
+                for part in (group[:half], group[half:]):
+                    part = [item for item in part if not item.future.cancelled()]
+                    if part:
+                        await self._run_group(part, temperature, with_attention)
+                return
+            logger.exception("item failed", extra={"error": repr(exc)})
             error = BatchError(f"inference failed: {exc}")
             error.__cause__ = exc
-            self._fail(batch, error)
+            self._fail(group, error)
             return
-        self._record(len(batch), started, failed=False)
-        for i, item in enumerate(batch):
+        self._record(len(group), started, failed=False)
+        for i, item in enumerate(group):
             if item.future.done():
                 continue
             attention = attentions[i] if item.with_attention else None

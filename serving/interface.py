@@ -43,6 +43,11 @@ class ModelInfo:
     vocabulary_id : str
         The first 16 hex digits of the SHA-256 of both vocabularies: equal for models trained
         on the same data (the explorer pairs models by it).
+    warmup_source : str, default=""
+        A source the server translates (with attention) before it reports ready, so that a
+        model that cannot serve fails at start-up rather than in its first batches. Best: one
+        of each source token, within ``max_source_length`` (every embedding row is then
+        looked up once); the empty source exercises the graphs but not the vocabulary.
     """
 
     name: str
@@ -57,6 +62,7 @@ class ModelInfo:
     beam_size: int
     temperature: float
     vocabulary_id: str
+    warmup_source: str = ""
 
 
 def vocabulary_id(source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]) -> str:

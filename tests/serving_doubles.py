@@ -15,6 +15,7 @@ import numpy as np
 from serving.interface import ModelInfo, vocabulary_id
 
 FAIL_MARKER = "boom"
+WARMUP_SOURCE = "<warm-up>"  # translated at start-up; never held, never counted in ``calls``
 
 
 def check_source(text: object, max_source_length: int) -> None:
@@ -51,6 +52,7 @@ class ReverseRuntime:
         self.max_source_length = max_source_length
         self.output_kind = "str"
         self.calls: list[tuple[list[str], float | None, bool]] = []
+        self.warmups: list[tuple[list[str], float | None, bool]] = []
         self.started = threading.Semaphore(0)  # released once per batch started
         self._gate = threading.Event()
         if not gated:
@@ -71,6 +73,7 @@ class ReverseRuntime:
             beam_size=1,
             temperature=1.0,
             vocabulary_id=vocabulary_id(list("0123456789"), list("0123456789")),
+            warmup_source=WARMUP_SOURCE,
         )
 
     def release(self) -> None:
@@ -83,6 +86,9 @@ class ReverseRuntime:
     def predict_batch(
         self, sources: list[str], temperature: float | None = None, with_attention: bool = False
     ) -> tuple[list[str], list[np.ndarray] | None]:
+        if list(sources) == [WARMUP_SOURCE]:
+            self.warmups.append((list(sources), temperature, with_attention))
+            return [WARMUP_SOURCE[::-1]], [reverse_attention(WARMUP_SOURCE, temperature)]
         self.calls.append((list(sources), temperature, with_attention))
         self.started.release()
         if not self._gate.wait(timeout=30):

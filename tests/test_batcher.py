@@ -251,16 +251,48 @@ def test_a_failed_batch_fails_only_its_own_items_and_the_batcher_carries_on():
         runtime = ReverseRuntime()
         metrics = RecordingMetrics()
         batcher = await started(runtime, max_batch_size=8, max_delay_ms=0, metrics=metrics)
+        futures = batcher.submit(["ab", "boom", "cd"])
         with pytest.raises(BatchError, match="injected failure") as failure:
-            await batcher.infer(["ab", "boom", "cd"])
+            await batcher.results(futures)  # the request of a failed item gets its error
+        await asyncio.wait(futures)
+        others = [f.result() for f in futures if f.exception() is None]
         after = await batcher.infer(["ok"])
         await batcher.stop()
-        return failure.value, after, metrics
+        return failure.value, others, after, metrics
 
-    error, after, metrics = run(body())
+    error, others, after, metrics = run(body())
     assert isinstance(error.__cause__, RuntimeError)
+    assert others == [ItemResult("ba"), ItemResult("dc")]  # run apart, they succeed
     assert after == [ItemResult("ko")]
-    assert metrics.batches == [(3, True), (1, False)]
+    # [ab, cd, boom] (sorted by length) fails; [ab] succeeds; [cd, boom] fails; [cd], [boom]
+    assert metrics.batches == [
+        (3, True),
+        (1, False),
+        (2, True),
+        (1, False),
+        (1, True),
+        (1, False),
+    ]
+
+
+def test_failure_isolation_is_bounded_by_bisection():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=0)
+        hold = batcher.submit(["hold"])
+        await wait_for_batches(runtime, 1)
+        sources = [f"{i:03d}" for i in range(63)] + ["boom"]
+        futures = [batcher.submit([s])[0] for s in sources]
+        runtime.release()
+        await asyncio.wait(hold + futures)
+        await batcher.stop()
+        return runtime, sources, futures
+
+    runtime, sources, futures = run(body())
+    failed = [s for s, f in zip(sources, futures, strict=True) if f.exception() is not None]
+    assert failed == ["boom"]
+    assert runtime.batch_sizes[1] == 64
+    assert len(runtime.batch_sizes) - 2 <= 2 * 6  # 2 log2(64) calls after the failed batch
 
 
 def test_a_runtime_that_returns_too_few_answers_fails_the_batch():
@@ -272,7 +304,8 @@ def test_a_runtime_that_returns_too_few_answers_fails_the_batch():
     async def body():
         batcher = await started(Lossy(), max_batch_size=8, max_delay_ms=0)
         try:
-            with pytest.raises(BatchError, match="2 predictions for 3 sources"):
+            # each item run apart gets the batch's fault: 0 predictions for 1 source
+            with pytest.raises(BatchError, match="0 predictions for 1 sources"):
                 await batcher.infer(["a", "b", "c"])
         finally:
             await batcher.stop()

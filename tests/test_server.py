@@ -29,7 +29,7 @@ import pytest
 import tritonclient.http as triton
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from serving_doubles import ReverseRuntime, reverse_attention
+from serving_doubles import WARMUP_SOURCE, ReverseRuntime, reverse_attention
 
 from serving import protocol
 from serving.__main__ import JsonFormatter, build_parser, main
@@ -504,7 +504,53 @@ def test_a_failed_batch_answers_500_to_its_own_requests_only(serve):
     assert hold.status_code == good.status_code == 200
     assert good.json()["outputs"][0]["data"] == ["enif"]
     assert server.metric("skattn_requests_total", model=MODEL, outcome="error") == 1
-    assert server.metric("skattn_batch_failures_total", model=MODEL) == 1
+    # the batch [x, boom], then its half [boom]: [x] ran apart and succeeded
+    assert server.metric("skattn_batch_failures_total", model=MODEL) == 2
+
+
+def test_a_failing_item_fails_only_its_own_request_within_a_shared_batch(serve):
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, max_batch_size=64, max_delay_ms=0)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            url = f"/v2/models/{MODEL}/infer"
+            hold = asyncio.ensure_future(client.post(url, json=infer_body(["hold"])))
+            await asyncio.to_thread(runtime.started.acquire)
+            sources = [f"{i:04d}" for i in range(20)]
+            sources.insert(7, "boom")
+            posts = [asyncio.ensure_future(client.post(url, json=infer_body([s]))) for s in sources]
+            await asyncio.to_thread(wait_until, lambda: server.batcher.queue_depth == 21)
+            runtime.release()
+            await hold
+            return sources, await asyncio.gather(*posts)
+
+    sources, responses = asyncio.run(scenario())
+    for source, response in zip(sources, responses, strict=True):
+        if source == "boom":
+            assert response.status_code == 500
+        else:
+            assert response.status_code == 200, response.text
+            assert response.json()["outputs"][0]["data"] == [source[::-1]]
+    assert runtime.batch_sizes[1] == 21  # they did share one batch
+    assert len(runtime.batch_sizes) <= 2 + 2 * 5  # bisection: at most 2 log2(21) more calls
+
+
+def test_a_model_that_fails_its_warm_up_fails_start_up_with_a_clear_error(keep_logging):
+    from serving.__main__ import serve as serve_cli
+
+    class Broken(ReverseRuntime):
+        def predict_batch(self, sources, temperature=None, with_attention=False):
+            raise IndexError("index 40 is out of bounds for axis 0 with size 32")
+
+    with pytest.raises(SystemExit, match="'broken' failed its warm-up inference.*IndexError"):
+        serve_cli({"broken": Broken()}, ServerSettings(), port=0, log_level="critical")
+
+    runtime = ReverseRuntime()
+    server = RunningServer(runtime, ServerSettings())
+    with server:  # a model that can serve has translated its warm-up source before ready
+        assert runtime.warmups == [([WARMUP_SOURCE], None, True)]
+        assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
 
 
 def test_a_full_queue_answers_503_with_retry_after(serve):
