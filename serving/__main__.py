@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import json
 import logging
 import signal
@@ -33,6 +34,22 @@ def default_intra_op_threads() -> int:
     threads and the HTTP event loop preempt each other on every operator of a large batch.
     """
     return max(1, usable_cores() - 1)
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(given: Sequence[str] | None, bind: str) -> tuple[str, ...] | None:
+    """The Host allow-list: ``given`` ('*' among them: any), else the loopback names when
+    ``bind`` is a loopback address (a DNS-rebinding page then cannot reach the server), else
+    any (None)."""
+    if given:
+        return None if "*" in given else tuple(given)
+    try:
+        loopback = ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        loopback = bind == "localhost"
+    return LOOPBACK_HOSTS if loopback else None
 
 
 def _model_dir(value: str) -> tuple[str | None, Path]:
@@ -70,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name a request's Host header may name (repeat for several; '*': any); "
+        "others get 400 (default: localhost, 127.0.0.1 and ::1 when --host is a loopback "
+        "address, else any)",
     )
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     parser.add_argument(
@@ -216,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_body_bytes=args.max_body_bytes,
             max_output_elements=args.max_output_elements,
             body_timeout_s=args.body_timeout_s,
+            allowed_hosts=allowed_hosts(args.allowed_host, args.host),
             eager_batching=args.eager_batching,
         )
         limits = ConnectionLimits(

@@ -114,7 +114,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     add_routes(app, models, metrics)
     add_error_handlers(app)
     app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics, encoder))
-    app.add_middleware(RequestGuard)  # added last: the outermost layer
+    app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts)  # the outermost
     # GET / (the attention explorer) and GET /v2/models
     mount_explorer(app, runtimes, is_ready=lambda name: models[name].batcher.running)
     return app

@@ -3,24 +3,57 @@
 - A request that the connection's protocol marked (``scope[serving.connections.REFUSE]``:
   headers too large, or a non-health request on a connection admitted for health checks
   only) is answered with that status and the connection closed.
+- **Host allow-list** (``ServerSettings.allowed_hosts``, ``--allowed-host``): a request whose
+  ``Host`` names another host gets 400, so that a DNS-rebinding page (``evil.example``
+  resolving to 127.0.0.1) cannot read ``/metrics`` or the models' answers.
+- **Cross-origin writes**: a POST with an ``Origin`` header that is not the server's own
+  (scheme, host and port of ``Host``) gets 403; browsers send ``Origin`` with every
+  cross-origin POST, tritonclient and curl send none.
+- **Content-Type** of an inference request: ``application/json``, ``application/octet-stream``
+  (the binary tensor extension) or none at all (tritonclient sends none); any other, such as
+  the ``text/plain`` and form types a web page may POST without a CORS preflight, gets 415.
+- ``HEAD`` on a GET route is answered as the GET without its body.
 """
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import protocol
 from serving.connections import REFUSE
 from serving.infer import send_answer
 
-__all__ = ["RequestGuard"]
+__all__ = ["INFER_CONTENT_TYPES", "RequestGuard", "host_name"]
+
+INFER_CONTENT_TYPES = ("application/json", "application/octet-stream")
+
+
+def host_name(host: str) -> str:
+    """The host of a ``Host`` header, lower-cased, without its port (``[::1]:8000`` -> ``::1``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class RequestGuard:
-    """ASGI middleware in front of everything else (see the module's docstring)."""
+    """ASGI middleware in front of everything else (see the module's docstring).
 
-    def __init__(self, app: ASGIApp) -> None:
+    Parameters
+    ----------
+    app : ASGI app
+    allowed_hosts : iterable of str, optional
+        Host names (no ports) a request's ``Host`` may name; None: any.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str] | None = None) -> None:
         self.app = app
+        self.allowed_hosts = (
+            None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -31,4 +64,51 @@ class RequestGuard:
             status, message = refused
             await send_answer(send, status, {"Connection": "close"}, protocol.error_body(message))
             return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await send_answer(send, refusal[0], {}, protocol.error_body(refusal[1]))
+            return
+        if scope["method"] == "HEAD":
+            await self.app({**scope, "method": "GET"}, receive, _without_body(send))
+            return
         await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        headers = {}
+        for name, value in scope["headers"]:
+            headers[name.decode("latin-1")] = value.decode("latin-1")
+        host = headers.get("host")
+        if self.allowed_hosts is not None and host is not None:
+            if host_name(host) not in self.allowed_hosts:
+                return 400, f"Host {host!r} is not allowed (--allowed-host)"
+        if scope["method"] != "POST":
+            return None
+        origin = headers.get("origin")
+        if origin is not None and not _same_origin(origin, host, scope.get("scheme", "http")):
+            return 403, f"cross-origin request from {origin!r} refused"
+        if scope["path"].endswith("/infer"):
+            content_type = headers.get("content-type")
+            if content_type is not None:
+                media_type = content_type.split(";", 1)[0].strip().lower()
+                if media_type not in INFER_CONTENT_TYPES:
+                    return 415, (
+                        f"unsupported Content-Type {content_type!r}; send "
+                        f"{' or '.join(INFER_CONTENT_TYPES)} (or none)"
+                    )
+        return None
+
+
+def _same_origin(origin: str, host: str | None, scheme: str) -> bool:
+    parts = urlsplit(origin)
+    return host is not None and parts.scheme == scheme and parts.netloc.lower() == host.lower()
+
+
+def _without_body(send: Send) -> Send:
+    """``send`` for a HEAD request: the GET's status and headers, no body bytes."""
+
+    async def head_send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return head_send

@@ -40,6 +40,10 @@ class ServerSettings:
         it 408 and the connection is closed. A 1 MiB body (``max_body_bytes``) then needs
         105 kB/s, which any client of a model server has; a client that declares a body and
         never sends it no longer holds a connection and a batcher slot forever.
+    allowed_hosts : tuple of str, optional
+        The host names (no port) a request's ``Host`` header may name; others get 400 (a
+        DNS-rebinding defence). None, the default here, allows any; ``python -m serving``
+        allows only ``localhost``, ``127.0.0.1`` and ``::1`` when it binds a loopback address.
     retry_after_s : int, default=1
         The ``Retry-After`` a client gets with a 503.
     eager_batching : bool, default=True
@@ -55,6 +59,7 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     max_output_elements: int = 1 << 20
     body_timeout_s: float = 10.0
+    allowed_hosts: tuple[str, ...] | None = None
     retry_after_s: int = 1
     eager_batching: bool = True
 
@@ -70,6 +75,13 @@ class ServerSettings:
             check_int(getattr(self, name), name)
         check_real(self.max_delay_ms, "max_delay_ms", 0.0)
         check_real(self.body_timeout_s, "body_timeout_s", 0.0, low_open=True)
+        if self.allowed_hosts is not None and (
+            not isinstance(self.allowed_hosts, tuple)
+            or not all(isinstance(host, str) and host for host in self.allowed_hosts)
+        ):
+            raise ValueError(
+                f"allowed_hosts must be None or a tuple of host names, got {self.allowed_hosts!r}"
+            )
         if not isinstance(self.eager_batching, bool):
             raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
         if self.max_items_per_request > self.max_queue:

@@ -1,0 +1,111 @@
+"""Requests a browser page could forge (issue 14, item 7): Content-Type, Host, Origin, and
+HEAD on the health routes. Every server listens on 127.0.0.1."""
+
+import httpx
+import pytest
+from serving_doubles import ReverseRuntime
+from test_server import MODEL, RunningServer, infer_body
+
+from serving.__main__ import LOOPBACK_HOSTS, allowed_hosts
+from serving.app import ServerSettings
+from serving.guard import host_name
+
+INFER = f"/v2/models/{MODEL}/infer"
+
+
+@pytest.fixture
+def server():
+    settings = ServerSettings(allowed_hosts=LOOPBACK_HOSTS)
+    with RunningServer(ReverseRuntime(), settings) as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+     "multipart/form-data; boundary=x"],
+)  # fmt: skip
+def test_an_inference_request_of_a_type_a_page_may_post_gets_415(server, content_type):
+    import json
+
+    body = json.dumps(infer_body(["abc"]))
+    response = httpx.post(server.url + INFER, content=body, headers={"Content-Type": content_type})
+    assert response.status_code == 415
+    assert "Content-Type" in response.json()["error"]
+    assert server.runtime.calls == []
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Content-Type": "application/json"}, {"Content-Type": "application/json; charset=utf-8"},
+     {}],
+)  # fmt: skip
+def test_json_and_untyped_bodies_are_served(server, headers):
+    import json
+
+    body = json.dumps(infer_body(["abc"])).encode()
+    response = httpx.post(server.url + INFER, content=body, headers=headers)
+    assert response.status_code == 200
+    assert response.json()["outputs"][0]["data"] == ["cba"]
+
+
+def test_binary_extension_requests_are_served_through_tritonclient(server):
+    from test_server import source_input
+
+    client = server.triton()
+    try:
+        answer = client.infer(MODEL, [source_input(["12345"])]).as_numpy("prediction")
+    finally:
+        client.close()
+    assert answer.tolist() == [b"54321"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v2/health/ready", "/v2/models", INFER])
+def test_a_foreign_host_is_refused(server, path):
+    with httpx.Client(base_url=server.url, headers={"Host": "evil.example"}) as client:
+        if path == INFER:
+            response = client.post(path, json=infer_body(["abc"]))
+        else:
+            response = client.get(path)
+    assert response.status_code == 400
+    assert "evil.example" in response.json()["error"]
+    for host in (f"localhost:{server.port}", "127.0.0.1", f"[::1]:{server.port}"):
+        assert httpx.get(server.url + "/metrics", headers={"Host": host}).status_code == 200
+
+
+def test_a_cross_origin_post_is_refused_and_a_same_origin_one_served(server):
+    evil = httpx.post(
+        server.url + INFER, json=infer_body(["abc"]), headers={"Origin": "http://evil.example"}
+    )
+    assert evil.status_code == 403
+    same = httpx.post(server.url + INFER, json=infer_body(["abc"]), headers={"Origin": server.url})
+    assert same.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live", "/v2/models/reverse"])
+def test_head_answers_as_get_without_a_body(server, path):
+    head = httpx.head(server.url + path)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers.get("content-length") == httpx.get(server.url + path).headers.get(
+        "content-length"
+    )
+
+
+def test_the_cli_allows_loopback_names_on_a_loopback_bind_only():
+    assert allowed_hosts(None, "127.0.0.1") == LOOPBACK_HOSTS
+    assert allowed_hosts(None, "::1") == LOOPBACK_HOSTS
+    assert allowed_hosts(None, "0.0.0.0") is None
+    assert allowed_hosts(["models.internal"], "0.0.0.0") == ("models.internal",)
+    assert allowed_hosts(["*"], "127.0.0.1") is None
+    assert [host_name(h) for h in ("A.b:80", "[::1]:8000", "::1", "x")] == [
+        "a.b",
+        "::1",
+        "::1",
+        "x",
+    ]
+
+
+def test_allowed_hosts_are_validated():
+    for bad in (["localhost"], ("",), "localhost"):
+        with pytest.raises(ValueError, match="allowed_hosts"):
+            ServerSettings(allowed_hosts=bad)
