@@ -106,7 +106,10 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             encoder.shutdown(wait=True)
             logger.info("stopped")
 
-    app = FastAPI(title="skattn", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No /openapi.json, /docs or /redoc: the protocol is the KServe v2 one, documented there.
+    app = FastAPI(
+        title="skattn", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
+    )
     app.state.models = models
     app.state.metrics = metrics
     app.state.settings = settings

@@ -170,16 +170,24 @@ def decode_content(body: bytes, content_encoding: str | None, max_bytes: int) ->
             f"unsupported Content-Encoding {content_encoding!r}; use gzip, deflate or none", 415
         )
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    decompressor = zlib.decompressobj(wbits)
-    try:
-        decoded = decompressor.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from exc
-    if len(decoded) > max_bytes:
-        raise ProtocolError(f"decoded request body exceeds {max_bytes} bytes", 413)
-    if not decompressor.eof:
-        raise ProtocolError(f"request body is truncated {encoding} data")
-    return decoded
+    parts, size, rest = [], 0, body
+    while True:  # gzip: one member after another (RFC 1952 allows several); deflate: one
+        decompressor = zlib.decompressobj(wbits)
+        try:
+            decoded = decompressor.decompress(rest, max_bytes - size + 1)
+        except zlib.error as exc:
+            raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from exc
+        size += len(decoded)
+        parts.append(decoded)
+        if size > max_bytes:
+            raise ProtocolError(f"decoded request body exceeds {max_bytes} bytes", 413)
+        if not decompressor.eof:
+            raise ProtocolError(f"request body is truncated {encoding} data")
+        rest = decompressor.unused_data
+        if not rest:
+            return b"".join(parts)
+        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
+            raise ProtocolError(f"request body has {len(rest)} bytes after its {encoding} data")
 
 
 def parse_infer_request(body: bytes, header_length: str | None, *, max_items: int) -> InferRequest:
@@ -346,7 +354,14 @@ _END = object()
 
 
 def _text(element: object, index: int) -> str:
+    """A source element as text. One rule for every text of a request (sources and ``id``):
+    valid Unicode only, so a lone surrogate (a JSON ``\\ud800`` escape, or CESU-8 bytes,
+    which ``json.loads`` decodes as surrogates) gets 400 as invalid UTF-8 binary data does."""
     if isinstance(element, str):
+        if not _encodable(element):
+            raise ProtocolError(
+                f"input {INPUT_NAME!r} item {index} is not valid Unicode (a lone surrogate)"
+            )
         return element
     if isinstance(element, bytes):
         try:

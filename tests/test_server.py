@@ -691,6 +691,52 @@ def test_decode_content():
         protocol.decode_content(b"junk", "gzip", 100)
 
 
+def test_gzip_members_are_all_decoded_and_trailing_garbage_is_refused():
+    import zlib
+
+    body = b'{"a": 1}' * 10
+    two = gzip.compress(body[:30]) + gzip.compress(body[30:])  # RFC 1952: valid
+    assert protocol.decode_content(two, "gzip", 100) == body
+    with pytest.raises(protocol.ProtocolError, match="7 bytes after its gzip data"):
+        protocol.decode_content(gzip.compress(body) + b"garbage", "gzip", 100)
+    with pytest.raises(protocol.ProtocolError, match="after its deflate data"):
+        protocol.decode_content(zlib.compress(body) + b"x", "deflate", 100)
+    with pytest.raises(protocol.ProtocolError) as too_big:  # the limit spans the members
+        protocol.decode_content(gzip.compress(body) * 2, "gzip", 100)
+    assert too_big.value.status == 413
+
+
+def test_one_unicode_rule_for_every_text_json_or_binary(serve):
+    server = serve()
+    url = f"{server.url}/v2/models/{MODEL}/infer"
+    source = '{"inputs": [{"name": "source", "shape": [1], "datatype": "BYTES", "data": [%s]}]}'
+    cesu8 = b"\xed\xa0\xbd\xed\xb8\x80"  # U+1F600 as two encoded surrogates
+    bad = {
+        "json escape": (source % '"\\ud800"').encode(),
+        "CESU-8 in JSON": (source % '"@"').encode().replace(b"@", cesu8),
+        "id": b'{"id": "\\udc00", ' + (source % '"1"').encode()[1:],
+        "binary CESU-8": None,
+    }
+    for case, body in bad.items():
+        if body is None:
+            body, headers = binary_request(element(cesu8))
+        else:
+            headers = {}
+        response = httpx.post(url, content=body, headers=headers)
+        assert response.status_code == 400, case
+        assert "Unicode" in response.json()["error"] or "UTF-8" in response.json()["error"]
+    pair = (source % '"\\ud83d\\ude00"').encode()  # a valid surrogate pair is one character
+    response = httpx.post(url, content=pair)
+    assert response.status_code == 200 and response.json()["outputs"][0]["data"] == ["\U0001f600"]
+    assert server.runtime.seen == ["\U0001f600"]
+
+
+def test_no_openapi_schema_or_docs_are_served(serve):
+    server = serve()
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert httpx.get(server.url + path).status_code == 404
+
+
 @pytest.mark.parametrize(
     ("settings", "name"),
     [
