@@ -40,6 +40,7 @@ __all__ = [
     "length_batches",
     "resolve_device",
     "split",
+    "to_tensors",
 ]
 
 #: Validation items per teacher-forced loss batch.

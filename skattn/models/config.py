@@ -2,7 +2,8 @@
 
 The estimator builds it from its parameters of the same names (:meth:`ModelConfig.from_params`),
 the module is built from it (``Seq2SeqModule(config)``), pickles and the artifact's manifest
-store its :meth:`~ModelConfig.to_dict`. Torch-free: a manifest reader needs no torch.
+store its :meth:`~ModelConfig.to_dict` (JSON-safe). The file itself imports no torch, though
+importing it through the ``skattn.models`` package does.
 """
 
 from __future__ import annotations
