@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 import serving
+from skattn.core.inference import as_text
 from skattn.core.text import tokenize
 
 MODEL_NAME = "model"
@@ -143,18 +144,11 @@ def _unpad(attention: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     return [a[:t_y, :t_x] for a, (t_y, t_x) in zip(attention, lengths, strict=True)]
 
 
-def as_text(prediction: str | list[str]) -> str:
-    """A prediction as the server sends it: token outputs joined by single spaces."""
-    return prediction if isinstance(prediction, str) else " ".join(prediction)
-
-
-def print_attention(source: str, prediction: str, weights: np.ndarray, manifest: dict) -> None:
+def print_attention(source: str, prediction: str, weights: np.ndarray, info) -> None:
     """One map as text: a row per output token, a column per source token and the end marker."""
-    columns = tokenize(source, manifest["tokenizer"]) + ["</s>"]
+    columns = tokenize(source, info.tokenizer) + ["</s>"]
     # the server sends token outputs joined by spaces, string outputs as they are
-    rows = tokenize(
-        prediction, "space" if manifest["output_kind"] == "tokens" else manifest["tokenizer"]
-    )
+    rows = tokenize(prediction, "space" if info.output_kind == "tokens" else info.tokenizer)
     print(f"\nattention map of {source!r} -> {prediction!r}:")
     print("      " + "".join(f"{c:>6}" for c in columns))
     for token, row in zip(rows, weights, strict=True):
@@ -202,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if predictions != expected:
                     raise RuntimeError(f"{client}: the server's predictions differ from load's")
             predictions, maps = answers["tritonclient.http"]
-            print_attention(sources[0], predictions[0], maps[0], runtime.manifest)
+            print_attention(sources[0], predictions[0], maps[0], runtime.info)
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
             counts = [
                 line

@@ -2,21 +2,13 @@
 
 Data flow of one call::
 
-    strings --skattn.core.text--> src (B, T) int64, src_lengths (B,)
-      --encoder.onnx--> carry = {memory, keys, mask, <state_names...>}
-      --skattn.core.search.greedy_decode / beam_decode over this module's backend-->
-        Hypothesis (token ids, attention rows) --skattn.core.text--> strings
+    strings --tokenize--> token lists --skattn.core.inference.Translator over a backend
+      (serving.backends: encoder.onnx once, decoder_step.onnx per step)--> strings, maps
 
-The backend is the pair of callables that ``skattn.core.search`` expects: ``step`` runs
-``decoder_step.onnx`` once, ``select`` keeps (or repeats, for beams) rows of every carried tensor.
-Two backends share that contract:
-
-- :class:`NumpyBackend` (CPU): the carry is a dict of NumPy arrays, ``select`` is ``np.take``
-  along axis 0. onnxruntime reads contiguous NumPy inputs in place.
-- :class:`BoundBackend` (CUDA, or CPU on request): the carry is a dict of ``OrtValue`` living on
-  the device; every step runs through IO binding, so states, memory and keys never leave the
-  device. Only ``log_probs`` and ``weights`` (which the search reads) are bound to host memory,
-  and ``select`` runs a small ONNX ``Gather`` graph on the device.
+The inference glue (ids with the end-of-source marker, length-sorted chunks, greedy or beam
+search, output formatting, attention rows) is the core's :class:`~skattn.core.inference.Translator`,
+the same code ``Seq2Seq.predict`` runs; this module opens the graphs, checks them against the
+manifest, and picks the backend (:mod:`serving.backends`).
 
 Thread settings (see :func:`session_options`) are chosen for a server whose cores are shared:
 ``intra_op_num_threads`` defaults to the cores this process may use; ``inter_op_num_threads=1``
@@ -35,45 +27,26 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from serving.artifact import (
-    DECODER_FILE,
-    MANIFEST_FILE,
-    Artifact,
-    ArtifactError,
-    decoder_input_names,
-    decoder_output_names,
-    encoder_input_names,
-    encoder_output_names,
-    read_artifact,
-)
+from serving.artifact import Artifact, ArtifactError, check_binding, read_artifact
+from serving.backends import BoundBackend, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
-from skattn.core.search import Hypothesis, beam_decode, greedy_decode
-from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch, tokenize
+from skattn.core.checks import check_int, check_real, parse_device, usable_cores
+from skattn.core.inference import DEFAULT_MAX_BATCH_SIZE, SearchSettings, Translator
+from skattn.core.manifest import DECODER_FILE, Manifest
+from skattn.core.text import EOS, Vocabulary, tokenize
 
-__all__ = ["BoundBackend", "NumpyBackend", "Runtime", "load", "session_options"]
+__all__ = ["Runtime", "load", "resolve_device", "session_options"]
 
 logger = logging.getLogger(__name__)
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
-DEFAULT_MAX_BATCH_SIZE = 256
-
-Carry = dict[str, Any]
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the OS reports one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptions:
@@ -82,7 +55,8 @@ def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptio
     Parameters
     ----------
     intra_op_num_threads : int, optional
-        Threads that split one operator's work. Default: :func:`available_cores`.
+        Threads that split one operator's work. Default: the cores this process may use
+        (:func:`skattn.core.checks.usable_cores`: its affinity mask and cgroup CPU quota).
 
     Returns
     -------
@@ -90,15 +64,9 @@ def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptio
         ``inter_op_num_threads=1``, ``ORT_SEQUENTIAL``, spinning off, ``ORT_ENABLE_ALL``.
     """
     if intra_op_num_threads is None:
-        intra_op_num_threads = available_cores()
-    if (
-        isinstance(intra_op_num_threads, bool)
-        or not isinstance(intra_op_num_threads, int)
-        or intra_op_num_threads < 1
-    ):
-        raise ValueError(f"intra_op_num_threads must be an int >= 1, got {intra_op_num_threads!r}")
+        intra_op_num_threads = usable_cores()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_num_threads
+    options.intra_op_num_threads = check_int(intra_op_num_threads, "intra_op_num_threads")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -120,22 +88,18 @@ def resolve_device(device: str) -> tuple[str, int]:
     tuple of (str, int)
         ``("cuda", N)`` or ``("cpu", 0)``.
     """
+    kind, index = parse_device(device)
     available = ort.get_available_providers()
-    if not isinstance(device, str):
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if device == "auto":
+    if kind == "auto":
         return ("cuda", 0) if CUDA_PROVIDER in available else ("cpu", 0)
-    if device == "cpu":
+    if kind == "cpu":
         return "cpu", 0
-    match = re.fullmatch(r"cuda(?::(\d+))?", device)
-    if match is None:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if CUDA_PROVIDER not in available:
         raise ValueError(
             f"device={device!r} asks for CUDA, but this onnxruntime has no {CUDA_PROVIDER} "
             f"(available: {available}); install onnxruntime-gpu, or use device='cpu' or 'auto'"
         )
-    return "cuda", int(match.group(1) or 0)
+    return "cuda", index or 0
 
 
 def _providers(device_type: str, device_id: int) -> list:
@@ -155,9 +119,14 @@ def _open_session(
 
 
 def _open_graph(
-    path, options: ort.SessionOptions, providers: list, inputs: list, outputs: list
+    path: Path,
+    options: ort.SessionOptions,
+    providers: list,
+    manifest: Manifest,
+    inputs: list[str],
+    outputs: list[str],
 ) -> ort.InferenceSession:
-    """Open one artifact graph and check that its inputs and outputs are the documented ones."""
+    """Open one graph; check its signature and that it was exported with ``manifest``."""
     session = _open_session(str(path), options, providers, str(path))
     actual_in = [i.name for i in session.get_inputs()]
     actual_out = [o.name for o in session.get_outputs()]
@@ -166,169 +135,8 @@ def _open_graph(
             f"{path}: graph signature {actual_in} -> {actual_out} differs from the expected "
             f"{inputs} -> {outputs}"
         )
+    check_binding(path, session.get_modelmeta().custom_metadata_map, manifest)
     return session
-
-
-class NumpyBackend:
-    """Encoder and decoder step on host memory; the carry is a dict of NumPy arrays.
-
-    Parameters
-    ----------
-    encoder, decoder : onnxruntime.InferenceSession
-    state_names : list of str
-    """
-
-    def __init__(
-        self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, state_names: list
-    ) -> None:
-        self.encoder = encoder
-        self.decoder = decoder
-        self.state_names = list(state_names)
-        self.carry_names = [*self.state_names, "memory", "keys", "mask"]
-        self.decoder_outputs = decoder_output_names(self.state_names)
-
-    def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
-        """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry."""
-        outputs = self.encoder.run(None, {"src": src, "src_lengths": src_lengths})
-        names = encoder_output_names(self.state_names)
-        return dict(zip(names, outputs, strict=True))
-
-    def stepper(self, temperature: float):
-        """The ``step`` callable for :mod:`skattn.core.search`, at a fixed temperature."""
-        temperature_value = np.asarray(temperature, dtype=np.float32)  # ()
-
-        def step(y_prev: np.ndarray, carry: Carry, position: int):
-            feeds = {
-                "y_prev": np.ascontiguousarray(y_prev, dtype=np.int64),  # (N,)
-                **carry,
-                "temperature": temperature_value,
-                "position": np.asarray(position, dtype=np.int64),  # ()
-            }
-            log_probs, *new_states, weights = self.decoder.run(self.decoder_outputs, feeds)
-            carry = {**carry, **dict(zip(self.state_names, new_states, strict=True))}
-            return log_probs, carry, weights  # (N, V), carry, (N, T)
-
-        return step
-
-    def select(self, carry: Carry, rows: np.ndarray) -> Carry:
-        """Keep (or repeat) ``rows`` of every carried array: ``np.take`` along axis 0."""
-        return {name: np.take(value, rows, axis=0) for name, value in carry.items()}
-
-
-def gather_rows_model(inputs: list[ort.NodeArg]) -> bytes:
-    """An ONNX graph ``rows (M,) int64, x_i -> Gather(x_i, rows, axis=0)`` for each ``x_i``.
-
-    Used to ``select`` carry rows on the device without copying them to the host. The ``onnx``
-    package (protobuf only, no torch) is imported here, so the plain CPU path never needs it.
-    """
-    import onnx
-    from onnx import TensorProto, helper
-
-    onnx_types = {
-        "tensor(float)": TensorProto.FLOAT,
-        "tensor(float16)": TensorProto.FLOAT16,
-        "tensor(double)": TensorProto.DOUBLE,
-        "tensor(bool)": TensorProto.BOOL,
-        "tensor(int64)": TensorProto.INT64,
-        "tensor(int32)": TensorProto.INT32,
-    }
-    rows = helper.make_tensor_value_info("rows", TensorProto.INT64, ["M"])
-    graph_inputs, graph_outputs, nodes = [rows], [], []
-    for arg in inputs:
-        elem_type = onnx_types[arg.type]
-        trailing = [f"{arg.name}_{i}" for i in range(1, len(arg.shape))]
-        graph_inputs.append(helper.make_tensor_value_info(arg.name, elem_type, ["N", *trailing]))
-        graph_outputs.append(
-            helper.make_tensor_value_info(f"{arg.name}_selected", elem_type, ["M", *trailing])
-        )
-        nodes.append(
-            helper.make_node("Gather", [arg.name, "rows"], [f"{arg.name}_selected"], axis=0)
-        )
-    graph = helper.make_graph(nodes, "select_rows", graph_inputs, graph_outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
-class BoundBackend(NumpyBackend):
-    """Encoder and decoder step through IO binding; the carry stays on the device.
-
-    The carry is a dict of ``OrtValue`` on ``device_type``. Each step binds the carry as inputs,
-    binds the new states to the device and ``log_probs``/``weights`` to host memory (the search
-    reads them), so only ``(N, V) + (N, T)`` floats cross to the host per step.
-
-    Parameters
-    ----------
-    encoder, decoder, selector : onnxruntime.InferenceSession
-        ``selector`` is :func:`gather_rows_model` over the decoder's carry inputs.
-    state_names : list of str
-    device_type : {"cuda", "cpu"}
-    device_id : int
-    """
-
-    def __init__(
-        self,
-        encoder: ort.InferenceSession,
-        decoder: ort.InferenceSession,
-        selector: ort.InferenceSession,
-        state_names: list,
-        device_type: str,
-        device_id: int,
-    ) -> None:
-        super().__init__(encoder, decoder, state_names)
-        self.selector = selector
-        self.device_type = device_type
-        self.device_id = device_id
-
-    def _bind_outputs(self, binding: ort.IOBinding, names: list, on_host: set) -> None:
-        for name in names:
-            if name in on_host:
-                binding.bind_output(name, "cpu")
-            else:
-                binding.bind_output(name, self.device_type, self.device_id)
-
-    def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
-        binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src", src)
-        binding.bind_cpu_input("src_lengths", src_lengths)
-        names = encoder_output_names(self.state_names)
-        self._bind_outputs(binding, names, on_host=set())
-        self.encoder.run_with_iobinding(binding)
-        return dict(zip(names, binding.get_outputs(), strict=True))
-
-    def stepper(self, temperature: float):
-        temperature_value = np.asarray(temperature, dtype=np.float32)  # ()
-        state_outputs = [f"new_{name}" for name in self.state_names]
-
-        def step(y_prev: np.ndarray, carry: Carry, position: int):
-            binding = self.decoder.io_binding()
-            binding.bind_cpu_input("y_prev", np.ascontiguousarray(y_prev, dtype=np.int64))
-            for name, value in carry.items():
-                binding.bind_ortvalue_input(name, value)
-            binding.bind_cpu_input("temperature", temperature_value)
-            binding.bind_cpu_input("position", np.asarray(position, dtype=np.int64))
-            self._bind_outputs(binding, self.decoder_outputs, on_host={"log_probs", "weights"})
-            self.decoder.run_with_iobinding(binding)
-            outputs = dict(zip(self.decoder_outputs, binding.get_outputs(), strict=True))
-            new_states = {
-                n: outputs[o] for n, o in zip(self.state_names, state_outputs, strict=True)
-            }
-            log_probs = outputs["log_probs"].numpy()  # (N, V)
-            weights = outputs["weights"].numpy()  # (N, T)
-            return log_probs, {**carry, **new_states}, weights
-
-        return step
-
-    def select(self, carry: Carry, rows: np.ndarray) -> Carry:
-        binding = self.selector.io_binding()
-        binding.bind_cpu_input("rows", np.ascontiguousarray(rows, dtype=np.int64))
-        for name in self.carry_names:
-            binding.bind_ortvalue_input(name, carry[name])
-        outputs = [f"{name}_selected" for name in self.carry_names]
-        self._bind_outputs(binding, outputs, on_host=set())
-        self.selector.run_with_iobinding(binding)
-        return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
 
 
 class Runtime:
@@ -352,11 +160,12 @@ class Runtime:
     Attributes
     ----------
     name : str
-    manifest : dict
-    max_source_length : int
-        Longest source, in tokens, that :meth:`check_source` admits.
+    manifest : Manifest
+    max_source_length, max_output_length : int
+        Limits in tokens: :meth:`check_source` refuses longer sources.
     provider : str
         ``"CUDAExecutionProvider"`` or ``"CPUExecutionProvider"``: where the graphs run.
+    info : ModelInfo
     """
 
     def __init__(
@@ -369,22 +178,12 @@ class Runtime:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         name: str | None = None,
     ) -> None:
-        if (
-            isinstance(max_batch_size, bool)
-            or not isinstance(max_batch_size, int)
-            or max_batch_size < 1
-        ):
-            raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
-        manifest = artifact.manifest
-        self.manifest = manifest
+        check_int(max_batch_size, "max_batch_size")
+        manifest = self.manifest = artifact.manifest
         self.name = name if name is not None else artifact.directory.resolve().name
-        self.max_source_length = int(manifest["limits"]["max_source_length"])
-        self.max_output_length = int(manifest["limits"]["max_output_length"])
-        self.max_batch_size = max_batch_size
-        self.tokenizer = manifest["tokenizer"]
-        self.source_vocabulary = Vocabulary.from_list(manifest["source_vocabulary"])
-        self.target_vocabulary = Vocabulary.from_list(manifest["target_vocabulary"])
-        state_names = list(manifest["state_names"])
+        self.max_source_length = manifest.max_source_length
+        self.max_output_length = manifest.max_output_length
+        self.tokenizer = manifest.tokenizer
 
         device_type, device_id = resolve_device(device)
         options = session_options(intra_op_num_threads)
@@ -393,21 +192,23 @@ class Runtime:
             artifact.encoder_path,
             options,
             providers,
-            encoder_input_names(),
-            encoder_output_names(state_names),
+            manifest,
+            manifest.encoder_inputs(),
+            manifest.encoder_outputs(),
         )
         decoder = _open_graph(
             artifact.decoder_path,
             options,
             providers,
-            decoder_input_names(state_names),
-            decoder_output_names(state_names),
+            manifest,
+            manifest.decoder_inputs(),
+            manifest.decoder_outputs(),
         )
         vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
-        if isinstance(vocab_size, int) and vocab_size != len(self.target_vocabulary):
+        if isinstance(vocab_size, int) and vocab_size != len(manifest.target_vocabulary):
             raise ArtifactError(
-                f"{artifact.directory / MANIFEST_FILE}: 'target_vocabulary' has "
-                f"{len(self.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
+                f"{artifact.manifest_path}: 'target_vocabulary' has "
+                f"{len(manifest.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
             )
         self.provider = decoder.get_providers()[0]
         if device_type == "cuda" and self.provider != CUDA_PROVIDER:
@@ -421,18 +222,28 @@ class Runtime:
 
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
         if self.io_binding:
-            carry = {*state_names, "memory", "keys", "mask"}
+            carry = set(manifest.carry_names())
             selector = _open_session(
                 gather_rows_model([i for i in decoder.get_inputs() if i.name in carry]),
                 options,
                 providers,
                 "select_rows",
             )
-            self.backend: NumpyBackend = BoundBackend(
-                encoder, decoder, selector, state_names, device_type, device_id
+            backend: NumpyBackend = BoundBackend(
+                encoder, decoder, selector, manifest, device_type, device_id
             )
         else:
-            self.backend = NumpyBackend(encoder, decoder, state_names)
+            backend = NumpyBackend(encoder, decoder, manifest)
+        self.backend = backend
+        self.translator = Translator(
+            backend,
+            Vocabulary.from_list(manifest.source_vocabulary),
+            Vocabulary.from_list(manifest.target_vocabulary),
+            manifest.tokenizer,
+            manifest.output_kind,
+            max_batch_size,
+        )
+        self._check_graphs_run(artifact)
         logger.info(
             "serving model %r on %s (device=%r requested; io_binding=%s; intra_op_num_threads=%d)",
             self.name,
@@ -441,6 +252,29 @@ class Runtime:
             self.io_binding,
             options.intra_op_num_threads,
         )
+
+    def _check_graphs_run(self, artifact: Artifact) -> None:
+        """Encode every source token once and take one decoder step: graphs that load but
+        cannot run together (another model's encoder, a vocabulary larger than the embedding)
+        fail here, at load, and not in the first batch."""
+        n_source = len(self.manifest.source_vocabulary)
+        src = np.arange(4, n_source + 1, dtype=np.int64)[None, :]  # (1, n), every ordinary id
+        src[0, -1] = EOS
+        try:
+            carry = self.backend.encode(src, np.array([src.shape[1]], dtype=np.int64))
+            y_prev = np.full(1, 1, dtype=np.int64)  # BOS
+            log_probs, _, weights = self.backend.step(y_prev, carry, 0, 1.0)
+        except Exception as error:  # onnxruntime's own exception types
+            raise ArtifactError(
+                f"{artifact.directory}: the graphs do not run with the manifest's vocabularies "
+                f"({type(error).__name__}: {str(error)[:200]})"
+            ) from None
+        expected = ((1, len(self.manifest.target_vocabulary)), (1, src.shape[1]))
+        if (np.shape(log_probs), np.shape(weights)) != expected:
+            raise ArtifactError(
+                f"{artifact.directory}: the decoder step answered shapes "
+                f"{np.shape(log_probs)}, {np.shape(weights)} instead of {expected}"
+            )
 
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
@@ -454,21 +288,19 @@ class Runtime:
             provider=self.provider,
             max_source_length=self.max_source_length,
             max_output_length=self.max_output_length,
-            output_kind=manifest["output_kind"],
-            tokenizer=self.tokenizer,
-            decoder=manifest["decoder"],
-            attention=manifest["attention"],
-            scorer=manifest["scorer"],
-            beam_size=int(manifest["beam_size"]),
-            temperature=float(manifest["temperature"]),
-            vocabulary_id=vocabulary_id(
-                manifest["source_vocabulary"], manifest["target_vocabulary"]
-            ),
+            output_kind=manifest.output_kind,
+            tokenizer=manifest.tokenizer,
+            decoder=manifest.decoder,
+            attention=manifest.attention,
+            scorer=manifest.scorer,
+            beam_size=manifest.beam_size,
+            temperature=manifest.temperature,
+            vocabulary_id=vocabulary_id(manifest.source_vocabulary, manifest.target_vocabulary),
         )
 
     # -- input checks -----------------------------------------------------------------------
 
-    def check_source(self, text: Any) -> None:
+    def check_source(self, text: object) -> None:
         """Raise ``ValueError`` when ``text`` cannot be translated (not a str, or too long).
 
         Parameters
@@ -485,50 +317,18 @@ class Runtime:
                 f"max_source_length={self.max_source_length}"
             )
 
-    def _check_sources(self, sources: Any) -> list[str]:
-        # Any sized collection (list, tuple, NumPy or pandas), as the estimator accepts.
-        if isinstance(sources, str | bytes | dict) or not hasattr(sources, "__len__"):
-            raise ValueError(f"sources must be a list of str, got {type(sources).__name__}")
-        sources = list(sources)
-        for text in sources:
-            self.check_source(text)
-        return sources
-
-    def _check_temperature(self, temperature: float | None) -> float:
+    def _settings(self, temperature: float | None) -> SearchSettings:
+        manifest = self.manifest
         if temperature is None:
-            return float(self.manifest["temperature"])
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
-            raise ValueError(f"temperature must be a float > 0, got {temperature!r}")
-        if not (np.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
-        return float(temperature)
-
-    # -- decoding ---------------------------------------------------------------------------
-
-    def _decode(self, id_lists: list[list[int]], temperature: float) -> list[Hypothesis]:
-        """Encode and decode one chunk of source id lists (each ending with EOS)."""
-        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
-        backend = self.backend
-        carry = backend.encode(src, src_lengths)
-        step = backend.stepper(temperature)
-        beam_size = int(self.manifest["beam_size"])
-        if beam_size == 1:
-            return greedy_decode(step, backend.select, carry, len(id_lists), self.max_output_length)
-        return beam_decode(
-            step,
-            backend.select,
-            carry,
-            len(id_lists),
-            beam_size,
-            self.max_output_length,
-            length_penalty=float(self.manifest["length_penalty"]),
+            temperature = manifest.temperature
+        return SearchSettings(
+            beam_size=manifest.beam_size,
+            length_penalty=manifest.length_penalty,
+            max_length=self.max_output_length,
+            temperature=check_real(temperature, "temperature", 0.0, low_open=True),
         )
 
-    def _format(self, token_ids: list[int]) -> str | list[str]:
-        tokens = self.target_vocabulary.decode(token_ids)
-        if self.manifest["output_kind"] == "tokens":
-            return tokens
-        return detokenize(tokens, self.tokenizer)
+    # -- prediction -------------------------------------------------------------------------
 
     def predict_batch(
         self, sources: Sequence[str], temperature: float | None = None, with_attention: bool = False
@@ -538,6 +338,7 @@ class Runtime:
         Parameters
         ----------
         sources : list of str
+            Any sized collection (list, tuple, NumPy or pandas), as the estimator accepts.
         temperature : float, optional
             Softmax temperature of the attention; default: the manifest's.
         with_attention : bool, default=False
@@ -550,31 +351,14 @@ class Runtime:
             ``T_y`` output tokens, ``T_x`` = source tokens + 1 (the end-of-source marker);
             rows sum to 1. ``None`` unless ``with_attention``.
         """
-        sources = self._check_sources(sources)
-        temperature = self._check_temperature(temperature)
-        id_lists = [
-            self.source_vocabulary.encode(tokenize(text, self.tokenizer)) + [EOS]
-            for text in sources
-        ]
-        # Chunks of similar lengths waste less on padding; each result lands at its own index.
-        order = np.argsort([len(ids) for ids in id_lists], kind="stable")
-        hypotheses: list[Hypothesis | None] = [None] * len(id_lists)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
-            decoded = self._decode([id_lists[i] for i in chunk], temperature)
-            for index, hypothesis in zip(chunk, decoded, strict=True):
-                hypotheses[index] = hypothesis
-
-        predictions = [self._format(h.tokens) for h in hypotheses]
-        if not with_attention:
-            return predictions, None
-        attentions = []
-        for ids, hypothesis in zip(id_lists, hypotheses, strict=True):
-            # One row per output token (decoding never emits a special id), one column per
-            # source token and the end-of-source marker.
-            weights = hypothesis.weights[: len(hypothesis.tokens), : len(ids)]  # (T_y, T_x)
-            attentions.append(weights.astype(np.float64))  # float64, as the estimator's
-        return predictions, attentions
+        if isinstance(sources, str | bytes | dict) or not hasattr(sources, "__len__"):
+            raise ValueError(f"sources must be a list of str, got {type(sources).__name__}")
+        sources = list(sources)
+        for text in sources:
+            self.check_source(text)
+        settings = self._settings(temperature)
+        token_lists = [tokenize(text, self.tokenizer) for text in sources]
+        return self.translator.translate(token_lists, settings, with_attention)
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:
         """Translate ``sources``; see :meth:`predict_batch`."""
@@ -621,17 +405,17 @@ def load(
     Raises
     ------
     ArtifactError
-        The artifact is missing a file, a checksum differs, its format is newer than this
-        reader, or a graph cannot be loaded; the message names the file.
+        The artifact is missing a file, a checksum differs, the manifest was edited or is
+        newer than this reader, a graph was exported for another manifest, or the graphs
+        cannot run; the message names the file.
 
     Examples
     --------
     >>> runtime = load("model_dir")  # doctest: +SKIP
     >>> runtime.predict(["hello"])  # doctest: +SKIP
     """
-    artifact = read_artifact(path)
     return Runtime(
-        artifact,
+        read_artifact(path),
         device,
         intra_op_num_threads=intra_op_num_threads,
         io_binding=io_binding,

@@ -21,7 +21,9 @@ dynamic; ``S`` = ``len(state_names)`` state tensors, each ``(B, ...)``)::
                  new_<state>  (B, ...)       the next state, one per state name
                  weights      (B, T) float32 attention weights; rows sum to 1, 0 on padding
 
-plus ``manifest.json`` (:mod:`serving.artifact` holds its schema and the names above).
+plus ``manifest.json``: a :class:`skattn.core.manifest.Manifest`, which also names the graphs'
+inputs and outputs. Each graph's metadata holds the manifest's ``binding`` digest (vocabularies,
+state names, model hyperparameters), which ``serving.load`` checks.
 
 Exporter: the TorchScript-based ``torch.onnx.export(dynamo=False)``, opset 17. The dynamo
 exporter (torch 2.13's default) specialises the source length of the RNN encoder to the one seen
@@ -46,18 +48,13 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from serving.artifact import (
+from skattn.core.manifest import (
+    BINDING_KEY,
     DECODER_FILE,
     ENCODER_FILE,
-    FORMAT_VERSION,
     GRAPH_FILES,
     MANIFEST_FILE,
-    SPECIAL_IDS,
-    decoder_input_names,
-    decoder_output_names,
-    encoder_input_names,
-    encoder_output_names,
-    write_manifest,
+    Manifest,
 )
 from skattn.core.text import EOS, tokenize
 
@@ -218,25 +215,26 @@ def verify_graphs(
     model: nn.Module,
     encoder: onnx.ModelProto,
     decoder: onnx.ModelProto,
-    state_names: list[str],
-    vocab_size: int,
+    manifest: Manifest,
 ) -> None:
     """Run both graphs in onnxruntime at untraced shapes and compare with the torch module.
 
-    ``vocab_size`` is the source vocabulary's size (the random source ids stay below it).
+    The random source ids stay below the manifest's source vocabulary size.
 
     Raises
     ------
     RuntimeError
         An output's shape or values differ (tolerance 1e-4).
     """
+    vocab_size = len(manifest.source_vocabulary)
     src, src_lengths = _example_source(_VERIFY_LENGTHS, vocab_size, seed=1)
     step_args = _step_inputs(model, src, src_lengths, _VERIFY_TEMPERATURE, _VERIFY_POSITION)
+    n_states = len(manifest.state_names)
     checks = [
-        (ENCODER_FILE, encoder, _Encoder(model), (src, src_lengths), encoder_input_names(),
-         encoder_output_names(state_names)),
-        (DECODER_FILE, decoder, _DecoderStep(model, len(state_names)), step_args,
-         decoder_input_names(state_names), decoder_output_names(state_names)),
+        (ENCODER_FILE, encoder, _Encoder(model), (src, src_lengths), manifest.encoder_inputs(),
+         manifest.encoder_outputs()),
+        (DECODER_FILE, decoder, _DecoderStep(model, n_states), step_args,
+         manifest.decoder_inputs(), manifest.decoder_outputs()),
     ]  # fmt: skip
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -309,51 +307,46 @@ def export_module(
     """
     directory = _prepare_directory(path)
     model = copy.deepcopy(module).cpu().float().eval()
-    state_names = list(model.state_names)
+    config = model.config
+    manifest = Manifest(
+        tokenizer=tokenizer,
+        source_vocabulary=tuple(source_vocabulary),
+        target_vocabulary=tuple(target_vocabulary),
+        decoder=config.decoder,
+        attention=config.attention,
+        scorer=config.scorer,
+        cell=config.cell,
+        input_feeding=config.input_feeding,
+        state_names=tuple(model.state_names),
+        max_source_length=int(max_source_length),
+        max_output_length=int(max_output_length),
+        beam_size=int(beam_size),
+        length_penalty=float(length_penalty),
+        temperature=float(temperature),
+        output_kind=output_kind,
+        model=config.to_dict(),
+        writer={"opset": OPSET, "torch_version": torch.__version__.split("+")[0]},
+    )
+    Manifest.from_dict(manifest.to_dict(), "the manifest to export")  # bounds, before tracing
 
+    n_states = len(manifest.state_names)
     src, src_lengths = _example_source(_TRACE_LENGTHS, len(source_vocabulary), seed=0)
     encoder = _to_onnx(
-        _Encoder(model),
-        (src, src_lengths),
-        encoder_input_names(),
-        encoder_output_names(state_names),
+        _Encoder(model), (src, src_lengths), manifest.encoder_inputs(), manifest.encoder_outputs()
     )
     decoder = _to_onnx(
-        _DecoderStep(model, len(state_names)),
+        _DecoderStep(model, n_states),
         _step_inputs(model, src, src_lengths, temperature=1.0, position=2),
-        decoder_input_names(state_names),
-        decoder_output_names(state_names),
+        manifest.decoder_inputs(),
+        manifest.decoder_outputs(),
     )
-    verify_graphs(model, encoder, decoder, state_names, len(source_vocabulary))
+    verify_graphs(model, encoder, decoder, manifest)
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
-    onnx.save_model(encoder, directory / ENCODER_FILE)
-    onnx.save_model(decoder, directory / DECODER_FILE)
-
-    config = model.config
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "tokenizer": tokenizer,
-        "source_vocabulary": list(source_vocabulary),
-        "target_vocabulary": list(target_vocabulary),
-        "special_ids": dict(SPECIAL_IDS),
-        "decoder": config["decoder"],
-        "attention": config["attention"],
-        "scorer": config["scorer"],
-        "cell": config["cell"],
-        "input_feeding": bool(config["input_feeding"]),
-        "state_names": state_names,
-        "limits": {
-            "max_source_length": int(max_source_length),
-            "max_output_length": int(max_output_length),
-        },
-        "beam_size": int(beam_size),
-        "length_penalty": float(length_penalty),
-        "temperature": float(temperature),
-        "output_kind": output_kind,
-        "opset": OPSET,
-        "torch_version": torch.__version__.split("+")[0],
-    }
-    write_manifest(directory, manifest)
+    for graph, name in ((encoder, ENCODER_FILE), (decoder, DECODER_FILE)):
+        onnx.helper.set_model_props(graph, {BINDING_KEY: manifest.binding})
+        onnx.save_model(graph, directory / name)
+    manifest = manifest.with_files(directory)
+    (directory / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
     return directory
 
 

@@ -14,18 +14,13 @@ import pytest
 import torch
 
 import serving
-from serving.artifact import (
-    decoder_input_names,
-    decoder_output_names,
-    encoder_input_names,
-    encoder_output_names,
-    read_artifact,
-    sha256_file,
-)
+from serving.artifact import read_artifact
 from skattn import Seq2Seq
+from skattn.core.manifest import BINDING_KEY, Manifest, sha256_file
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.export import export_module, export_onnx
 from skattn.models import Seq2SeqModule
+from skattn.models.config import ModelConfig
 
 SOURCE_VOCABULARY = [*SPECIAL_TOKENS, *"abcdefghij"]
 TARGET_VOCABULARY = [*SPECIAL_TOKENS, *"klmnop"]
@@ -53,9 +48,10 @@ def kind_id(kind: dict) -> str:
 def make_module(seed: int = 0, **kind) -> Seq2SeqModule:
     torch.manual_seed(seed)
     kind = {"window": 2, **kind}
-    return Seq2SeqModule(
+    config = ModelConfig(
         len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), embedding_dim=6, hidden_size=8, **kind
-    ).eval()
+    )
+    return Seq2SeqModule(config).eval()
 
 
 def export(module: Seq2SeqModule, path, **kwargs):
@@ -108,16 +104,18 @@ def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
         "encoder.onnx",
         "manifest.json",
     ]
-    names = list(module.state_names)
+    manifest = read_artifact(directory).manifest
+    assert manifest.state_names == tuple(module.state_names)
     signatures = {
-        "encoder.onnx": (encoder_input_names(), encoder_output_names(names)),
-        "decoder_step.onnx": (decoder_input_names(names), decoder_output_names(names)),
+        "encoder.onnx": (manifest.encoder_inputs(), manifest.encoder_outputs()),
+        "decoder_step.onnx": (manifest.decoder_inputs(), manifest.decoder_outputs()),
     }
     for file, (inputs, outputs) in signatures.items():
         proto = onnx.load(directory / file)
         onnx.checker.check_model(proto, full_check=True)
         assert [i.name for i in proto.graph.input] == inputs
         assert [o.name for o in proto.graph.output] == outputs
+        assert {p.key: p.value for p in proto.metadata_props}[BINDING_KEY] == manifest.binding
         assert proto.graph.initializer, "weights must live inside the graph"
         assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
@@ -147,7 +145,7 @@ def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
                     torch.tensor(temperature),
                     torch.tensor(position),
                 )
-            feeds = dict(zip(encoder_output_names(names), encoded, strict=True))
+            feeds = dict(zip(manifest.encoder_outputs(), encoded, strict=True))
             feeds |= {
                 "y_prev": y_prev,
                 "temperature": np.array(temperature, dtype=np.float32),
@@ -172,7 +170,8 @@ def test_manifest_records_the_model_and_checksums(tmp_path):
         max_output_length=12,
     )
     manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == 2
+    assert manifest["model"] == module.config.to_dict()
     assert manifest["source_vocabulary"] == SOURCE_VOCABULARY
     assert manifest["target_vocabulary"] == TARGET_VOCABULARY
     assert manifest["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
@@ -193,7 +192,9 @@ def test_manifest_records_the_model_and_checksums(tmp_path):
     assert manifest["files"] == {
         name: sha256_file(directory / name) for name in ("encoder.onnx", "decoder_step.onnx")
     }
-    assert read_artifact(directory).manifest == manifest
+    read = read_artifact(directory).manifest
+    assert read.to_dict() == manifest
+    assert Manifest.from_json(read.to_json()) == read
 
 
 def test_export_leaves_the_module_untouched(tmp_path):
@@ -252,7 +253,9 @@ class PositionAsConstant(Seq2SeqModule):
 
 def test_export_detects_a_graph_that_differs_from_torch(tmp_path):
     torch.manual_seed(0)
-    module = PositionAsConstant(len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), hidden_size=8)
+    module = PositionAsConstant(
+        ModelConfig(len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), hidden_size=8)
+    )
     with pytest.raises(RuntimeError, match="decoder_step.onnx.*log_probs"):
         export(module.eval(), tmp_path / "model")
     assert not (tmp_path / "model" / "manifest.json").exists()

@@ -18,9 +18,10 @@ import onnxruntime as ort
 import pytest
 
 import serving
-from serving.artifact import ArtifactError, sha256_file
+from serving.artifact import ArtifactError
 from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
 from skattn import Seq2Seq
+from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
 
 ALPHABET = list("abcdef")
 
@@ -247,7 +248,10 @@ def test_bad_temperature_raises(runtime, temperature):
 def test_runtime_describes_itself(runtime, fitted):
     assert runtime.name == "reverser"
     assert runtime.provider == CPU_PROVIDER
-    assert runtime.manifest["format_version"] == 1
+    assert runtime.manifest.format_version == FORMAT_VERSION == 2
+    info = runtime.info
+    assert (info.name, info.provider, info.output_kind) == ("reverser", CPU_PROVIDER, "str")
+    assert info.max_source_length == runtime.max_source_length
     assert runtime.max_source_length >= fitted.max_source_length_
     assert "reverser" in repr(runtime)
 
@@ -311,11 +315,24 @@ def copy_of(artifact, tmp_path):
     return shutil.copytree(artifact, tmp_path / "model")
 
 
-def rewrite_manifest(directory, **changes):
+def rewrite_manifest(directory, rebind=False, **changes):
+    """Change manifest keys; ``rebind`` also recomputes its binding digest, as a tool that
+    rewrote the manifest consistently would (the graphs still hold the old one)."""
     path = directory / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest.update(changes)
+    if rebind:
+        names = ("source_vocabulary", "target_vocabulary", "state_names", "model")
+        manifest["binding"] = binding_digest(*(manifest[name] for name in names))
     path.write_text(json.dumps(manifest))
+
+
+def as_format_1(directory):
+    """Rewrite the manifest as the first format wrote it: no model, no binding."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["model"], manifest["binding"]
+    path.write_text(json.dumps({**manifest, "format_version": 1}))
 
 
 def test_a_missing_directory_is_named(tmp_path):
@@ -340,7 +357,7 @@ def test_a_wrong_checksum_is_named(copy_of):
 
 
 def test_a_newer_format_version_is_refused(copy_of):
-    rewrite_manifest(copy_of, format_version=2)
+    rewrite_manifest(copy_of, format_version=FORMAT_VERSION + 1)
     with pytest.raises(ArtifactError, match=r"manifest\.json.*newer"):
         serving.load(copy_of)
 
@@ -404,7 +421,9 @@ def test_a_malformed_manifest_is_named(copy_of, text, message):
         ({"temperature": float("inf")}, "temperature"),
         ({"target_vocabulary": ["a", "b", "c", "d", "e"]}, "target_vocabulary.*start with"),
         ({"source_vocabulary": "duplicate"}, "source_vocabulary.*twice"),
-        ({"target_vocabulary": "shorter"}, "target_vocabulary.*has 5 tokens"),
+        ({"target_vocabulary": "shorter"}, r"manifest\.json.*'binding'"),
+        ({"beam_size": 1_000_000}, "beam_size"),
+        ({"limits": {"max_source_length": 5, "max_output_length": 10**9}}, "max_output_length"),
     ],
 )
 def test_bad_manifest_values_are_named(copy_of, changes, key):
@@ -415,6 +434,60 @@ def test_bad_manifest_values_are_named(copy_of, changes, key):
         changes = {"target_vocabulary": manifest["target_vocabulary"][:5]}
     rewrite_manifest(copy_of, **changes)
     with pytest.raises(ArtifactError, match=key):
+        serving.load(copy_of)
+
+
+def test_a_format_1_artifact_still_loads_and_predicts_the_same(copy_of, runtime):
+    as_format_1(copy_of)
+    old = serving.load(copy_of)
+    assert old.manifest.format_version == 1 and old.manifest.model == {}
+    assert old.predict(SOURCES[:40]) == runtime.predict(SOURCES[:40])
+
+
+def test_a_vocabulary_edited_after_export_is_refused(copy_of):
+    # Swapping two target tokens kept every check of the first format and answered
+    # "12345" -> "54312": now the manifest's own binding digest refuses it.
+    manifest = json.loads((copy_of / "manifest.json").read_text())
+    target = manifest["target_vocabulary"]
+    target[4], target[5] = target[5], target[4]
+    rewrite_manifest(copy_of, target_vocabulary=target)
+    with pytest.raises(ArtifactError, match=r"manifest\.json.*edited after export"):
+        serving.load(copy_of)
+    # Rewritten consistently (binding recomputed), the graphs' own binding still refuses it.
+    rewrite_manifest(copy_of, rebind=True, target_vocabulary=target)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx.*other vocabularies"):
+        serving.load(copy_of)
+
+
+def test_a_graph_of_another_model_is_refused(copy_of, tmp_path):
+    other = Seq2Seq(hidden_size=24, embedding_dim=4, max_steps=1, device="cpu", random_state=0)
+    other.fit(X_TRAIN, Y_TRAIN).export_onnx(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "encoder.onnx", copy_of / "encoder.onnx")
+    files = json.loads((copy_of / "manifest.json").read_text())["files"]
+    files["encoder.onnx"] = sha256_file(copy_of / "encoder.onnx")
+    rewrite_manifest(copy_of, files=files)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx.*other vocabularies or another model"):
+        serving.load(copy_of)
+    # A format-1 manifest has no binding: the graphs' trial run at load finds the mismatch.
+    as_format_1(copy_of)
+    with pytest.raises(ArtifactError, match="do not run"):
+        serving.load(copy_of)
+
+
+def test_a_source_vocabulary_larger_than_the_embedding_fails_at_load(copy_of):
+    # Before: the server reported ready, and every batch holding the extra token failed.
+    as_format_1(copy_of)
+    manifest = json.loads((copy_of / "manifest.json").read_text())
+    rewrite_manifest(copy_of, source_vocabulary=[*manifest["source_vocabulary"], "X", "Y"])
+    with pytest.raises(ArtifactError, match="do not run"):
+        serving.load(copy_of)
+
+
+def test_a_format_1_target_vocabulary_unlike_the_decoder_is_named(copy_of):
+    as_format_1(copy_of)
+    manifest = json.loads((copy_of / "manifest.json").read_text())
+    rewrite_manifest(copy_of, target_vocabulary=manifest["target_vocabulary"][:5])
+    with pytest.raises(ArtifactError, match="target_vocabulary.*has 5 tokens"):
         serving.load(copy_of)
 
 

@@ -1,0 +1,180 @@
+"""onnxruntime backends for :class:`skattn.core.inference.Translator`: encode, step, select.
+
+Both run ``encoder.onnx`` and ``decoder_step.onnx`` of an artifact; they differ in where the
+carry (the decoder state plus the encoder's memory, keys and mask) lives between steps:
+
+- :class:`NumpyBackend` (CPU): a dict of NumPy arrays; ``select`` is ``np.take`` along axis 0.
+  onnxruntime reads contiguous NumPy inputs in place.
+- :class:`BoundBackend` (CUDA, or CPU on request): a dict of ``OrtValue`` on the device; every
+  step runs through IO binding, so states, memory and keys never leave the device. Only
+  ``log_probs`` and ``weights`` (which the search reads) are bound to host memory, and
+  ``select`` runs a small ONNX ``Gather`` graph on the device.
+
+Imports numpy and onnxruntime (and ``onnx``, to build the select graph, only for IO binding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from skattn.core.manifest import Manifest
+
+__all__ = ["BoundBackend", "NumpyBackend", "gather_rows_model"]
+
+Carry = dict[str, Any]
+
+
+class NumpyBackend:
+    """Encoder and decoder step on host memory; the carry is a dict of NumPy arrays.
+
+    Parameters
+    ----------
+    encoder, decoder : onnxruntime.InferenceSession
+    manifest : Manifest
+        Names the graphs' inputs and outputs.
+    """
+
+    def __init__(
+        self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, manifest: Manifest
+    ) -> None:
+        self.encoder = encoder
+        self.decoder = decoder
+        self.state_names = list(manifest.state_names)
+        self.carry_names = manifest.carry_names()
+        self.encoder_outputs = manifest.encoder_outputs()
+        self.decoder_outputs = manifest.decoder_outputs()
+
+    def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
+        """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry."""
+        outputs = self.encoder.run(None, {"src": src, "src_lengths": src_lengths})
+        return dict(zip(self.encoder_outputs, outputs, strict=True))
+
+    def step(
+        self, y_prev: np.ndarray, carry: Carry, position: int, temperature: float
+    ) -> tuple[np.ndarray, Carry, np.ndarray]:
+        """Run ``decoder_step.onnx`` once: ``(N, V)`` log-probs, the next carry, ``(N, T)``."""
+        feeds = {
+            "y_prev": np.ascontiguousarray(y_prev, dtype=np.int64),  # (N,)
+            **carry,
+            "temperature": np.asarray(temperature, dtype=np.float32),  # ()
+            "position": np.asarray(position, dtype=np.int64),  # ()
+        }
+        log_probs, *new_states, weights = self.decoder.run(self.decoder_outputs, feeds)
+        carry = {**carry, **dict(zip(self.state_names, new_states, strict=True))}
+        return log_probs, carry, weights  # (N, V), carry, (N, T)
+
+    def select(self, carry: Carry, rows: np.ndarray) -> Carry:
+        """Keep (or repeat) ``rows`` of every carried array: ``np.take`` along axis 0."""
+        return {name: np.take(value, rows, axis=0) for name, value in carry.items()}
+
+
+def gather_rows_model(inputs: list[ort.NodeArg]) -> bytes:
+    """An ONNX graph ``rows (M,) int64, x_i -> Gather(x_i, rows, axis=0)`` for each ``x_i``.
+
+    Used to ``select`` carry rows on the device without copying them to the host. The ``onnx``
+    package (protobuf only, no torch) is imported here, so the plain CPU path never needs it.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    onnx_types = {
+        "tensor(float)": TensorProto.FLOAT,
+        "tensor(float16)": TensorProto.FLOAT16,
+        "tensor(double)": TensorProto.DOUBLE,
+        "tensor(bool)": TensorProto.BOOL,
+        "tensor(int64)": TensorProto.INT64,
+        "tensor(int32)": TensorProto.INT32,
+    }
+    rows = helper.make_tensor_value_info("rows", TensorProto.INT64, ["M"])
+    graph_inputs, graph_outputs, nodes = [rows], [], []
+    for arg in inputs:
+        elem_type = onnx_types[arg.type]
+        trailing = [f"{arg.name}_{i}" for i in range(1, len(arg.shape))]
+        graph_inputs.append(helper.make_tensor_value_info(arg.name, elem_type, ["N", *trailing]))
+        graph_outputs.append(
+            helper.make_tensor_value_info(f"{arg.name}_selected", elem_type, ["M", *trailing])
+        )
+        nodes.append(
+            helper.make_node("Gather", [arg.name, "rows"], [f"{arg.name}_selected"], axis=0)
+        )
+    graph = helper.make_graph(nodes, "select_rows", graph_inputs, graph_outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+class BoundBackend(NumpyBackend):
+    """Encoder and decoder step through IO binding; the carry stays on the device.
+
+    The carry is a dict of ``OrtValue`` on ``device_type``. Each step binds the carry as inputs,
+    binds the new states to the device and ``log_probs``/``weights`` to host memory (the search
+    reads them), so only ``(N, V) + (N, T)`` floats cross to the host per step.
+
+    Parameters
+    ----------
+    encoder, decoder, selector : onnxruntime.InferenceSession
+        ``selector`` is :func:`gather_rows_model` over the decoder's carry inputs.
+    manifest : Manifest
+    device_type : {"cuda", "cpu"}
+    device_id : int
+    """
+
+    def __init__(
+        self,
+        encoder: ort.InferenceSession,
+        decoder: ort.InferenceSession,
+        selector: ort.InferenceSession,
+        manifest: Manifest,
+        device_type: str,
+        device_id: int,
+    ) -> None:
+        super().__init__(encoder, decoder, manifest)
+        self.selector = selector
+        self.device_type = device_type
+        self.device_id = device_id
+
+    def _bind_outputs(self, binding: ort.IOBinding, names: list, on_host: set) -> None:
+        for name in names:
+            if name in on_host:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, self.device_type, self.device_id)
+
+    def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src", src)
+        binding.bind_cpu_input("src_lengths", src_lengths)
+        self._bind_outputs(binding, self.encoder_outputs, on_host=set())
+        self.encoder.run_with_iobinding(binding)
+        return dict(zip(self.encoder_outputs, binding.get_outputs(), strict=True))
+
+    def step(
+        self, y_prev: np.ndarray, carry: Carry, position: int, temperature: float
+    ) -> tuple[np.ndarray, Carry, np.ndarray]:
+        binding = self.decoder.io_binding()
+        binding.bind_cpu_input("y_prev", np.ascontiguousarray(y_prev, dtype=np.int64))
+        for name, value in carry.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_cpu_input("temperature", np.asarray(temperature, dtype=np.float32))
+        binding.bind_cpu_input("position", np.asarray(position, dtype=np.int64))
+        self._bind_outputs(binding, self.decoder_outputs, on_host={"log_probs", "weights"})
+        self.decoder.run_with_iobinding(binding)
+        outputs = dict(zip(self.decoder_outputs, binding.get_outputs(), strict=True))
+        new_states = {name: outputs[f"new_{name}"] for name in self.state_names}
+        log_probs = outputs["log_probs"].numpy()  # (N, V)
+        weights = outputs["weights"].numpy()  # (N, T)
+        return log_probs, {**carry, **new_states}, weights
+
+    def select(self, carry: Carry, rows: np.ndarray) -> Carry:
+        binding = self.selector.io_binding()
+        binding.bind_cpu_input("rows", np.ascontiguousarray(rows, dtype=np.int64))
+        for name in self.carry_names:
+            binding.bind_ortvalue_input(name, carry[name])
+        outputs = [f"{name}_selected" for name in self.carry_names]
+        self._bind_outputs(binding, outputs, on_host=set())
+        self.selector.run_with_iobinding(binding)
+        return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
