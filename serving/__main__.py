@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="most items per onnxruntime call (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-batch-chars",
+        type=int,
+        default=defaults.max_batch_chars,
+        help="most padded source characters per onnxruntime call (items x the longest); "
+        "requests take turns at leading a batch (default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-delay-ms",
         type=float,
         default=defaults.max_delay_ms,
@@ -232,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = ServerSettings(
             max_batch_size=args.max_batch_size,
             max_delay_ms=args.max_delay_ms,
+            max_batch_chars=args.max_batch_chars,
             max_queue=args.max_queue,
             max_items_per_request=(
                 min(ServerSettings.max_items_per_request, args.max_queue)

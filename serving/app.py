@@ -162,6 +162,7 @@ def _served_models(
             max_batch_size=settings.max_batch_size,
             max_delay_ms=settings.max_delay_ms,
             max_queue=settings.max_queue,
+            max_batch_chars=settings.max_batch_chars,
             executor=executor,
             metrics=model_metrics,
             eager=settings.eager_batching,

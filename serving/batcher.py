@@ -2,15 +2,17 @@
 
 A queue of ``(item, future)`` pairs, filled by request handlers on the event loop and drained
 by one scheduling task. A batch is taken when ``max_batch_size`` items wait or the oldest has
-waited ``max_delay_ms``; it holds only items of the oldest item's temperature (different
-temperatures never share a batch), chosen closest to the oldest item in source length (in
-characters, a proxy for tokens) to limit padding. An ``eager`` batcher also stops waiting as soon
-as no request is being received (handlers announce the reading of a request with
-:meth:`Batcher.receiving`): waiting only pays when more items are on their way, and a lone
-client then gets the unbatched latency.
+waited ``max_delay_ms``; it holds only items of its lead item's temperature (different
+temperatures never share a batch), chosen closest to the lead in source length (in
+characters, a proxy for tokens) to limit padding, within ``max_batch_size`` items and
+``max_batch_chars`` padded characters. Requests take turns at leading a batch, so that a
+request of many long items cannot hold the worker for everyone queued after it.
 
-A read counts as coming for ``max_delay_ms`` from its start only, so that a stalled upload
-cannot make everyone else wait out the delay.
+An ``eager`` batcher also stops waiting as soon as no request is being received (handlers
+announce the reading of a request with :meth:`Batcher.receiving`): waiting only pays when more
+items are on their way, and a lone client then gets the unbatched latency. A read counts as
+coming for ``max_delay_ms`` from its start only, so that a stalled upload cannot make everyone
+else wait out the delay.
 
 The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
 event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
@@ -79,6 +81,7 @@ class _Item:
     temperature: float | None
     with_attention: bool
     future: asyncio.Future
+    request: int = 0  # which submit() call it came from (they count up)
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -95,6 +98,11 @@ class Batcher:
         The longest the oldest waiting item waits for more items to join its batch.
     max_queue : int, default=1024
         The most items waiting; beyond it ``submit`` raises ``QueueFullError``.
+    max_batch_chars : int, default=8192
+        The most padded source characters in one runtime call (items x the longest one): 64
+        items of up to 128 characters make a full batch, 8 of 1,024 do. With requests taking
+        turns (see ``_take_batch``), this bounds how long one request of long items holds the
+        worker before the next request's batch runs.
     executor : ThreadPoolExecutor, optional
         Where the runtime calls run; by default the batcher makes (and shuts down) a
         one-thread executor of its own. Several batchers may share one.
@@ -120,6 +128,7 @@ class Batcher:
         max_batch_size: int = 64,
         max_delay_ms: float = 2.0,
         max_queue: int = 1024,
+        max_batch_chars: int = 8192,
         executor: ThreadPoolExecutor | None = None,
         metrics: BatchMetrics | None = None,
         eager: bool = False,
@@ -129,6 +138,7 @@ class Batcher:
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
         self.max_delay_ms = check_real(max_delay_ms, "max_delay_ms", 0.0)
         self.max_queue = check_int(max_queue, "max_queue")
+        self.max_batch_chars = check_int(max_batch_chars, "max_batch_chars")
         if not isinstance(eager, bool):
             raise ValueError(f"eager must be a bool, got {eager!r}")
         self.eager = eager
@@ -140,6 +150,8 @@ class Batcher:
         self._executor = executor
         self._metrics = metrics
         self._pending: list[_Item] = []  # arrival order
+        self._submits = 0  # submit() calls so far
+        self._last_lead = 0  # the request whose item led the latest batch
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -255,8 +267,10 @@ class Batcher:
                     f"the queue holds {len(self._pending)} of at most {self.max_queue} items"
                 )
         loop = asyncio.get_running_loop()
+        self._submits += 1
         items = [
-            _Item(source, temperature, with_attention, loop.create_future()) for source in sources
+            _Item(source, temperature, with_attention, loop.create_future(), self._submits)
+            for source in sources
         ]
         self._pending.extend(items)
         self._report_depth()
@@ -341,12 +355,27 @@ class Batcher:
             timer.cancel()
 
     def _take_batch(self) -> list[_Item]:
-        """Take the oldest item and the items of its temperature closest to it in length."""
-        oldest = self._pending[0]
-        same_key = [item for item in self._pending if item.temperature == oldest.temperature]
-        length = len(oldest.source)
+        """Take a lead item, then the items of its temperature closest to it in length, within
+        ``max_batch_size`` items and ``max_batch_chars`` padded characters.
+
+        The lead is the oldest item of the request after the one that led the latest batch
+        (else the oldest item): requests take turns, so a request of many long items is
+        served a batch at a time between the requests that came after it.
+        """
+        lead = next((i for i in self._pending if i.request > self._last_lead), self._pending[0])
+        self._last_lead = lead.request
+        same_key = [item for item in self._pending if item.temperature == lead.temperature]
+        length = len(lead.source)
         same_key.sort(key=lambda item: abs(len(item.source) - length))  # stable: oldest first
-        chosen = same_key[: self.max_batch_size]
+        chosen, longest = [], 0
+        for item in same_key:  # the lead first: it is closest to itself
+            padded = (len(chosen) + 1) * max(longest, len(item.source))
+            if chosen and padded > self.max_batch_chars:
+                continue
+            chosen.append(item)
+            longest = max(longest, len(item.source))
+            if len(chosen) == self.max_batch_size:
+                break
         taken = set(map(id, chosen))
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._report_depth()

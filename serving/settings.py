@@ -23,6 +23,11 @@ class ServerSettings:
         The most items in one runtime call.
     max_delay_ms : float, default=2.0
         The longest an item waits for others to join its batch.
+    max_batch_chars : int, default=8192
+        The most padded source characters in one runtime call (items x the longest): 64 items
+        of up to 128 characters make a full batch, 8 of 1,024 do. Requests take turns at
+        leading a batch, so this bounds how long a request of long items holds the worker
+        before the requests queued after it get a batch.
     max_queue : int, default=1024
         The most items waiting per model; beyond it requests get 503 with Retry-After.
     max_items_per_request : int, default=256
@@ -54,6 +59,7 @@ class ServerSettings:
 
     max_batch_size: int = 64
     max_delay_ms: float = 2.0
+    max_batch_chars: int = 8192
     max_queue: int = 1024
     max_items_per_request: int = 256
     max_body_bytes: int = 1 << 20
@@ -66,6 +72,7 @@ class ServerSettings:
     def __post_init__(self) -> None:
         for name in (
             "max_batch_size",
+            "max_batch_chars",
             "max_queue",
             "max_items_per_request",
             "max_body_bytes",

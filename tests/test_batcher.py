@@ -166,6 +166,26 @@ def test_a_stalled_read_does_not_hold_an_eager_batcher_back():
     assert runtime.batch_sizes == [1, 1, 1]
 
 
+def test_a_request_of_long_items_takes_turns_with_the_requests_after_it():
+    async def body():
+        runtime = ReverseRuntime(gated=True, max_source_length=2000)
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=0, max_batch_chars=8192)
+        hold = batcher.submit(["hold"])
+        await wait_for_batches(runtime, 1)
+        long_request = batcher.submit([f"{i:04d}" * 250 for i in range(48)])  # 48 x 1,000
+        short_request = batcher.submit(["short"])
+        runtime.release()
+        await asyncio.wait(hold + long_request + short_request)
+        await batcher.stop()
+        return runtime
+
+    runtime = run(body())
+    calls = [sources for sources, _, _ in runtime.calls]
+    assert "short" in calls[2]  # after one batch of the long request, not after all six
+    assert all(len(c) * max(map(len, c)) <= 8192 for c in calls[1:])
+    assert sum(map(len, calls[1:])) == 49  # every item once
+
+
 def test_more_items_than_max_batch_size_are_split_and_each_answered_once():
     async def body():
         runtime = ReverseRuntime()
