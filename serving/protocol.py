@@ -21,17 +21,24 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from serving.responses import (  # the responses' half; its names stay importable from here
+    ATTENTION,
+    ATTENTION_LENGTHS,
+    HEADER_LENGTH,
+    JSON_CHUNK,
+    PREDICTION,
+    OutputTensor,
+    attention_tensors,
+    encode_infer_response,
+    error_body,
+    prediction_tensor,
+    serialize_bytes_tensor,
+)
 
 INPUT_NAME = "source"
-PREDICTION = "prediction"
-ATTENTION = "attention"
-ATTENTION_LENGTHS = "attention_lengths"
 OUTPUT_NAMES = (PREDICTION, ATTENTION, ATTENTION_LENGTHS)
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 _LENGTH = struct.Struct("<I")
 
@@ -82,26 +89,6 @@ class InferRequest:
 
 # ---------------------------------------------------------------------------------------------
 # BYTES tensors in binary form
-
-
-def serialize_bytes_tensor(elements: Sequence[bytes]) -> bytes:
-    """Serialize BYTES elements as the binary extension does.
-
-    Parameters
-    ----------
-    elements : sequence of bytes
-        The elements in row-major order.
-
-    Returns
-    -------
-    bytes
-        Each element as a 4-byte little-endian length followed by its bytes.
-    """
-    parts = []
-    for element in elements:
-        parts.append(_LENGTH.pack(len(element)))
-        parts.append(element)
-    return b"".join(parts)
 
 
 def deserialize_bytes_tensor(buffer: bytes) -> list[bytes]:
@@ -419,132 +406,24 @@ def _temperature(value: object) -> float | None:
     return temperature
 
 
-# ---------------------------------------------------------------------------------------------
-# Responses
-
-
-@dataclass(frozen=True)
-class OutputTensor:
-    """An output tensor ready to encode: BYTES data is a list of str, numeric data an array."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: list[str] | np.ndarray
-
-
-def prediction_tensor(predictions: Sequence[str]) -> OutputTensor:
-    """The ``prediction`` output: BYTES ``[N]``."""
-    return OutputTensor(PREDICTION, "BYTES", (len(predictions),), list(predictions))
-
-
-def attention_tensors(attentions: Sequence[np.ndarray]) -> tuple[OutputTensor, OutputTensor]:
-    """The ``attention`` and ``attention_lengths`` outputs from N maps of varying shape.
-
-    Parameters
-    ----------
-    attentions : sequence of ndarray
-        One map per item, ``(T_y, T_x)``.
-
-    Returns
-    -------
-    attention : OutputTensor
-        FP32 ``[N, max T_y, max T_x]``; item ``i`` fills ``[i, :T_y, :T_x]``, zeros elsewhere.
-    lengths : OutputTensor
-        INT32 ``[N, 2]``: ``(T_y, T_x)`` of each map.
-    """
-    lengths = np.array([a.shape for a in attentions], dtype=np.int32).reshape(-1, 2)  # (N, 2)
-    t_y, t_x = lengths.max(axis=0) if len(attentions) else (0, 0)
-    padded = np.zeros((len(attentions), t_y, t_x), dtype=np.float32)  # (N, T_y, T_x)
-    for i, weights in enumerate(attentions):
-        padded[i, : weights.shape[0], : weights.shape[1]] = weights
-    return (
-        OutputTensor(ATTENTION, "FP32", padded.shape, padded),
-        OutputTensor(ATTENTION_LENGTHS, "INT32", lengths.shape, lengths),
-    )
-
-
-def encode_infer_response(
-    *,
-    model_name: str,
-    model_version: str,
-    request_id: str | None,
-    outputs: Sequence[tuple[OutputTensor, bool]],
-) -> tuple[bytes, dict[str, str]]:
-    """Encode a v2 inference response.
-
-    Parameters
-    ----------
-    model_name, model_version : str
-        Echoed in the response.
-    request_id : str or None
-        Echoed as ``id`` when given.
-    outputs : sequence of (OutputTensor, bool)
-        The tensors in order, each with whether to send it as binary tensor data.
-
-    Returns
-    -------
-    body : bytes
-        JSON, or the JSON header followed by the binary tensors.
-    headers : dict
-        ``Content-Type``, plus ``Inference-Header-Content-Length`` when binary data follows.
-    """
-    entries = []
-    chunks = []
-    for tensor, binary in outputs:
-        entry: dict = {
-            "name": tensor.name,
-            "datatype": tensor.datatype,
-            "shape": list(tensor.shape),
-        }
-        if binary:
-            raw = _tensor_bytes(tensor)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
-            entries.append(_json(entry))
-        else:  # the entry's JSON with its data spliced in: '{..., "data": [...]}'
-            entries.append(_json(entry)[:-1] + b',"data":' + _tensor_json(tensor) + b"}")
-    header: dict = {"model_name": model_name, "model_version": model_version}
-    if request_id is not None:
-        header["id"] = request_id
-    header_bytes = b"".join([_json(header)[:-1], b',"outputs":[', b",".join(entries), b"]}"])
-    if not chunks:
-        return header_bytes, {"Content-Type": "application/json"}
-    headers = {
-        "Content-Type": "application/octet-stream",
-        HEADER_LENGTH: str(len(header_bytes)),
-    }
-    return b"".join([header_bytes, *chunks]), headers
-
-
-def _json(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-# Numbers are encoded this many at a time: one json.dumps call holds the GIL throughout, and a
-# slice of 4,096 floats takes a few milliseconds, so an encoding thread lets the event loop
-# answer (health checks, small requests) between slices.
-JSON_CHUNK = 4096
-
-
-def _tensor_bytes(tensor: OutputTensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        return serialize_bytes_tensor([text.encode("utf-8") for text in tensor.data])
-    little_endian = tensor.data.dtype.newbyteorder("<")
-    return np.ascontiguousarray(tensor.data, dtype=little_endian).tobytes()
-
-
-def _tensor_json(tensor: OutputTensor) -> bytes:
-    """A tensor's data as a JSON array (flattened, row-major), numbers a slice at a time."""
-    if tensor.datatype == "BYTES":
-        return _json(list(tensor.data))
-    flat = np.asarray(tensor.data).ravel()
-    parts = [
-        _json(flat[i : i + JSON_CHUNK].tolist())[1:-1] for i in range(0, flat.size, JSON_CHUNK)
-    ]
-    return b"[" + b",".join(parts) + b"]"
-
-
-def error_body(message: str) -> bytes:
-    """The v2 protocol's error body, ``{"error": message}``."""
-    return json.dumps({"error": message}, ensure_ascii=False).encode()
+__all__ = [
+    "ATTENTION",
+    "ATTENTION_LENGTHS",
+    "HEADER_LENGTH",
+    "INPUT_NAME",
+    "JSON_CHUNK",
+    "OUTPUT_NAMES",
+    "PREDICTION",
+    "InferRequest",
+    "OutputTensor",
+    "ProtocolError",
+    "RequestedOutput",
+    "attention_tensors",
+    "decode_content",
+    "deserialize_bytes_tensor",
+    "encode_infer_response",
+    "error_body",
+    "parse_infer_request",
+    "prediction_tensor",
+    "serialize_bytes_tensor",
+]
