@@ -947,6 +947,7 @@ class HeldRuntime:
         self.runtime = runtime
         self.started = threading.Semaphore(0)
         self.batch_sizes = []
+        self.warmed_up = False
         self._gate = threading.Event()
 
     def __getattr__(self, name):
@@ -956,6 +957,9 @@ class HeldRuntime:
         self._gate.set()
 
     def predict_batch(self, sources, temperature=None, with_attention=False):
+        if not self.warmed_up:  # the server's warm-up call, before it is ready: never held
+            self.warmed_up = True
+            return self.runtime.predict_batch(sources, temperature, with_attention)
         self.batch_sizes.append(len(sources))
         self.started.release()
         if not self._gate.wait(timeout=30):
