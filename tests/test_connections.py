@@ -76,9 +76,7 @@ def test_a_silent_connection_is_closed_after_the_header_timeout(serve, http_impl
 
 @pytest.mark.slow
 @pytest.mark.parametrize("http_impl", IMPLS)
-def test_trickled_headers_get_408_and_a_kept_alive_connection_gets_a_new_deadline(
-    serve, http_impl
-):
+def test_trickled_headers_get_408_and_a_kept_alive_connection_gets_a_new_deadline(serve, http_impl):
     server = serve(limits=ConnectionLimits(header_timeout_s=0.5), http_impl=http_impl)
     with connect(server) as sock:
         started = time.monotonic()
@@ -165,9 +163,10 @@ def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
             assert client.get("/v2/health/ready").status_code == 200
             refused = client.post(INFER.decode(), json=infer_body(["abc"]))
             assert refused.status_code == 503 and "health" in refused.json()["error"]
-        with httpx.Client(base_url=server.url, timeout=5) as a, httpx.Client(
-            base_url=server.url, timeout=5
-        ) as b:
+        with (
+            httpx.Client(base_url=server.url, timeout=5) as a,
+            httpx.Client(base_url=server.url, timeout=5) as b,
+        ):
             assert a.get("/v2/health/live").status_code == 200  # the health slot, kept alive
             assert b.get("/v2/health/live").status_code == 200  # a's idle connection made room
     finally:
@@ -216,3 +215,32 @@ def test_the_cli_maps_every_limit_to_a_flag():
     assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
 
 
+def test_the_readme_lists_every_limit_and_timeout_with_its_default():
+    from pathlib import Path
+
+    from serving.__main__ import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### The server") : readme.index("### The attention explorer")]
+    rows = {
+        line.split("|")[1].strip().strip("`"): line.split("|")[2].strip()
+        for line in section.splitlines()
+        if line.startswith("| `--")
+    }
+    parser = build_parser()
+    limits = [
+        action
+        for action in parser._actions
+        if action.option_strings
+        and any(
+            word in action.option_strings[0]
+            for word in ("max", "timeout", "-s", "host", "connections")
+        )
+        and action.option_strings[0] not in ("--host",)
+    ]
+    assert limits
+    for action in limits:
+        flag = action.option_strings[0]
+        assert flag in rows, f"{flag} is not in the README's table of limits"
+        if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
+            assert float(rows[flag]) == action.default, flag
