@@ -3,7 +3,8 @@
 The data flow of one ``fit`` / ``predict``::
 
     strings --tokenize / Vocabulary--> id lists --skattn.training.Trainer--> Seq2SeqModule (fit)
-    strings --> id lists --Seq2SeqModule.encode / step--> skattn.core.search --> strings (predict)
+    strings --skattn.core.inference.Translator over skattn.backend.TorchBackend--> strings
+                                                                               (predict)
 
 This module is the scikit-learn surface: the parameters and their constraints, thin ``fit`` /
 ``predict`` adapters and pickling. The model's hyperparameters are a
@@ -12,101 +13,24 @@ This module is the scikit-learn surface: the parameters and their constraints, t
 
 from __future__ import annotations
 
-import itertools
-import math
+import os
 from collections.abc import Sequence
-from numbers import Integral, Real
-from typing import Any
+from pathlib import Path
 
 import numpy as np
-import torch
 from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils import Tags, check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from skattn import training
-from skattn.core.checks import parse_device
-from skattn.core.search import Hypothesis, beam_decode, greedy_decode
-from skattn.core.text import EOS, SPECIAL_TOKENS, TOKENIZERS, Vocabulary, detokenize, tokenize
+from skattn.backend import TorchBackend
+from skattn.core.inference import SearchSettings, Translator, source_ids
+from skattn.core.text import Vocabulary, as_token_lists, as_token_pairs, refuse_reserved_tokens
 from skattn.metrics import exact_match
-from skattn.models import OPTIONS, ModelConfig, Seq2SeqModule
+from skattn.models import ModelConfig, Seq2SeqModule
+from skattn.parameters import PARAMETER_CONSTRAINTS
 
 __all__ = ["Seq2Seq"]
-
-#: Items per batch at prediction time (sorted by length, so padding stays small).
-PREDICT_BATCH_SIZE = 256
-
-
-# ---------------------------------------------------------------- constraints and input
-
-
-class _Range(Interval):
-    """scikit-learn's ``Interval`` without booleans: ``True`` is an int to Python, never a size
-    or a rate to a user."""
-
-    def is_satisfied_by(self, val: Any) -> bool:
-        return not isinstance(val, bool | np.bool_) and super().is_satisfied_by(val)
-
-
-class _Device(StrOptions):
-    """``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (see ``core.checks.parse_device``)."""
-
-    def __init__(self) -> None:
-        super().__init__({"auto", "cpu", "cuda"})
-
-    def is_satisfied_by(self, val: Any) -> bool:
-        try:
-            parse_device(val)
-        except ValueError:
-            return False
-        return True
-
-    def __str__(self) -> str:
-        return "a str among 'auto', 'cpu', 'cuda' or 'cuda:N'"
-
-
-def _at_least(low: int) -> list:
-    return [_Range(Integral, low, None, closed="left")]
-
-
-def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
-    return [_Range(Real, low, high, closed=closed)]
-
-
-def _as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str]], str]:
-    """Tokenize a sequence of str / token-list items; also say which kind the items were."""
-    if isinstance(items, str | bytes) or not hasattr(items, "__len__"):
-        raise ValueError(f"{name} must be a sequence of str or of token lists, got {items!r}")
-    items = list(items)
-    if not items:
-        raise ValueError(f"{name} must hold at least one item, got an empty sequence")
-    token_lists, kinds = [], set()
-    for index, item in enumerate(items):
-        if isinstance(item, str):
-            token_lists.append(tokenize(item, tokenizer))
-            kinds.add("str")
-        elif isinstance(item, list | tuple | np.ndarray) and all(isinstance(t, str) for t in item):
-            token_lists.append([str(t) for t in item])
-            kinds.add("tokens")
-        else:
-            raise ValueError(f"{name}[{index}] must be a str or a list of str tokens, got {item!r}")
-    if len(kinds) > 1:
-        raise ValueError(f"{name} must hold only str items or only token lists, not both")
-    return token_lists, kinds.pop()
-
-
-def _refuse_reserved_tokens(targets: list[list[str]]) -> None:
-    """A target token spelled like a special one could never be output (a source one is unknown)."""
-    reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
-    if reserved:
-        raise ValueError(
-            f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
-            f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
-        )
-
-
-# ---------------------------------------------------------------- the estimator
 
 
 class Seq2Seq(BaseEstimator):
@@ -121,8 +45,8 @@ class Seq2Seq(BaseEstimator):
     scorer : {"dot", "general", "additive", "scaled_dot"}, default="additive"
         Attention score function.
     decoder : {"bahdanau", "luong"}, default="bahdanau"
-        ``"bahdanau"`` attends with the previous state then steps; ``"luong"`` steps, then
-        attends and forms the attentional state ``tanh([c; s] @ W_c)``.
+        ``"bahdanau"`` attends with ``s_{i-1}`` then steps; ``"luong"`` steps, then attends and
+        forms the attentional state ``tanh([c; s] @ W_c)``.
     attention : {"global", "local-m", "local-p", "none"}, default="global"
         ``"none"`` is the plain encoder-decoder that reads only the final encoder state.
     input_feeding : bool, default=True
@@ -148,46 +72,35 @@ class Seq2Seq(BaseEstimator):
     batch_size : int, default=64
     max_epochs : int, default=100
     max_steps : int or None, default=None
-        Stop after this many optimizer steps (whichever of ``max_epochs`` / ``max_steps`` /
-        ``max_time`` comes first).
+        Stop after this many optimizer steps (the first of the three budgets to end stops).
     max_time : float or None, default=None
-        Stop after this many seconds of training (wall clock from the first step, validation
-        included), checked after every optimizer step; the epoch under way is then validated
-        and recorded as usual. A budget that holds however the machine's speed varies; unlike
-        the others it makes the result depend on that speed.
+        Stop after this many seconds of training (wall clock, validation included), checked
+        after every step; the epoch under way is still validated and recorded. Unlike the
+        other budgets, it makes the result depend on the machine's speed.
     learning_rate : float, default=3e-3
         Adam's (initial) learning rate.
     lr_schedule : {"constant", "plateau", "cosine"}, default="constant"
-        ``"plateau"`` halves the learning rate after every epoch in which the monitored
-        quantity (see ``early_stopping_metric``) did not improve by ``tol``; ``"cosine"`` decays
-        it after every step as ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` down to 0 at the
-        end of the budget, where the progress ``p`` is the larger of ``t / T`` (``t`` steps of
-        ``T = min(max_steps, max_epochs * steps per epoch)``) and the share of ``max_time``
-        spent: the choice for a fixed budget.
+        ``"plateau"`` halves the rate after each epoch in which the monitored quantity did not
+        improve by ``tol``; ``"cosine"``: ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` after
+        every step, with progress ``p = max(t / min(max_steps, max_epochs * steps per epoch),
+        share of max_time spent)``: 0 at the end of the budget.
     label_smoothing : float, default=0.0
-        The training target puts ``1 - label_smoothing`` on the reference token and spreads
-        ``label_smoothing`` uniformly over the vocabulary (Szegedy et al. 2016), as
-        ``torch.nn.functional.cross_entropy`` does; ``train_loss`` is that smoothed objective,
-        ``val_loss`` is always the plain cross-entropy.
+        The target puts ``1 - label_smoothing`` on the reference and spreads the rest over the
+        vocabulary (Szegedy et al. 2016); ``val_loss`` stays the plain cross-entropy.
     max_grad_norm : float or None, default=1.0
         Gradients are clipped to this global norm; ``None`` turns clipping off.
     early_stopping : bool, default=True
-        Hold out ``validation_fraction`` of the data, stop when the validation loss has not
-        improved by ``tol`` for ``n_iter_no_change`` epochs, and keep the best weights. Without
-        it, training stops when the training loss stalls the same way.
+        Hold out ``validation_fraction`` of the data, stop when the monitored quantity has not
+        improved by ``tol`` for ``n_iter_no_change`` epochs, keep the best weights. Without it,
+        training stops when the training loss stalls the same way.
     early_stopping_metric : {"loss", "exact_match"}, default="loss"
-        What early stopping (and ``lr_schedule="plateau"``) monitors on the validation split:
-        the teacher-forced loss (lower is better) or the greedy exact match (higher is better;
-        what sequence tasks such as G2P are judged by, as their loss can rise while more
-        outputs become exactly right), ties broken by the loss: early in training, when no
-        output is right yet, the loss still tells progress. Without ``early_stopping`` the
-        training loss is used.
+        What early stopping and ``"plateau"`` monitor on the validation split: the teacher-
+        forced loss, or the greedy exact match (what G2P is judged by) with ties broken by the
+        loss. Without ``early_stopping``, the training loss.
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=5
     tol : float, default=1e-3
-        Smallest change of the monitored quantity that counts as an improvement (or, for the
-        exact match, as a change rather than a tie): the loss is the mean cross-entropy per
-        token, in nats.
+        Smallest change of the monitored quantity (loss in nats per token) that counts.
     tokenizer : {"char", "space"}, default="char"
         How string items are split into tokens (token-list items are used as they are).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
@@ -205,21 +118,17 @@ class Seq2Seq(BaseEstimator):
         The trained network, in eval mode, on ``device_``.
     device_ : torch.device
     history_ : list of dict
-        One dict per epoch: ``epoch``, ``steps``, ``lr`` (the learning rate the epoch started
-        with), ``train_loss``, ``seconds`` and, with early stopping, ``val_loss`` and
-        ``val_exact_match``.
-    n_iter_ : int
-        Epochs run.
-    n_steps_ : int
-        Optimizer steps taken.
+        One dict per epoch: ``epoch``, ``steps``, ``lr`` (at the epoch's start), ``train_loss``,
+        ``seconds`` and, with early stopping, ``val_loss`` and ``val_exact_match``.
+    n_iter_, n_steps_ : int
+        Epochs run and optimizer steps taken.
     best_epoch_ : int
         The epoch whose weights were kept.
     output_kind_ : {"str", "tokens"}
         What ``predict`` returns, following what ``y`` held in ``fit``.
     max_output_length_ : int
-        The output limit learned from the data, ``2 * longest target + 10``; used when
-        ``max_output_length`` is None (``set_params(max_output_length=...)`` after ``fit`` takes
-        effect at the next ``predict``, as ``beam_size`` and ``temperature`` do).
+        ``2 * longest target + 10``, the limit when ``max_output_length`` is None. Like
+        ``beam_size`` and ``temperature``, ``max_output_length`` may be set after ``fit``.
     max_source_length_ : int
         Longest training source in tokens (longer inputs still work).
 
@@ -235,37 +144,7 @@ class Seq2Seq(BaseEstimator):
     True
     """
 
-    _parameter_constraints: dict[str, list] = {
-        **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
-        "input_feeding": ["boolean"],
-        "window": _at_least(1),
-        "temperature": _reals(0.0),
-        "embedding_dim": _at_least(1),
-        "hidden_size": _at_least(1),
-        "num_layers": _at_least(1),
-        "dropout": _reals(0.0, 1.0, closed="left"),
-        "num_heads": _at_least(1),
-        "beam_size": _at_least(1),
-        "length_penalty": _reals(0.0, closed="left"),
-        "max_output_length": [*_at_least(1), None],
-        "batch_size": _at_least(1),
-        "max_epochs": _at_least(1),
-        "max_steps": [*_at_least(1), None],
-        "max_time": [*_reals(0.0), None],
-        "learning_rate": _reals(0.0),
-        "lr_schedule": [StrOptions({"constant", "plateau", "cosine"})],
-        "label_smoothing": _reals(0.0, 1.0, closed="left"),
-        "max_grad_norm": [*_reals(0.0), None],
-        "early_stopping": ["boolean"],
-        "early_stopping_metric": [StrOptions({"loss", "exact_match"})],
-        "validation_fraction": _reals(0.0, 1.0),
-        "n_iter_no_change": _at_least(1),
-        "tol": _reals(0.0, closed="left"),
-        "tokenizer": [StrOptions(set(TOKENIZERS))],
-        "device": [_Device()],
-        "random_state": [*_at_least(0), np.random.RandomState, None],
-        "verbose": ["verbose"],
-    }
+    _parameter_constraints: dict[str, list] = PARAMETER_CONSTRAINTS
 
     def __init__(
         self,
@@ -360,15 +239,8 @@ class Seq2Seq(BaseEstimator):
         -------
         self : Seq2Seq
         """
-        if y is None:
-            raise ValueError("Seq2Seq requires y to be passed, but the target y is None")
-        sources, _ = _as_token_lists(X, "X", self.tokenizer)
-        targets, output_kind = _as_token_lists(y, "y", self.tokenizer)
-        if len(sources) != len(targets):
-            raise ValueError(
-                f"X and y must have the same length, got {len(sources)} and {len(targets)}"
-            )
-        _refuse_reserved_tokens(targets)
+        sources, targets, output_kind = as_token_pairs(X, y, self.tokenizer)
+        refuse_reserved_tokens(targets)
         rng = check_random_state(self.random_state)
         fraction = self.validation_fraction if self.early_stopping else None
         train_idx, val_idx = training.split(len(sources), fraction, rng)
@@ -378,14 +250,20 @@ class Seq2Seq(BaseEstimator):
         self.output_kind_ = output_kind
         self.max_source_length_ = max(len(s) for s in sources)
         self.max_output_length_ = 2 * max(map(len, targets)) + 10
-        src = [self.source_vocab_.encode(s) + [EOS] for s in sources]
-        tgt = [self.target_vocab_.encode(t) for t in targets]
+        src = source_ids(self.source_vocab_, sources)  # (encode + [EOS]), as predict reads
+        tgt = [self.target_vocab_.encode(t) for t in targets]  # (BOS / EOS added per batch)
 
-        seed = int(rng.randint(np.iinfo(np.int32).max))
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
+        with training.seeded(rng, device):
             self.module_ = self._build_module().to(device)
-            trainer = self._make_trainer(src, tgt, len(train_idx), validation=len(val_idx) > 0)
+            trainer = training.Trainer.from_params(
+                self.module_,
+                src,
+                tgt,
+                self.get_params(),
+                n_train=len(train_idx),
+                validation=len(val_idx) > 0,
+                decode=self._greedy_tokens,
+            )
             self.history_ = trainer.fit(train_idx, val_idx, rng)
         self.n_iter_ = len(self.history_)
         self.n_steps_ = trainer.steps
@@ -394,40 +272,9 @@ class Seq2Seq(BaseEstimator):
 
     def _build_module(self) -> Seq2SeqModule:
         """The untrained module of the fitted vocabularies and this estimator's parameters."""
-        config = ModelConfig.from_params(
-            self.get_params(),
-            source_vocab_size=len(self.source_vocab_),
-            target_vocab_size=len(self.target_vocab_),
-        )
-        return Seq2SeqModule(config)
-
-    def _make_trainer(
-        self, src: list[list[int]], tgt: list[list[int]], n_train: int, validation: bool
-    ) -> training.Trainer:
-        """A trainer for ``module_`` whose callbacks carry out this estimator's parameters."""
-        budget = training.Budget(self.max_steps, self.max_time)
-        callbacks: list[training.Callback] = [budget]
-        if self.lr_schedule == "cosine":
-            steps_per_epoch = math.ceil(n_train / self.batch_size)  # as length_batches cuts them
-            callbacks.append(training.CosineSchedule(budget, self.max_epochs, steps_per_epoch))
-        monitor_args = (validation, self.early_stopping_metric, self.tol)
-        if self.lr_schedule == "plateau":
-            callbacks.append(training.PlateauSchedule(training.Monitor.for_metric(*monitor_args)))
-        monitor = training.Monitor.for_metric(*monitor_args)
-        callbacks.append(training.EarlyStopping(monitor, self.n_iter_no_change, validation))
-        callbacks.append(training.ProgressBar(self.max_epochs, disable=not self.verbose))
-        return training.Trainer(
-            self.module_,
-            src,
-            tgt,
-            decode=lambda ids: [h.tokens for h in self._decode_ids(ids, beam_size=1)],
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-            max_epochs=self.max_epochs,
-            max_grad_norm=self.max_grad_norm,
-            label_smoothing=self.label_smoothing,
-            callbacks=callbacks,
-        )
+        sizes = {"source_vocab_size": len(self.source_vocab_)}
+        sizes["target_vocab_size"] = len(self.target_vocab_)
+        return Seq2SeqModule(ModelConfig.from_params(self.get_params(), **sizes))
 
     # ------------------------------------------------------------ pickling
 
@@ -436,101 +283,53 @@ class Seq2Seq(BaseEstimator):
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__
         module = state.pop("module_", None)
         if module is not None:
-            state["_module_config"] = module.config.to_dict()
-            state["_module_state"] = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+            state["_module"] = module.portable_state()
         return state
 
     def __setstate__(self, state: dict) -> None:
         """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing."""
-        config = state.pop("_module_config", None)
-        weights = state.pop("_module_state", None)
+        module = state.pop("_module", None)
         super().__setstate__(state)
-        if config is not None:
-            device = self.device_
-            if device.type == "cuda" and not torch.cuda.is_available():
-                device = torch.device("cpu")
-            module = Seq2SeqModule(ModelConfig.from_dict(config))
-            module.load_state_dict(weights)
-            self.module_ = module.to(device).eval()
-            self.device_ = device
+        if module is not None:
+            self.module_ = Seq2SeqModule.from_portable_state(module, self.device_)
+            self.device_ = next(self.module_.parameters()).device
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "module_")
 
     # ------------------------------------------------------------ predict
 
-    def _tensors(self, id_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        return training.to_tensors(id_lists, self.device_)  # (B, T), (B,)
-
-    def _decode_ids(self, id_lists: list[list[int]], beam_size: int) -> list[Hypothesis]:
-        """Decode source id lists (each ending with EOS), batched by length, in input order."""
+    def _translator(self) -> Translator:
+        """The core's inference layer over this estimator's module (what the runtime runs)."""
         self.module_.eval()
-        order = np.argsort([len(ids) for ids in id_lists], kind="stable")
-        results: list[Hypothesis | None] = [None] * len(id_lists)
-        for start in range(0, len(order), PREDICT_BATCH_SIZE):
-            rows = order[start : start + PREDICT_BATCH_SIZE]
-            hyps = self._decode_batch([id_lists[i] for i in rows], beam_size)
-            for row, hyp in zip(rows, hyps, strict=True):
-                results[row] = hyp
-        return results
+        vocabularies = (self.source_vocab_, self.target_vocab_)
+        backend = TorchBackend(self.module_, self.device_)
+        return Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)
 
-    @torch.inference_mode()
-    def _decode_batch(self, id_lists: list[list[int]], beam_size: int) -> list[Hypothesis]:
-        """Encode one batch and decode it through :mod:`skattn.core.search` with a torch backend.
-
-        The carry is ``(*state, memory, keys, mask)``, every tensor batch-first, so ``select``
-        is one ``index_select`` on axis 0 of each.
-        """
-        module, device = self.module_, self.device_
-        source, source_lengths = self._tensors(id_lists)  # (B, T), (B,)
-        memory, keys, mask, state = module.encode(source, source_lengths)
-        n_state = len(state)
-        temperature = torch.tensor(float(self.temperature), device=device)
-
-        def step(y_prev: np.ndarray, carry: tuple, position: int):
-            log_probs, new_state, weights = module.step(
-                torch.from_numpy(y_prev).to(device),
-                carry[:n_state],
-                *carry[n_state:],
-                temperature,
-                torch.tensor(position, device=device),
-            )
-            new_carry = (*new_state, *carry[n_state:])
-            return log_probs.float().cpu().numpy(), new_carry, weights.float().cpu().numpy()
-
-        def select(carry: tuple, rows: np.ndarray) -> tuple:
-            index = torch.from_numpy(rows).to(device)
-            return tuple(t.index_select(0, index) for t in carry)
-
-        carry = (*state, memory, keys, mask)
-        max_length = self._output_limit()
-        if beam_size == 1:
-            return greedy_decode(step, select, carry, len(id_lists), max_length)
-        return beam_decode(
-            step,
-            select,
-            carry,
-            len(id_lists),
-            beam_size,
-            max_length,
-            self.length_penalty,
+    def _search_settings(self, beam_size: int | None = None) -> SearchSettings:
+        """Prediction-time settings, read at every call (``set_params`` after ``fit`` applies)."""
+        return SearchSettings(
+            beam_size=self.beam_size if beam_size is None else beam_size,
+            length_penalty=self.length_penalty,
+            max_length=self._output_limit(),
+            temperature=self.temperature,
         )
+
+    def _greedy_tokens(self, id_lists: list[list[int]]) -> list[list[int]]:
+        """Greedy output ids of source id lists: the trainer's validation exact match."""
+        hypotheses = self._translator().decode(id_lists, self._search_settings(beam_size=1))
+        return [h.tokens for h in hypotheses]
 
     def _output_limit(self) -> int:
         """Most output tokens per item: ``max_output_length``, else the fitted default."""
         check_is_fitted(self)
-        if self.max_output_length is None:
-            return self.max_output_length_
-        return self.max_output_length
+        return self.max_output_length or self.max_output_length_  # None: the fitted default
 
-    def _predict_hypotheses(self, X: Sequence) -> tuple[list[list[str]], list[Hypothesis]]:
+    def _translate(self, X: Sequence, with_attention: bool) -> tuple[list, list | None]:
         check_is_fitted(self)
         self._validate_params()
-        sources, _ = _as_token_lists(X, "X", self.tokenizer)
-        hyps = self._decode_ids(
-            [self.source_vocab_.encode(s) + [EOS] for s in sources], self.beam_size
-        )
-        return sources, hyps
+        sources, _ = as_token_lists(X, "X", self.tokenizer)
+        return self._translator().translate(sources, self._search_settings(), with_attention)
 
     def predict(self, X: Sequence) -> list:
         """Translate each source.
@@ -545,11 +344,7 @@ class Seq2Seq(BaseEstimator):
         list
             One prediction per item: a str when ``y`` held strings in ``fit``, else a token list.
         """
-        _, hyps = self._predict_hypotheses(X)
-        predictions = [self.target_vocab_.decode(h.tokens) for h in hyps]
-        if self.output_kind_ == "str":
-            return [detokenize(tokens, self.tokenizer) for tokens in predictions]
-        return predictions
+        return self._translate(X, with_attention=False)[0]
 
     def predict_attention(self, X: Sequence) -> list[np.ndarray]:
         """Attention maps of the predicted outputs.
@@ -564,13 +359,7 @@ class Seq2Seq(BaseEstimator):
             One row per predicted output token, one column per source token plus the
             end-of-source marker; every row sums to 1.
         """
-        sources, hyps = self._predict_hypotheses(X)
-        maps = []
-        for source, hyp in zip(sources, hyps, strict=True):
-            # One row per output token (decoding never emits a special id), the columns of the
-            # source and its end-of-source marker.
-            maps.append(hyp.weights[: len(hyp.tokens), : len(source) + 1].astype(np.float64))
-        return maps
+        return self._translate(X, with_attention=True)[1]
 
     def score(self, X: Sequence, y: Sequence) -> float:
         """Exact-match accuracy: the fraction of items predicted exactly, token for token.
@@ -584,15 +373,10 @@ class Seq2Seq(BaseEstimator):
         -------
         float in [0, 1]
         """
-        predictions = self.predict(X)
-        targets, _ = _as_token_lists(y, "y", self.tokenizer)
-        if len(targets) != len(predictions):
-            raise ValueError(
-                f"X and y must have the same length, got {len(predictions)} and {len(targets)}"
-            )
-        return exact_match(targets, predictions, tokenizer=self.tokenizer)
+        _, targets, _ = as_token_pairs(X, y, self.tokenizer)
+        return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
 
-    def export_onnx(self, path: str) -> Any:
+    def export_onnx(self, path: str | os.PathLike) -> Path:
         """Write the ONNX artifact directory that ``serving.load`` reads.
 
         Parameters
@@ -602,7 +386,8 @@ class Seq2Seq(BaseEstimator):
 
         Returns
         -------
-        The value of :func:`skattn.export.export_onnx`.
+        Path
+            The artifact directory.
         """
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting

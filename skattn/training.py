@@ -7,48 +7,43 @@ One epoch of :meth:`Trainer.fit`::
     --evaluate--> history record --on_epoch_end--> (PlateauSchedule, EarlyStopping, Budget,
         ProgressBar)
 
-The loop knows no schedule, budget or stopping rule: each is a :class:`Callback` that acts on
-the trainer (its optimizer, module, ``steps`` and ``stop`` flag), as skorch's callbacks do.
+The loop knows no schedule, budget or stopping rule: each is a :class:`skattn.callbacks.Callback`
+that acts on the trainer (its optimizer, module, ``steps`` and ``stop`` flag), as skorch's
+callbacks do.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
-from tqdm import tqdm
 
+from skattn.callbacks import Callback, callbacks_for
 from skattn.core.checks import parse_device
 from skattn.core.text import BOS, EOS, PAD, pad_batch
 
 __all__ = [
-    "Budget",
-    "Callback",
-    "CosineSchedule",
-    "EarlyStopping",
-    "Monitor",
-    "PlateauSchedule",
-    "ProgressBar",
     "Trainer",
     "batch_loss",
     "length_batches",
     "resolve_device",
+    "seeded",
     "split",
     "to_tensors",
 ]
 
+#: The estimator parameters that are ``Trainer`` arguments of the same name.
+_TRAINER_PARAMS = ("batch_size", "learning_rate", "max_epochs", "max_grad_norm", "label_smoothing")
 #: Validation items per teacher-forced loss batch.
 EVAL_BATCH_SIZE = 256
 #: Training batches are formed from windows of this many batches' worth of length-sorted items.
 BUCKET_BATCHES = 50
-#: ``PlateauSchedule`` multiplies the learning rate by this after an epoch without progress.
-PLATEAU_FACTOR = 0.5
 
 
 # ---------------------------------------------------------------- data
@@ -97,6 +92,15 @@ def resolve_device(device: str) -> torch.device:
     if kind == "cuda" and missing:
         raise ValueError(f"device={device!r} was requested but CUDA device is not available")
     return torch.device(device)
+
+
+@contextmanager
+def seeded(rng: np.random.RandomState, device: torch.device) -> Iterator[None]:
+    """Seed torch from ``rng`` for the block (weights, dropout) and restore its state after."""
+    seed = int(rng.randint(np.iinfo(np.int32).max))
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def to_tensors(
@@ -196,6 +200,28 @@ class Trainer:
         self.stop = False
         self.best_epoch: int | None = None
 
+    @classmethod
+    def from_params(
+        cls,
+        module: torch.nn.Module,
+        src: list[list[int]],
+        tgt: list[list[int]],
+        params: Mapping[str, Any],
+        *,
+        n_train: int,
+        validation: bool,
+        decode: Callable[[list[list[int]]], list[list[int]]],
+    ) -> Trainer:
+        """A trainer whose settings and callbacks carry out an estimator's ``get_params()``."""
+        return cls(
+            module,
+            src,
+            tgt,
+            decode=decode,
+            **{name: params[name] for name in _TRAINER_PARAMS},
+            callbacks=callbacks_for(params, n_train, validation),
+        )
+
     def notify(self, event: str, *args: Any) -> None:
         for callback in self.callbacks:
             getattr(callback, event)(self, *args)
@@ -264,170 +290,3 @@ class Trainer:
             "val_loss": _mean([(float(loss), n) for loss, n in losses]),
             "val_exact_match": float(np.mean(hits)),
         }
-
-
-# ---------------------------------------------------------------- callbacks
-
-
-class Callback:
-    """Hooks the trainer calls; each does nothing unless overridden."""
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        pass
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        pass
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        pass
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        pass
-
-
-class Budget(Callback):
-    """Stop after ``max_steps`` optimizer steps or ``max_time`` seconds from the budget's
-    creation (validation included), whichever comes first (``None``: no limit).
-
-    Checked after every step and every epoch; the epoch under way is then validated and
-    recorded as usual. ``clock`` gives seconds (tests pass a fake one).
-    """
-
-    def __init__(
-        self,
-        max_steps: int | None,
-        max_time: float | None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.max_steps = math.inf if max_steps is None else max_steps
-        self.max_time = math.inf if max_time is None else float(max_time)
-        self.clock = clock
-        self.start = clock()
-
-    def time_share(self) -> float:
-        """The share of ``max_time`` spent, capped at 1 (0 without a time limit)."""
-        return min((self.clock() - self.start) / self.max_time, 1.0)
-
-    def spent(self, steps: int) -> bool:
-        return steps >= self.max_steps or self.clock() - self.start >= self.max_time
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        trainer.stop |= self.spent(trainer.steps)
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        trainer.stop |= self.spent(trainer.steps)
-
-
-class CosineSchedule(Callback):
-    """``lr_t = lr * (1 + cos(pi p)) / 2``, stepped after every optimizer step.
-
-    ``p = max(t / T, budget.time_share())``, capped at 1, so the rate reaches 0 at whichever
-    end of the budget comes first: ``T = min(max_steps, max_epochs * steps_per_epoch)``.
-    """
-
-    def __init__(self, budget: Budget, max_epochs: int, steps_per_epoch: int) -> None:
-        self.budget = budget
-        self.total = min(budget.max_steps, max_epochs * steps_per_epoch)
-
-    def factor(self, t: int) -> float:
-        progress = max(min(t, self.total) / self.total, self.budget.time_share())
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, self.factor)
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        self.scheduler.step()
-
-
-class Monitor:
-    """The quantities training is judged by, minimised in order (lexicographically).
-
-    Exact match enters with its sign flipped, and the loss breaks its ties: early in
-    training, when no output is right yet, the loss still tells progress.
-    """
-
-    def __init__(self, keys: Sequence[str], signs: Sequence[float], tol: float) -> None:
-        self.keys, self.signs, self.tol = tuple(keys), tuple(signs), tol
-        self.best = (math.inf,) * len(self.keys)
-
-    @classmethod
-    def for_metric(cls, validation: bool, metric: str, tol: float) -> Monitor:
-        """What ``Seq2Seq`` monitors: the validation ``metric`` (``"loss"`` or
-        ``"exact_match"``) with validation items, else the training loss."""
-        if not validation:
-            return cls(("train_loss",), (1.0,), tol)
-        if metric == "exact_match":
-            return cls(("val_exact_match", "val_loss"), (-1.0, 1.0), tol)
-        return cls(("val_loss",), (1.0,), tol)
-
-    def update(self, record: dict[str, Any]) -> tuple[bool, bool]:
-        """``(improved, best)``: whether ``record`` beats the best so far by more than ``tol``
-        in the first quantity that differs by more than ``tol``, and whether it is the new
-        best (strictly lower, no tolerance)."""
-        value = tuple(sign * record[k] for k, sign in zip(self.keys, self.signs, strict=True))
-        improved = False
-        for new, best in zip(value, self.best, strict=True):
-            if new < best - self.tol:
-                improved = True
-                break
-            if new > best + self.tol:
-                break
-        is_best = value < self.best
-        if is_best:
-            self.best = value
-        return improved, is_best
-
-
-class EarlyStopping(Callback):
-    """Stop after ``patience`` epochs without an improvement of ``monitor`` (as scikit-learn's
-    MLP counts them) and, with ``keep_best``, give the module back the best epoch's weights."""
-
-    def __init__(self, monitor: Monitor, patience: int, keep_best: bool) -> None:
-        self.monitor, self.patience, self.keep_best = monitor, patience, keep_best
-        self.last_improvement, self.best_epoch, self.best_state = 0, 0, None
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        improved, is_best = self.monitor.update(record)
-        epoch = record["epoch"]
-        if improved:
-            self.last_improvement = epoch
-        if is_best and self.keep_best:
-            self.best_epoch, self.best_state = epoch, copy.deepcopy(trainer.module.state_dict())
-        trainer.stop |= epoch - self.last_improvement >= self.patience
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        if self.best_state is not None:
-            trainer.module.load_state_dict(self.best_state)
-            trainer.best_epoch = self.best_epoch
-
-
-class PlateauSchedule(Callback):
-    """Multiply the learning rate by ``factor`` after every epoch that did not improve
-    ``monitor`` by its ``tol``."""
-
-    def __init__(self, monitor: Monitor, factor: float = PLATEAU_FACTOR) -> None:
-        self.monitor, self.factor = monitor, factor
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        improved, _ = self.monitor.update(record)
-        if not improved:
-            for group in trainer.optimizer.param_groups:
-                group["lr"] *= self.factor
-
-
-class ProgressBar(Callback):
-    """A tqdm bar over epochs on stderr, showing the last record's losses."""
-
-    def __init__(self, max_epochs: int, disable: bool) -> None:
-        self.max_epochs, self.disable = max_epochs, disable
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        self.bar = tqdm(total=self.max_epochs, desc="Seq2Seq", unit="epoch", disable=self.disable)
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.bar.set_postfix({k: round(v, 4) for k, v in record.items() if "_" in k}, refresh=False)
-        self.bar.update()
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        self.bar.close()

@@ -29,7 +29,15 @@ def trainer_of(model: Seq2Seq, X, y) -> training.Trainer:
     """A trainer over a fitted model's module and the encoded items ``X``, ``y`` (char tokens)."""
     src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
     tgt = [model.target_vocab_.encode(list(t)) for t in y]
-    return model._make_trainer(src, tgt, n_train=len(X), validation=True)
+    return training.Trainer.from_params(
+        model.module_,
+        src,
+        tgt,
+        model.get_params(),
+        n_train=len(X),
+        validation=True,
+        decode=model._greedy_tokens,
+    )
 
 
 # ---------------------------------------------------------------- learning
@@ -457,7 +465,7 @@ def test_joblib_round_trip_keeps_predictions(fitted_reversal, reversal_data, tmp
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the fallback of a CPU-only machine")
 def test_model_pickled_on_gpu_loads_on_cpu(fitted_reversal):
     state = fitted_reversal.__getstate__()
-    assert all(t.device.type == "cpu" for t in state["_module_state"].values())
+    assert all(t.device.type == "cpu" for t in state["_module"]["weights"].values())
     state["device_"] = torch.device("cuda", 0)  # what a GPU-trained model carries
     loaded = pickle.loads(pickle.dumps(state))
     model = Seq2Seq.__new__(Seq2Seq)

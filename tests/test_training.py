@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from skattn import Seq2Seq, training
+from skattn import Seq2Seq, callbacks, training
 from skattn.datasets import make_reversal
 
 TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
@@ -26,7 +26,7 @@ def reversal_trainer(callbacks, *, n=80, learning_rate=0.01, max_epochs=20):
         model.module_,
         src,
         tgt,
-        decode=lambda ids: [h.tokens for h in model._decode_ids(ids, beam_size=1)],
+        decode=model._greedy_tokens,
         batch_size=8,
         learning_rate=learning_rate,
         max_epochs=max_epochs,
@@ -73,7 +73,7 @@ def test_resolve_device():
 
 
 def test_monitor_compares_lexicographically_with_a_tolerance():
-    monitor = training.Monitor(("val_exact_match", "val_loss"), (-1.0, 1.0), tol=0.01)
+    monitor = callbacks.Monitor(("val_exact_match", "val_loss"), (-1.0, 1.0), tol=0.01)
     assert monitor.update({"val_exact_match": 0.0, "val_loss": 2.0}) == (True, True)
     # the exact match ties (within tol): the loss decides
     assert monitor.update({"val_exact_match": 0.005, "val_loss": 1.5}) == (True, True)
@@ -93,13 +93,13 @@ def test_monitor_compares_lexicographically_with_a_tolerance():
     ],
 )
 def test_monitor_for_metric(validation, metric, keys):
-    assert training.Monitor.for_metric(validation, metric, 0.0).keys == keys
+    assert callbacks.Monitor.for_metric(validation, metric, 0.0).keys == keys
 
 
 def test_early_stopping_counts_patience_and_gives_back_the_best_weights():
     module = torch.nn.Linear(1, 1)
     trainer = SimpleNamespace(module=module, stop=False, best_epoch=None)
-    stopper = training.EarlyStopping(training.Monitor(("loss",), (1.0,), 0.1), 2, keep_best=True)
+    stopper = callbacks.EarlyStopping(callbacks.Monitor(("loss",), (1.0,), 0.1), 2, keep_best=True)
     for epoch, loss in enumerate([3.0, 2.0, 1.95, 2.5], start=1):
         with torch.no_grad():
             module.weight.fill_(epoch)
@@ -112,7 +112,7 @@ def test_early_stopping_counts_patience_and_gives_back_the_best_weights():
 def test_plateau_schedule_multiplies_the_rate_after_an_epoch_without_progress():
     optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
     trainer = SimpleNamespace(optimizer=optimizer)
-    plateau = training.PlateauSchedule(training.Monitor(("loss",), (1.0,), 0.1))
+    plateau = callbacks.PlateauSchedule(callbacks.Monitor(("loss",), (1.0,), 0.1))
     for loss in [3.0, 2.95, 2.0, 2.5]:
         plateau.on_epoch_end(trainer, {"loss": loss})
     assert optimizer.param_groups[0]["lr"] == 0.25
@@ -120,29 +120,29 @@ def test_plateau_schedule_multiplies_the_rate_after_an_epoch_without_progress():
 
 def test_budget_is_spent_at_max_steps_or_max_time():
     seconds = [0.0]
-    budget = training.Budget(max_steps=5, max_time=10.0, clock=lambda: seconds[0])
+    budget = callbacks.Budget(max_steps=5, max_time=10.0, clock=lambda: seconds[0])
     assert not budget.spent(4) and budget.spent(5)
     seconds[0] = 4.0
     assert budget.time_share() == 0.4
     seconds[0] = 10.0
     assert budget.spent(0) and budget.time_share() == 1.0
-    unlimited = training.Budget(None, None)
+    unlimited = callbacks.Budget(None, None)
     assert not unlimited.spent(10**9) and unlimited.time_share() == 0.0
 
 
 def test_cosine_factor_falls_from_1_to_0_over_the_shorter_budget():
-    budget = training.Budget(max_steps=None, max_time=None)
-    cosine = training.CosineSchedule(budget, max_epochs=2, steps_per_epoch=10)
+    budget = callbacks.Budget(max_steps=None, max_time=None)
+    cosine = callbacks.CosineSchedule(budget, max_epochs=2, steps_per_epoch=10)
     assert cosine.total == 20
     assert [cosine.factor(t) for t in (0, 10, 20, 30)] == pytest.approx([1, 0.5, 0, 0])
-    assert training.CosineSchedule(training.Budget(7, None), 2, 10).total == 7
+    assert callbacks.CosineSchedule(callbacks.Budget(7, None), 2, 10).total == 7
 
 
 # ---------------------------------------------------------------- the trainer
 
 
 def test_a_callback_stop_ends_the_epoch_after_the_step_then_training():
-    class StopAfterThreeSteps(training.Callback):
+    class StopAfterThreeSteps(callbacks.Callback):
         def on_step_end(self, trainer):
             trainer.stop |= trainer.steps == 3
 
@@ -166,13 +166,13 @@ def test_max_time_stops_training_and_ends_the_cosine_schedule_at_the_deadline():
     # whatever max_steps (100) or max_epochs allow, and the cosine reaches 0 there.
     seconds = [0.0]
 
-    class OneSecondPerStep(training.Callback):
+    class OneSecondPerStep(callbacks.Callback):
         def on_step_end(self, trainer):
             seconds[0] += 1.0
 
     lr = 0.01
-    budget = training.Budget(max_steps=100, max_time=12.0, clock=lambda: seconds[0])
-    cosine = training.CosineSchedule(budget, max_epochs=20, steps_per_epoch=9)
+    budget = callbacks.Budget(max_steps=100, max_time=12.0, clock=lambda: seconds[0])
+    cosine = callbacks.CosineSchedule(budget, max_epochs=20, steps_per_epoch=9)
     trainer = reversal_trainer([OneSecondPerStep(), cosine, budget], learning_rate=lr)
     history = fit(trainer)  # 9 batches of 8 per epoch
     assert trainer.steps == 12 and [h["steps"] for h in history] == [9, 12]

@@ -26,7 +26,7 @@ from skattn.core.checks import check_int, check_real
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
 from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
 
-__all__ = ["Backend", "SearchSettings", "Translator", "as_text"]
+__all__ = ["Backend", "SearchSettings", "Translator", "as_text", "source_ids"]
 
 #: Items per encoder call unless a caller says otherwise.
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -75,6 +75,11 @@ def as_text(prediction: str | Sequence[str]) -> str:
     return prediction if isinstance(prediction, str) else " ".join(prediction)
 
 
+def source_ids(vocabulary: Vocabulary, token_lists: Sequence[Sequence[str]]) -> list[list[int]]:
+    """What the encoder reads: ``vocabulary.encode(tokens) + [EOS]`` for each source."""
+    return [vocabulary.encode(tokens) + [EOS] for tokens in token_lists]
+
+
 class Translator:
     """Translate token lists with a backend: the inference glue, written once.
 
@@ -106,8 +111,8 @@ class Translator:
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
 
     def source_ids(self, token_lists: Sequence[Sequence[str]]) -> list[list[int]]:
-        """Source ids with the end-of-source marker: ``encode(tokens) + [EOS]``."""
-        return [self.source_vocabulary.encode(tokens) + [EOS] for tokens in token_lists]
+        """Source ids with the end-of-source marker (:func:`source_ids`)."""
+        return source_ids(self.source_vocabulary, token_lists)
 
     def decode(
         self, id_lists: Sequence[Sequence[int]], settings: SearchSettings

@@ -13,8 +13,10 @@ Special ids are fixed and identical in every vocabulary::
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +28,11 @@ __all__ = [
     "TOKENIZERS",
     "UNK",
     "Vocabulary",
+    "as_token_lists",
+    "as_token_pairs",
     "detokenize",
     "pad_batch",
+    "refuse_reserved_tokens",
     "tokenize",
 ]
 
@@ -295,3 +300,54 @@ def pad_batch(
     for row, ids in enumerate(id_lists):
         batch[row, : len(ids)] = ids
     return batch, lengths
+
+
+def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str]], str]:
+    """Tokenize a sequence of str / token-list items; also say which kind the items were.
+
+    What the estimator accepts as ``X`` and ``y``: strings (split by ``tokenizer``) or token
+    lists (lists, tuples or 1-D NumPy arrays of str), not a mix; ``name`` names the argument in
+    errors. Returns the token lists and ``"str"`` or ``"tokens"``.
+    """
+    if isinstance(items, str | bytes) or not hasattr(items, "__len__"):
+        raise ValueError(f"{name} must be a sequence of str or of token lists, got {items!r}")
+    items = list(items)
+    if not items:
+        raise ValueError(f"{name} must hold at least one item, got an empty sequence")
+    token_lists, kinds = [], set()
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            token_lists.append(tokenize(item, tokenizer))
+            kinds.add("str")
+        elif isinstance(item, list | tuple | np.ndarray) and all(isinstance(t, str) for t in item):
+            token_lists.append([str(t) for t in item])
+            kinds.add("tokens")
+        else:
+            raise ValueError(f"{name}[{index}] must be a str or a list of str tokens, got {item!r}")
+    if len(kinds) > 1:
+        raise ValueError(f"{name} must hold only str items or only token lists, not both")
+    return token_lists, kinds.pop()
+
+
+def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
+    """Sources and targets as token lists (:func:`as_token_lists`), checked to pair up; also
+    the kind the targets were (``"str"`` or ``"tokens"``)."""
+    if y is None:
+        raise ValueError("Seq2Seq requires y to be passed, but the target y is None")
+    sources, _ = as_token_lists(X, "X", tokenizer)
+    targets, kind = as_token_lists(y, "y", tokenizer)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"X and y must have the same length, got {len(sources)} and {len(targets)}"
+        )
+    return sources, targets, kind
+
+
+def refuse_reserved_tokens(targets: list[list[str]]) -> None:
+    """A target token spelled like a special one could never be output (a source one is unknown)."""
+    reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
+    if reserved:
+        raise ValueError(
+            f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
+            f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
+        )

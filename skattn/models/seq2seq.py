@@ -65,6 +65,21 @@ class Seq2SeqModule(nn.Module):
         else:
             self.decoder = LuongDecoder(*decoder_args, self.attention, config.input_feeding)
 
+    def portable_state(self) -> dict:
+        """The config and a CPU state dict: what a pickle of a fitted estimator stores."""
+        weights = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        return {"config": self.config.to_dict(), "weights": weights}
+
+    @classmethod
+    def from_portable_state(cls, state: dict, device: torch.device) -> Seq2SeqModule:
+        """Rebuild a module (in eval mode) on ``device``, or on the CPU when it is a CUDA device
+        this machine lacks; the device it lands on is ``next(module.parameters()).device``."""
+        if device.type == "cuda" and not torch.cuda.is_available():
+            device = torch.device("cpu")
+        module = cls(ModelConfig.from_dict(state["config"]))
+        module.load_state_dict(state["weights"])
+        return module.to(device).eval()
+
     @property
     def state_names(self) -> tuple[str, ...]:
         return self.decoder.state_names

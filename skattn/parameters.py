@@ -1,0 +1,87 @@
+"""``Seq2Seq``'s parameter table: scikit-learn's own constraint objects, one entry a parameter.
+
+``Seq2Seq._parameter_constraints`` is this table, so scikit-learn's ``_fit_context`` checks every
+parameter at the start of ``fit`` (``InvalidParameterError``, a ``ValueError`` naming it) and
+``sklearn.utils.estimator_checks.check_param_validation`` runs in the suite. Two constraint
+classes extend scikit-learn's: integers and reals that refuse booleans, and device strings.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from skattn.core.checks import parse_device
+from skattn.core.text import TOKENIZERS
+from skattn.models import OPTIONS
+
+__all__ = ["PARAMETER_CONSTRAINTS"]
+
+
+class _Range(Interval):
+    """scikit-learn's ``Interval`` without booleans: ``True`` is an int to Python, never a size
+    or a rate to a user."""
+
+    def is_satisfied_by(self, val: Any) -> bool:
+        return not isinstance(val, bool | np.bool_) and super().is_satisfied_by(val)
+
+
+class _Device(StrOptions):
+    """``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (see ``core.checks.parse_device``)."""
+
+    def __init__(self) -> None:
+        super().__init__({"auto", "cpu", "cuda"})
+
+    def is_satisfied_by(self, val: Any) -> bool:
+        try:
+            parse_device(val)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        return "a str among 'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def _at_least(low: int) -> list:
+    return [_Range(Integral, low, None, closed="left")]
+
+
+def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
+    return [_Range(Real, low, high, closed=closed)]
+
+
+PARAMETER_CONSTRAINTS: dict[str, list] = {
+    **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
+    "input_feeding": ["boolean"],
+    "window": _at_least(1),
+    "temperature": _reals(0.0),
+    "embedding_dim": _at_least(1),
+    "hidden_size": _at_least(1),
+    "num_layers": _at_least(1),
+    "dropout": _reals(0.0, 1.0, closed="left"),
+    "num_heads": _at_least(1),
+    "beam_size": _at_least(1),
+    "length_penalty": _reals(0.0, closed="left"),
+    "max_output_length": [*_at_least(1), None],
+    "batch_size": _at_least(1),
+    "max_epochs": _at_least(1),
+    "max_steps": [*_at_least(1), None],
+    "max_time": [*_reals(0.0), None],
+    "learning_rate": _reals(0.0),
+    "lr_schedule": [StrOptions({"constant", "plateau", "cosine"})],
+    "label_smoothing": _reals(0.0, 1.0, closed="left"),
+    "max_grad_norm": [*_reals(0.0), None],
+    "early_stopping": ["boolean"],
+    "early_stopping_metric": [StrOptions({"loss", "exact_match"})],
+    "validation_fraction": _reals(0.0, 1.0),
+    "n_iter_no_change": _at_least(1),
+    "tol": _reals(0.0, closed="left"),
+    "tokenizer": [StrOptions(set(TOKENIZERS))],
+    "device": [_Device()],
+    "random_state": [*_at_least(0), np.random.RandomState, None],
+    "verbose": ["verbose"],
+}
