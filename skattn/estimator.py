@@ -289,6 +289,8 @@ class Seq2Seq(BaseEstimator):
     def __setstate__(self, state: dict) -> None:
         """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing."""
         module = state.pop("_module", None)
+        if "_module_config" in state:  # pickled by skattn 0.1 before the redesign
+            module = {"config": state.pop("_module_config"), "weights": state.pop("_module_state")}
         super().__setstate__(state)
         if module is not None:
             self.module_ = Seq2SeqModule.from_portable_state(module, self.device_)

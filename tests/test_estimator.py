@@ -462,6 +462,15 @@ def test_joblib_round_trip_keeps_predictions(fitted_reversal, reversal_data, tmp
     assert loaded.get_params() == fitted_reversal.get_params()
 
 
+def test_a_model_pickled_before_the_redesign_still_loads(fitted_reversal):
+    state = fitted_reversal.__getstate__()
+    module = state.pop("_module")  # the old layout: two keys
+    state["_module_config"], state["_module_state"] = module["config"], module["weights"]
+    model = Seq2Seq.__new__(Seq2Seq)
+    model.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert model.predict(["12345", "907"]) == fitted_reversal.predict(["12345", "907"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the fallback of a CPU-only machine")
 def test_model_pickled_on_gpu_loads_on_cpu(fitted_reversal):
     state = fitted_reversal.__getstate__()
