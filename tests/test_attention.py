@@ -10,7 +10,7 @@ import torch
 
 from skattn import reference as R
 from skattn.attention import (
-    SCORERS,
+    SCORE_FUNCTIONS,
     AdditiveScorer,
     Attention,
     GeneralScorer,
@@ -310,7 +310,7 @@ def test_tiny_temperatures_give_one_hot_rows_and_finite_gradients(temperature, l
 def test_unknown_scorer_lists_the_valid_names():
     with pytest.raises(ValueError, match="scorer must be one of") as info:
         make_scorer("bilinear", 4, 4)
-    assert all(name in str(info.value) for name in SCORERS)
+    assert all(name in str(info.value) for name in SCORE_FUNCTIONS)
     with pytest.raises(ValueError, match="scorer must be one of"):
         Attention("Dot", 4, 4)
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from skattn.attention import SCORERS as SCORER_CLASSES
+from skattn.attention import SCORE_FUNCTIONS
 from skattn.models import OPTIONS, ModelConfig, Seq2SeqModule, reverse_within_length
 from skattn.models.encoder import BiRNNEncoder
-from skattn.models.rnn import CELLS as CELL_CLASSES
+from skattn.models.rnn import RNN_CLASSES
 
 CELLS = ["gru", "lstm"]
 DECODERS = ["bahdanau", "luong"]
@@ -398,8 +398,8 @@ def test_config_from_params_takes_the_fields_it_names_and_ignores_the_rest():
 
 
 def test_options_are_the_registries_keys():
-    assert set(OPTIONS["scorer"]) == set(SCORER_CLASSES)
-    assert set(OPTIONS["cell"]) == set(CELL_CLASSES)
+    assert set(OPTIONS["scorer"]) == set(SCORE_FUNCTIONS)
+    assert set(OPTIONS["cell"]) == set(RNN_CLASSES)
     for name, values in [("decoder", DECODERS), ("attention", ATTENTIONS)]:
         assert list(OPTIONS[name]) == values
         for value in values:

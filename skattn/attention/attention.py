@@ -38,7 +38,7 @@ class Attention(nn.Module):
     Parameters
     ----------
     scorer : {"dot", "general", "additive", "scaled_dot"}
-        The score function, see ``SCORERS``.
+        The score function, see ``SCORE_FUNCTIONS``.
     query_size, key_size : int
         Sizes ``d_s`` of the decoder state and ``d_h`` of the encoder annotations.
     attention_size : int, optional

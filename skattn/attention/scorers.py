@@ -1,4 +1,4 @@
-"""Attention scorers: one class per score function, looked up by name in ``SCORERS``.
+"""Attention scorers: one class per score function, looked up by name in ``SCORE_FUNCTIONS``.
 
 Every scorer splits its work in two, so that a decoder pays per step only for the query side:
 
@@ -261,7 +261,7 @@ class AdditiveScorer(Scorer):
         return super().extra_repr() + f", attention_size={self.attention_size}"
 
 
-SCORERS: dict[str, type[Scorer]] = {
+SCORE_FUNCTIONS: dict[str, type[Scorer]] = {
     "dot": DotScorer,
     "general": GeneralScorer,
     "additive": AdditiveScorer,
@@ -299,6 +299,6 @@ def make_scorer(
     ValueError
         If ``name`` is unknown (the message lists the valid names) or the sizes do not fit.
     """
-    if not isinstance(name, str) or name not in SCORERS:
-        raise ValueError(f"scorer must be one of {sorted(SCORERS)}, got {name!r}")
-    return SCORERS[name](query_size, key_size, attention_size, num_heads)
+    if not isinstance(name, str) or name not in SCORE_FUNCTIONS:
+        raise ValueError(f"scorer must be one of {sorted(SCORE_FUNCTIONS)}, got {name!r}")
+    return SCORE_FUNCTIONS[name](query_size, key_size, attention_size, num_heads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
+RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}
 CELL_STATE_NAMES = {"gru": ("hidden",), "lstm": ("hidden", "cell")}
 
 
@@ -21,7 +21,7 @@ def make_rnn(
 
     ``dropout`` applies between stacked layers only (as in ``torch.nn``).
     """
-    return CELLS[cell](
+    return RNN_CLASSES[cell](
         input_size,
         hidden_size,
         num_layers=num_layers,
