@@ -226,20 +226,20 @@ def test_bad_devices_are_named(device):
         checks.parse_device(device)
 
 
-def test_cgroup_quota_reads_cpu_max(tmp_path):
-    (tmp_path / "cpu.max").write_text("200000 100000\n")
-    assert checks._cgroup_quota(tmp_path) == 2.0
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert checks._cgroup_quota(tmp_path) is None
-    assert checks._cgroup_quota(tmp_path / "missing") is None
-
-
-def test_usable_cores_follows_the_affinity_mask_and_the_cgroup_quota(monkeypatch):
+def test_usable_cores_follows_the_affinity_mask_and_the_cgroup_quota(tmp_path, monkeypatch):
     monkeypatch.setattr(checks.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(checks, "_cgroup_quota", lambda: None)
-    assert checks.usable_cores() == 4
-    monkeypatch.setattr(checks, "_cgroup_quota", lambda: 1.5)
-    assert checks.usable_cores() == 1
+    assert checks.usable_cores(tmp_path / "no-cgroup") == 4
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # cgroup v2, no quota
+    assert checks.usable_cores(tmp_path) == 4
+    (tmp_path / "cpu.max").write_text("200000 100000\n")  # two cores' worth
+    assert checks.usable_cores(tmp_path) == 2
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: still one thread
+    assert checks.usable_cores(tmp_path) == 1
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()  # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert checks.usable_cores(tmp_path) == 3
 
 
 def test_the_core_imports_neither_half():

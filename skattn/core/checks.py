@@ -130,17 +130,18 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
 
 
-def usable_cores() -> int:
+def usable_cores(cgroup_root: str | os.PathLike = "/sys/fs/cgroup") -> int:
     """The cores this process may use: its CPU affinity mask, capped by its cgroup CPU quota.
 
     ``os.cpu_count()`` counts the machine's cores, which a container or ``taskset`` may not
-    grant; thread pools sized by it oversubscribe. At least 1.
+    grant; thread pools sized by it oversubscribe. At least 1. ``cgroup_root`` is where the
+    cgroup file system is mounted (``cpu.max`` for cgroup v2, ``cpu/cpu.cfs_*`` for v1).
     """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
-    quota = _cgroup_quota()
+    quota = _cgroup_quota(Path(cgroup_root))
     if quota is not None:
         cores = min(cores, max(1, math.floor(quota)))
     return max(1, cores)
