@@ -71,6 +71,8 @@ class ProbeRuntime(ReverseRuntime):
         return super().predict_batch(sources, temperature, with_attention)
 
 cli._load = lambda model_dir, device, name, threads: ProbeRuntime(max_source_length=1024)
+with open(os.environ["PROBE_WHERE"], "w") as where:
+    where.write(cli.__file__)
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -88,7 +90,9 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory()
+        self.where = Path(self._dir.name) / "where"
         env = dict(os.environ, PROBE_COST_US=str(cost), PROBE_BROKEN="1" if broken else "0")
+        env["PROBE_WHERE"] = str(self.where)
         launcher = LAUNCHER.format(tests=str(REPO / "tests"))
         argv = [sys.executable, "-c", launcher, "--model-dir", f"reverse={self._dir.name}"]
         argv += ["--port", str(self.port), "--log-level", "error", *flags]
@@ -97,8 +101,14 @@ class Server:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
+        # cwd: not this repository, whose serving/ would come before PYTHONPATH's
         self.process = subprocess.Popen(
-            argv, env=env, preexec_fn=limit, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv,
+            env=env,
+            cwd=self._dir.name,
+            preexec_fn=limit,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     def wait_ready(self, timeout: float = 20.0) -> bool:
@@ -408,9 +418,8 @@ def main() -> None:
         "broken": broken_model,
         "small": small_ones,
     }
-    import serving
-
-    print(f"serving from {Path(serving.__file__).parent}")
+    with Server() as server:
+        print(f"server's serving package: {Path(server.where.read_text()).parent}")
     for name, scenario in scenarios.items():
         if args.only and name not in args.only:
             continue
