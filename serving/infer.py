@@ -25,6 +25,7 @@ from serving.batcher import Batcher, BatcherClosedError, BatchError, ItemResult,
 from serving.interface import ModelInfo, Runtime
 from serving.metrics import ModelMetrics, ServerMetrics
 from serving.settings import ServerSettings
+from skattn.core.inference import as_text
 
 logger = logging.getLogger("serving.app")
 
@@ -352,7 +353,7 @@ def _encode(
     model_name: str, request: protocol.InferRequest, results: list[ItemResult]
 ) -> tuple[bytes, dict[str, str]]:
     """The response for a request's results, with the outputs it asked for, in its order."""
-    predictions = [_as_text(r.prediction) for r in results]
+    predictions = [as_text(r.prediction) for r in results]
     tensors = {protocol.PREDICTION: protocol.prediction_tensor(predictions)}
     if request.wants_attention:
         attention, lengths = protocol.attention_tensors([r.attention for r in results])
@@ -364,9 +365,3 @@ def _encode(
         request_id=request.id,
         outputs=[(tensors[out.name], out.binary) for out in request.outputs],
     )
-
-
-def _as_text(prediction: str | Sequence[str]) -> str:
-    """A prediction as text: a model with ``output_kind="tokens"`` gives tokens, sent joined
-    by single spaces (``"HH AH0 L OW1"``)."""
-    return prediction if isinstance(prediction, str) else " ".join(prediction)

@@ -39,7 +39,7 @@ from serving.interface import ModelInfo, vocabulary_id
 from skattn.core.checks import check_int, check_real, parse_device, usable_cores
 from skattn.core.inference import DEFAULT_MAX_BATCH_SIZE, SearchSettings, Translator
 from skattn.core.manifest import DECODER_FILE, Manifest
-from skattn.core.text import EOS, Vocabulary, tokenize
+from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["Runtime", "load", "resolve_device", "session_options"]
 
@@ -296,7 +296,15 @@ class Runtime:
             beam_size=manifest.beam_size,
             temperature=manifest.temperature,
             vocabulary_id=vocabulary_id(manifest.source_vocabulary, manifest.target_vocabulary),
+            warmup_source=self._warmup_source(),
         )
+
+    def _warmup_source(self) -> str:
+        """Every ordinary source token once (as far as ``max_source_length`` allows), as text
+        the tokenizer splits back into them: the server's warm-up looks up every embedding row."""
+        ordinary = self.manifest.source_vocabulary[len(SPECIAL_TOKENS) :]
+        tokens = [t for t in ordinary if tokenize(t, self.tokenizer) == [t]]  # servable as text
+        return detokenize(tokens[: self.max_source_length], self.tokenizer)
 
     # -- input checks -----------------------------------------------------------------------
 

@@ -256,6 +256,12 @@ def test_runtime_describes_itself(runtime, fitted):
     assert "reverser" in repr(runtime)
 
 
+def test_the_warm_up_source_holds_every_source_token(runtime, fitted):
+    source = runtime.info.warmup_source
+    assert sorted(source) == sorted(fitted.source_vocab_.tokens)
+    runtime.check_source(source)  # the server can translate it
+
+
 def test_provider_choice_is_logged(artifact, caplog):
     with caplog.at_level(logging.INFO, logger="serving.runtime"):
         runtime = serving.load(artifact, device="auto", name="named")
