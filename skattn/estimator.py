@@ -22,7 +22,7 @@ from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils import Tags, check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from skattn import training
+from skattn import allotment, training
 from skattn.backend import TorchBackend
 from skattn.core.inference import SearchSettings, Translator, source_ids
 from skattn.core.text import Vocabulary, as_token_lists, as_token_pairs, refuse_reserved_tokens
@@ -104,7 +104,12 @@ class Seq2Seq(BaseEstimator):
     tokenizer : {"char", "space"}, default="char"
         How string items are split into tokens (token-list items are used as they are).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
-        ``"auto"`` uses CUDA when it is available.
+        ``"auto"`` uses CUDA when it is available; on a Ray or Dask worker, the GPU the engine
+        reserved for it, else the CPU (:func:`skattn.allotment.auto_device`).
+    n_threads : int or None, default=None
+        torch threads for ``fit`` and ``predict`` (restored after). None: what the process may
+        use, the cores a Ray task reserved or ``OMP_NUM_THREADS`` (joblib's and Dask's cap),
+        within its affinity mask and cgroup CPU quota (:mod:`skattn.allotment`).
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, dropout, shuffling and the validation split; with a fixed
         seed, results on CPU are identical across runs.
@@ -117,6 +122,8 @@ class Seq2Seq(BaseEstimator):
     module_ : skattn.models.Seq2SeqModule
         The trained network, in eval mode, on ``device_``.
     device_ : torch.device
+    n_threads_ : int
+        The torch threads ``fit`` ran with.
     history_ : list of dict
         One dict per epoch: ``epoch``, ``steps``, ``lr`` (at the epoch's start), ``train_loss``,
         ``seconds`` and, with early stopping, ``val_loss`` and ``val_exact_match``.
@@ -179,6 +186,7 @@ class Seq2Seq(BaseEstimator):
         tol: float = 1e-3,
         tokenizer: str = "char",
         device: str = "auto",
+        n_threads: int | None = None,
         random_state: int | np.random.RandomState | None = None,
         verbose: bool | int = False,
     ) -> None:
@@ -212,6 +220,7 @@ class Seq2Seq(BaseEstimator):
         self.tol = tol
         self.tokenizer = tokenizer
         self.device = device
+        self.n_threads = n_threads
         self.random_state = random_state
         self.verbose = verbose
 
@@ -253,7 +262,8 @@ class Seq2Seq(BaseEstimator):
         src = source_ids(self.source_vocab_, sources)  # (encode + [EOS]), as predict reads
         tgt = [self.target_vocab_.encode(t) for t in targets]  # (BOS / EOS added per batch)
 
-        with training.seeded(rng, device):
+        with training.seeded(rng, device), allotment.torch_threads(self.n_threads) as threads:
+            self.n_threads_ = threads
             self.module_ = self._build_module().to(device)
             trainer = training.Trainer.from_params(
                 self.module_,
@@ -331,7 +341,8 @@ class Seq2Seq(BaseEstimator):
         check_is_fitted(self)
         self._validate_params()
         sources, _ = as_token_lists(X, "X", self.tokenizer)
-        return self._translator().translate(sources, self._search_settings(), with_attention)
+        with allotment.torch_threads(self.n_threads):
+            return self._translator().translate(sources, self._search_settings(), with_attention)
 
     def predict(self, X: Sequence) -> list:
         """Translate each source.

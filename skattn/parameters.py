@@ -82,6 +82,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "tol": _reals(0.0, closed="left"),
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
+    "n_threads": [*_at_least(1), None],
     "random_state": [*_at_least(0), np.random.RandomState, None],
     "verbose": ["verbose"],
 }

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from skattn import allotment
 from skattn.callbacks import Callback, callbacks_for
 from skattn.core.checks import parse_device
 from skattn.core.text import BOS, EOS, PAD, pad_batch
@@ -84,10 +85,14 @@ def length_batches(
 
 
 def resolve_device(device: str) -> torch.device:
-    """The torch device of a ``device`` setting; ``ValueError`` if CUDA is asked for and absent."""
+    """The torch device of a ``device`` setting; ``ValueError`` if CUDA is asked for and absent.
+
+    ``"auto"`` is the GPU a cluster engine reserved for this worker, else the CPU; outside an
+    engine the first CUDA device if there is one (:func:`skattn.allotment.auto_device`).
+    """
     kind, index = parse_device(device)
     if kind == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(allotment.auto_device(allotment.current(), torch.cuda.device_count()))
     missing = not torch.cuda.is_available() or (index or 0) >= torch.cuda.device_count()
     if kind == "cuda" and missing:
         raise ValueError(f"device={device!r} was requested but CUDA device is not available")

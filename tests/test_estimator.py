@@ -553,6 +553,8 @@ BAD_VALUES = [
     ("num_heads", 0),
     ("batch_size", np.float64(8.0)),
     ("device", "cuda:x"),
+    ("n_threads", 0),
+    ("n_threads", 1.5),
 ]
 
 

@@ -1,0 +1,195 @@
+"""Searches and fits on real clusters on this machine: a Dask LocalCluster of 2 worker processes
+and a local Ray head, both on 127.0.0.1; and the thread and device allotment they rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import joblib
+import numpy as np
+import pytest
+import torch
+from sklearn.model_selection import GridSearchCV, KFold
+
+from skattn import Seq2Seq, allotment
+from skattn.allotment import Allotment
+from skattn.datasets import make_reversal
+from skattn.metrics import SCORERS
+
+distributed = pytest.importorskip("distributed")
+ray = pytest.importorskip("ray")
+
+TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, max_steps=6, device="cpu")
+GRID = {"scorer": ["dot", "additive"], "decoder": ["bahdanau", "luong"]}
+DATA = make_reversal(48, 2, 6, random_state=3)
+
+
+def _search() -> GridSearchCV:
+    model = Seq2Seq(**TINY, early_stopping=False, random_state=0)
+    cv = KFold(2, shuffle=True, random_state=0)
+    return GridSearchCV(model, GRID, scoring=SCORERS["token_accuracy"], cv=cv, refit=True)
+
+
+def _fit_report(n_threads: int | None = None) -> dict:
+    """Fit a tiny model where this runs; the threads it trained with and its predictions."""
+    model = Seq2Seq(**TINY, n_threads=n_threads, random_state=0).fit(*DATA)
+    return {"pid": os.getpid(), "n_threads_": model.n_threads_, "after": torch.get_num_threads()}
+
+
+@pytest.fixture(scope="module")
+def serial_search() -> GridSearchCV:
+    return _search().fit(*DATA)
+
+
+def _assert_same_results(search: GridSearchCV, serial: GridSearchCV) -> None:
+    for key in ["params", "rank_test_score", "mean_test_score", "split0_test_score"]:
+        assert list(search.cv_results_[key]) == list(serial.cv_results_[key]), key
+    assert len(set(serial.cv_results_["mean_test_score"])) > 1  # the ranks say something
+
+
+def _assert_serves(search: GridSearchCV, tmp_path) -> None:
+    import serving
+
+    best = search.best_estimator_  # fitted on a worker, pickled back
+    expected = best.predict(DATA[0][:8])
+    assert serving.load(best.export_onnx(tmp_path / "artifact")).predict(DATA[0][:8]) == expected
+
+
+# ---------------------------------------------------------------- the allotment rules
+
+
+def test_default_threads_follow_the_engine_then_the_environment_then_the_cores():
+    ray_task = Allotment("ray", cpus=2.0)
+    assert allotment.default_threads(ray_task, {"OMP_NUM_THREADS": "1"}, cores=4) == 2
+    assert allotment.default_threads(Allotment("ray", cpus=0.5), {}, cores=4) == 1
+    assert allotment.default_threads(Allotment("ray", cpus=8.0), {}, cores=4) == 4
+    assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "3"}, cores=4) == 3
+    assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "x"}, cores=4) == 4
+    assert allotment.default_threads(Allotment("dask", nthreads=2), {}, cores=8) == 4
+    assert allotment.default_threads(Allotment("dask", nthreads=16), {}, cores=8) == 1
+    assert allotment.default_threads(Allotment(), {}, cores=1) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "device_count", "device"),
+    [
+        (Allotment(), 0, "cpu"),
+        (Allotment(), 2, "cuda"),
+        (Allotment("ray", gpus=1.0), 1, "cuda:0"),  # Ray hides the GPUs it did not reserve
+        (Allotment("ray", gpus=0.0), 4, "cpu"),  # a task that reserved none takes none
+        (Allotment("dask", gpus=1.0, slot=0), 2, "cuda:0"),
+        (Allotment("dask", gpus=1.0, slot=1), 2, "cuda:1"),
+        (Allotment("dask", gpus=1.0, slot=3), 2, "cuda:1"),
+        (Allotment("dask", gpus=0.0, slot=1), 2, "cpu"),
+        (Allotment("dask", gpus=1.0, slot=1), 0, "cpu"),
+    ],
+)
+def test_each_gpu_worker_gets_its_own_device(given, device_count, device):
+    assert allotment.auto_device(given, device_count) == device
+
+
+def test_explicit_n_threads_overrides_and_the_previous_count_is_restored():
+    before = torch.get_num_threads()
+    report = _fit_report(n_threads=3)
+    assert report["n_threads_"] == 3 and report["after"] == before
+
+
+def test_a_process_confined_to_one_core_trains_and_predicts_on_one_thread():
+    code = (
+        "import os, json, torch\n"
+        "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+        "torch_default = torch.get_num_threads()  # torch ignores the mask\n"
+        "from skattn import Seq2Seq, allotment\n"
+        "from skattn.datasets import make_reversal\n"
+        "X, y = make_reversal(16, 2, 4, random_state=0)\n"
+        "m = Seq2Seq(embedding_dim=8, hidden_size=16, max_steps=2, device='cpu').fit(X, y)\n"
+        "with allotment.torch_threads(None) as n:  # what predict runs under\n"
+        "    inside = torch.get_num_threads()\n"
+        "m.predict(X)\n"
+        "print(json.dumps([m.n_threads_, n, inside, torch_default, torch.get_num_threads()]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    fitted, default, inside, torch_default, after = json.loads(run.stdout.splitlines()[-1])
+    assert fitted == default == inside == 1
+    assert after == torch_default  # restored after fit and predict
+
+
+@pytest.mark.slow  # two worker processes that import torch
+def test_loky_workers_train_with_joblibs_cap():
+    cap = os.environ.get("OMP_NUM_THREADS") or str(max(joblib.cpu_count() // 2, 1))
+    reports = joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(_fit_report)() for _ in "ab")
+    assert [r["n_threads_"] for r in reports] == [int(cap)] * 2
+
+
+# ---------------------------------------------------------------- Dask
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    )
+    client = Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.mark.slow
+def test_dask_workers_train_with_their_nthreads(dask_client):
+    workers = dask_client.scheduler_info()["workers"]
+    assert len(workers) == 2
+    for address, info in workers.items():
+        report = dask_client.submit(_fit_report, workers=[address], pure=False).result()
+        assert report["n_threads_"] == info["nthreads"] == 1
+
+
+@pytest.mark.slow
+def test_grid_search_on_dask_equals_the_serial_search(dask_client, serial_search, tmp_path):
+    search = _search()
+    with joblib.parallel_backend("dask"):
+        search.fit(*DATA)
+    _assert_same_results(search, serial_search)
+    _assert_serves(search, tmp_path)
+
+
+# ---------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is no package
+    from ray.util.joblib import register_ray
+
+    register_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_cpus", [1, 2])
+def test_ray_tasks_train_with_their_num_cpus(ray_head, num_cpus):
+    # Ray starts its workers with OMP_NUM_THREADS=1, so torch alone would take 1 thread here
+    report = ray.get(ray.remote(num_cpus=num_cpus)(_fit_report).remote())
+    assert report["n_threads_"] == num_cpus
+
+
+@pytest.mark.slow
+def test_grid_search_on_ray_equals_the_serial_search(ray_head, serial_search, tmp_path):
+    search = _search()
+    with joblib.parallel_backend("ray"):
+        search.fit(*DATA)
+    _assert_same_results(search, serial_search)
+    _assert_serves(search, tmp_path)
+    assert np.isfinite(search.best_score_)
