@@ -1,0 +1,160 @@
+"""Serving replicas on Ray Serve: the same Open Inference Protocol server, one per replica.
+
+Each replica loads the artifacts itself and runs the app of :func:`serving.app.create_app`,
+so every replica has its own runtime and its own dynamic batcher, and answers the same routes
+(``/v2/health/*``, ``/v2/models/{name}/infer``, ``/metrics``: each replica's own counts) as
+``python -m serving``; tritonclient and KServe tooling work against Ray Serve's proxy
+unchanged. One command (every replica must be able to read ``model_dir``)::
+
+    serve run serving.ray_deployment:build model_dir=DIR [model_name=NAME] [num_replicas=2]
+        [num_cpus=1] [max_ongoing_requests=256] [max_batch_size=64] [max_delay_ms=2]
+        [min_replicas=1 max_replicas=4 target_ongoing_requests=32]    # autoscaling instead
+
+Several models: ``model_dir=DIR1,DIR2`` (and ``model_name=A,B``). ``max_replicas`` turns on
+Ray Serve's autoscaling between ``min_replicas`` and ``max_replicas``, aiming at
+``target_ongoing_requests`` per replica, in place of a fixed ``num_replicas``. Health and
+readiness: Ray Serve calls each replica's ``check_health`` and restarts a replica whose
+batchers stopped; the proxy routes only to running replicas, and ``/v2/health/ready`` answers
+from the replica it reaches. Every response names its replica in ``X-Skattn-Replica``.
+
+This module imports Ray; the plain server never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray import serve
+
+from serving.app import create_app
+from serving.runtime import load
+from serving.settings import ServerSettings
+
+__all__ = ["REPLICA_HEADER", "ServerReplica", "build"]
+
+#: The response header that names the replica which answered.
+REPLICA_HEADER = "x-skattn-replica"
+
+
+class _NameReplica:
+    """ASGI middleware: add ``X-Skattn-Replica`` to every HTTP response of ``app``."""
+
+    def __init__(self, app: Any, replica: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan: the app's own start-up and shut-down
+            await self.app(scope, receive, send)
+            return
+
+        async def send_named(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
+
+
+@serve.ingress()
+class ServerReplica:
+    """One replica: its own runtimes, its own batchers, the server's app.
+
+    Parameters
+    ----------
+    model_dirs : mapping of str to str
+        Model name -> artifact directory (readable where the replica runs).
+    settings : mapping, optional
+        :class:`serving.settings.ServerSettings` fields (the server's limits and batching).
+    threads : int, default=1
+        onnxruntime threads per operator: the CPUs Ray reserved for the replica.
+    """
+
+    def __init__(
+        self, model_dirs: Mapping[str, str], settings: Mapping | None = None, threads: int = 1
+    ) -> None:
+        self.runtimes = {
+            name: load(path, intra_op_num_threads=threads, name=name)
+            for name, path in model_dirs.items()
+        }
+        self.settings = ServerSettings(**(settings or {}))
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.server = create_app(self.runtimes, self.settings)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        # Ray Serve runs the app's lifespan in the replica: warm-up, then the batchers start
+        return _NameReplica(self.server, self.replica)
+
+    def check_health(self) -> None:
+        """Ray Serve's health check: raise (and get restarted) when a batcher is not running."""
+        stopped = [name for name, m in self.server.state.models.items() if not m.batcher.running]
+        if stopped:
+            raise RuntimeError(f"replica {self.replica}: batchers not running for {stopped}")
+
+
+def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """``args[key]`` as ``kind`` (``serve run`` passes strings); ``ValueError`` naming it."""
+    if key not in args:
+        return default
+    value = args[key]
+    if kind is bool and isinstance(value, str):
+        flags = {"true": True, "1": True, "false": False, "0": False}
+        if value.lower() not in flags:
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        return flags[value.lower()]
+    if kind is tuple:  # allowed_hosts: comma-separated names
+        return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}") from None
+
+
+def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``ServerSettings`` fields among ``args``, converted to their fields' types."""
+    kinds = {
+        name: type(field.default) for name, field in ServerSettings.__dataclass_fields__.items()
+    }
+    kinds["allowed_hosts"] = tuple
+    settings = {key: _number(args, key, kind) for key, kind in kinds.items() if key in args}
+    ServerSettings(**settings)  # bad settings fail here, not in every replica
+    return settings
+
+
+def build(args: Mapping[str, Any]) -> serve.Application:
+    """The Ray Serve application of ``serve run serving.ray_deployment:build key=value ...``.
+
+    ``args`` (strings from the command line, or values from Python): ``model_dir`` (required;
+    comma-separated for several), ``model_name``, ``num_replicas`` (default 1), ``num_cpus``
+    (per replica, default 1), ``max_ongoing_requests`` (per replica, default 256: the batcher
+    needs concurrent requests to form batches), ``min_replicas`` / ``max_replicas`` /
+    ``target_ongoing_requests`` (autoscaling), and any ``ServerSettings`` field by name.
+    """
+    if not args.get("model_dir"):
+        raise ValueError(
+            "model_dir is required: serve run serving.ray_deployment:build model_dir=DIR"
+        )
+    dirs = str(args["model_dir"]).split(",")
+    names = str(args["model_name"]).split(",") if args.get("model_name") else None
+    if names is not None and len(names) != len(dirs):
+        raise ValueError(f"model_name names {len(names)} models but model_dir holds {len(dirs)}")
+    names = names or [d.rstrip("/").rsplit("/", 1)[-1] for d in dirs]
+    model_dirs = dict(zip(names, dirs, strict=True))
+    settings = _settings(args)
+    num_cpus = _number(args, "num_cpus", float, 1.0)
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": num_cpus},
+        "max_ongoing_requests": _number(args, "max_ongoing_requests", int, 256),
+        "health_check_period_s": 2,
+    }
+    if "max_replicas" in args:
+        options["autoscaling_config"] = {
+            "min_replicas": _number(args, "min_replicas", int, 1),
+            "max_replicas": _number(args, "max_replicas", int),
+            "target_ongoing_requests": _number(args, "target_ongoing_requests", float, 32.0),
+        }
+    else:
+        options["num_replicas"] = _number(args, "num_replicas", int, 1)
+    deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
+    return deployment.bind(model_dirs, settings, max(1, int(num_cpus)))

@@ -1,0 +1,125 @@
+"""The server on Ray Serve: 2 replicas on a local Ray instance (127.0.0.1), concurrent clients,
+tritonclient, health, and the builder's arguments."""
+
+from __future__ import annotations
+
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+import serving
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+triton = pytest.importorskip("tritonclient.http")
+
+from serving.ray_deployment import REPLICA_HEADER, build  # noqa: E402
+
+MODEL = "reverse"
+SOURCES = [str(n) * (1 + n % 5) for n in range(40)] + ["", "héllo", "9876543210"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, fitted_reversal):
+    return fitted_reversal.export_onnx(tmp_path_factory.mktemp("ray") / MODEL)
+
+
+@pytest.fixture(scope="module")
+def replicas(artifact):
+    """``http://127.0.0.1:PORT`` of a Ray Serve app with 2 replicas of the server."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build({"model_dir": str(artifact), "model_name": MODEL, "num_replicas": "2"})
+    serve.run(app, name="skattn", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _infer(client: httpx.Client, sources: list[str]) -> tuple[list[str], str]:
+    body = {"inputs": [{"name": "source", "datatype": "BYTES", "shape": [len(sources)]}]}
+    body["inputs"][0]["data"] = sources
+    response = client.post(f"/v2/models/{MODEL}/infer", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    (output,) = [o for o in response.json()["outputs"] if o["name"] == "prediction"]
+    return output["data"], response.headers[REPLICA_HEADER]
+
+
+@pytest.mark.slow
+def test_two_replicas_answer_concurrent_clients_as_the_runtime_does(replicas, artifact):
+    expected = serving.load(artifact, device="cpu").predict(SOURCES)
+    requests = [SOURCES[i : i + 1 + i % 3] for i in range(len(SOURCES))] * 3
+    starts = [SOURCES.index(r[0]) for r in requests]
+    with httpx.Client(base_url=replicas) as client, ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda r: _infer(client, r), requests))
+    for start, request, (predictions, _) in zip(starts, requests, answers, strict=True):
+        assert predictions == expected[start : start + len(request)]
+    assert len({replica for _, replica in answers}) == 2  # both replicas served
+
+
+@pytest.mark.slow
+def test_tritonclient_works_against_ray_serve_unmodified(replicas, artifact):
+    client = triton.InferenceServerClient(replicas.removeprefix("http://"))
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready(MODEL)
+        assert client.get_model_metadata(MODEL)["name"] == MODEL
+        source = triton.InferInput("source", [3], "BYTES")
+        source.set_data_from_numpy(np.array([b"123", b"4567", b""], dtype=np.object_))
+        result = client.infer(MODEL, [source])
+    finally:
+        client.close()
+    predictions = [p.decode() for p in result.as_numpy("prediction")]
+    assert predictions == serving.load(artifact, device="cpu").predict(["123", "4567", ""])
+
+
+@pytest.mark.slow
+def test_health_and_readiness_come_from_a_running_replica(replicas):
+    seen = set()
+    with httpx.Client(base_url=replicas) as client:
+        for _ in range(20):
+            for path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready"):
+                response = client.get(path, timeout=30)
+                assert response.status_code == 200, (path, response.text)
+                seen.add(response.headers[REPLICA_HEADER])
+    assert len(seen) == 2
+    status = serve.status().applications["skattn"]
+    assert status.status == "RUNNING"
+    (deployment,) = status.deployments.values()
+    assert deployment.replica_states == {"RUNNING": 2}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "model_dir"),
+        ({"model_dir": "a,b", "model_name": "x"}, "model_name"),
+        ({"model_dir": "a", "num_replicas": "two"}, "num_replicas"),
+        ({"model_dir": "a", "max_delay_ms": "-1"}, "max_delay_ms"),
+        ({"model_dir": "a", "eager_batching": "maybe"}, "eager_batching"),
+    ],
+)
+def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
+    with pytest.raises(ValueError, match=message):
+        build(args)
+
+
+def test_builder_sets_replicas_or_autoscaling():
+    fixed = build({"model_dir": "/m/reverse", "num_replicas": "3", "num_cpus": "2"})
+    assert fixed._bound_deployment.num_replicas == 3
+    assert fixed._bound_deployment.ray_actor_options["num_cpus"] == 2.0
+    scaled = build({"model_dir": "/m/reverse", "min_replicas": "1", "max_replicas": "4"})
+    config = scaled._bound_deployment._deployment_config.autoscaling_config
+    assert (config.min_replicas, config.max_replicas) == (1, 4)
