@@ -36,17 +36,23 @@ __all__ = ["Seq2Seq"]
 class Seq2Seq(BaseEstimator):
     """An attention encoder-decoder for string-to-string tasks, trained with teacher forcing.
 
-    A bidirectional RNN encoder reads the source (``tokens + [EOS]``), an attention decoder
-    (Bahdanau or Luong, with any scorer) writes the target token by token; prediction uses greedy
-    decoding (``beam_size=1``) or beam search with length-normalised scores.
+    An encoder (bidirectional RNN or Transformer) reads the source (``tokens + [EOS]``), an
+    attention decoder (Bahdanau or Luong with any scorer, or Transformer) writes the target token
+    by token; prediction is greedy (``beam_size=1``) or a length-normalised beam search. What
+    each size means per family: :class:`~skattn.models.ModelConfig`. A parameter a family does
+    not read works at its default; any other value of it raises ``ValueError`` saying why.
 
     Parameters
     ----------
     scorer : {"dot", "general", "additive", "scaled_dot"}, default="additive"
-        Attention score function.
-    decoder : {"bahdanau", "luong"}, default="bahdanau"
+        Attention score function (the Transformer decoder's is always scaled dot products).
+    encoder : {"rnn", "transformer"}, default="rnn"
+        Bidirectional RNN, or pre-LayerNorm self-attention blocks of ``hidden_size`` units.
+    decoder : {"bahdanau", "luong", "transformer"}, default="bahdanau"
         ``"bahdanau"`` attends with ``s_{i-1}`` then steps; ``"luong"`` steps, then attends and
-        forms the attentional state ``tanh([c; s] @ W_c)``.
+        forms the attentional state ``tanh([c; s] @ W_c)``; ``"transformer"`` (needs
+        ``encoder="transformer"``): causal self-attention with a key-value cache, then
+        cross-attention (maps: the last layer's, averaged over heads).
     attention : {"global", "local-m", "local-p", "none"}, default="global"
         ``"none"`` is the plain encoder-decoder that reads only the final encoder state.
     input_feeding : bool, default=True
@@ -62,7 +68,13 @@ class Seq2Seq(BaseEstimator):
     num_layers : int, default=1
     dropout : float, default=0.0
     num_heads : int, default=1
-        Attention heads (must divide ``hidden_size``).
+        Attention heads (must divide ``hidden_size``); every Transformer attention has as many.
+    num_kv_heads : int or None, default=None
+        Transformer: key / value heads (grouped-query, 1 = multi-query); None = ``num_heads``.
+    ffn_size : int or None, default=None
+        Transformer: feed-forward units; None = ``4 * hidden_size``.
+    positions : {"sinusoidal", "learned", "none"}, default="sinusoidal"
+        Transformer: position encodings (learned ones do not extrapolate past training lengths).
     beam_size : int, default=1
         1 is greedy decoding.
     length_penalty : float, default=1.0
@@ -157,6 +169,7 @@ class Seq2Seq(BaseEstimator):
         self,
         *,
         scorer: str = "additive",
+        encoder: str = "rnn",
         decoder: str = "bahdanau",
         attention: str = "global",
         input_feeding: bool = True,
@@ -168,6 +181,9 @@ class Seq2Seq(BaseEstimator):
         num_layers: int = 1,
         dropout: float = 0.0,
         num_heads: int = 1,
+        num_kv_heads: int | None = None,
+        ffn_size: int | None = None,
+        positions: str = "sinusoidal",
         beam_size: int = 1,
         length_penalty: float = 1.0,
         max_output_length: int | None = None,
@@ -191,6 +207,7 @@ class Seq2Seq(BaseEstimator):
         verbose: bool | int = False,
     ) -> None:
         self.scorer = scorer
+        self.encoder = encoder
         self.decoder = decoder
         self.attention = attention
         self.input_feeding = input_feeding
@@ -202,6 +219,9 @@ class Seq2Seq(BaseEstimator):
         self.num_layers = num_layers
         self.dropout = dropout
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.ffn_size = ffn_size
+        self.positions = positions
         self.beam_size = beam_size
         self.length_penalty = length_penalty
         self.max_output_length = max_output_length

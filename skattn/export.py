@@ -122,23 +122,38 @@ def _example_source(lengths: tuple[int, ...], vocab_size: int, seed: int) -> tup
 
 
 def _step_inputs(model: nn.Module, src, src_lengths, temperature: float, position: int) -> tuple:
-    """Encode ``src`` and build the flat inputs of one decoder step."""
+    """Encode ``src``, take ``position`` steps, and build the flat inputs of the next one.
+
+    The state is the one at ``position``, so a key-value cache holds ``position`` rows: the
+    graphs are traced and verified at cache lengths other than the encoder's empty one.
+    """
+    B = src.shape[0]
+    temperature_t = torch.tensor(temperature, dtype=torch.float32)  # ()
     with torch.no_grad():
         memory, keys, mask, state = model.encode(src, src_lengths)
-    y_prev = torch.full((src.shape[0],), 1, dtype=torch.int64)  # (B,) BOS
-    temperature_t = torch.tensor(temperature, dtype=torch.float32)  # ()
+        for i in range(position):
+            y = torch.full((B,), 1 + i % 3, dtype=torch.int64)  # (B,) specials: always valid
+            _, state, _ = model.step(y, state, memory, keys, mask, temperature_t, torch.tensor(i))
+    y_prev = torch.full((B,), 1, dtype=torch.int64)  # (B,) BOS
     position_t = torch.tensor(position, dtype=torch.int64)  # ()
     return (y_prev, *state, memory, keys, mask, temperature_t, position_t)
 
 
+#: The Transformer decoder's key-value cache, ``(B, num_layers, t, kv_dim)``: axis 2 grows.
+_CACHE = {"self_keys": "t", "self_values": "t", "new_self_keys": "t1", "new_self_values": "t1"}
+
+
 def _dynamic_axes(names: list[str], tensors: tuple) -> dict[str, dict[int, str]]:
-    """Axis 0 of every tensor is ``B``; axis 1 of the ``(B, T, ...)`` ones is ``T``."""
+    """Axis 0 of every tensor is ``B``; axis 1 of the ``(B, T, ...)`` ones is ``T``; axis 2 of
+    a key-value cache is its length (``t`` in, ``t1 = t + 1`` out)."""
     time_axis = {"src", "memory", "keys", "mask", "weights"}
     axes = {}
     for name, tensor in zip(names, tensors, strict=True):
         if tensor.dim() == 0:
             continue
         axes[name] = {0: "B", 1: "T"} if name in time_axis else {0: "B"}
+        if name in _CACHE:
+            axes[name][2] = _CACHE[name]
     return axes
 
 

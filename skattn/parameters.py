@@ -64,6 +64,8 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "num_layers": _at_least(1),
     "dropout": _reals(0.0, 1.0, closed="left"),
     "num_heads": _at_least(1),
+    "num_kv_heads": [*_at_least(1), None],
+    "ffn_size": [*_at_least(1), None],
     "beam_size": _at_least(1),
     "length_penalty": _reals(0.0, closed="left"),
     "max_output_length": [*_at_least(1), None],

@@ -515,7 +515,8 @@ def test_requesting_missing_cuda_raises_value_error():
 #: At least one bad value for every parameter (a test checks that none is missing).
 BAD_VALUES = [
     ("scorer", "cosine"),
-    ("decoder", "transformer"),
+    ("decoder", "transformer"),  # needs encoder="transformer"
+    ("encoder", "cnn"),
     ("attention", "local"),
     ("input_feeding", "yes"),
     ("window", 0),
@@ -526,6 +527,11 @@ BAD_VALUES = [
     ("num_layers", True),
     ("dropout", 1.0),
     ("num_heads", 3),  # does not divide hidden_size=16
+    ("num_kv_heads", 0),
+    ("num_kv_heads", 2),  # a Transformer-only parameter with encoder="rnn"
+    ("ffn_size", 0),
+    ("positions", "rotary"),
+    ("positions", "learned"),  # a Transformer-only parameter with encoder="rnn"
     ("beam_size", 0),
     ("length_penalty", -1.0),
     ("max_output_length", 0),

@@ -14,6 +14,7 @@ from torch import nn
 from skattn.attention import SCORE_FUNCTIONS
 from skattn.models import OPTIONS, ModelConfig, Seq2SeqModule, reverse_within_length
 from skattn.models.encoder import BiRNNEncoder
+from skattn.models.positions import POSITIONS
 from skattn.models.rnn import RNN_CLASSES
 
 CELLS = ["gru", "lstm"]
@@ -401,10 +402,17 @@ def test_options_are_the_registries_keys():
     assert set(OPTIONS["scorer"]) == set(SCORE_FUNCTIONS)
     assert set(OPTIONS["cell"]) == set(RNN_CLASSES)
     for name, values in [("decoder", DECODERS), ("attention", ATTENTIONS)]:
-        assert list(OPTIONS[name]) == values
+        assert list(OPTIONS[name]) == values + (["transformer"] if name == "decoder" else [])
         for value in values:
             config = ModelConfig(SRC_VOCAB, TGT_VOCAB, hidden_size=8, **{name: value})
             assert Seq2SeqModule(config).config is config
+    assert OPTIONS["encoder"] == ("rnn", "transformer") and OPTIONS["positions"] == POSITIONS
+    families = dict(encoder="transformer", decoder="transformer")  # tests/test_transformer.py
+    for options in [dict(encoder="rnn"), families] + [
+        dict(families, positions=p) for p in POSITIONS
+    ]:
+        config = ModelConfig(SRC_VOCAB, TGT_VOCAB, hidden_size=8, **options)
+        assert Seq2SeqModule(config).config is config
 
 
 def test_module_wants_a_config():

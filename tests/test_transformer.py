@@ -12,9 +12,10 @@ import torch
 
 from skattn import reference as R
 from skattn.attention.self_attention import MultiHeadAttention, scaled_dot_product
+from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.models.decoders import step_loop
 from skattn.models.positions import LearnedPositions, SinusoidalPositions
-from skattn.models.transformer import TransformerEncoder, TransformerModule
+from skattn.models.transformer import TransformerEncoder
 
 SRC_VOCAB, TGT_VOCAB = 13, 11
 SOURCES = [[4, 5, 6, 7, 8, 2], [9, 10, 2], [5, 2], [2]]
@@ -27,11 +28,13 @@ def padded(items: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.tensor([len(item) for item in items])
 
 
-def make_model(**overrides) -> TransformerModule:
+def make_model(**overrides) -> Seq2SeqModule:
+    """A Transformer encoder and decoder, built as the estimator builds it."""
     torch.manual_seed(0)
     config = dict(hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2, dropout=0.0)
     config.update(overrides)
-    return TransformerModule(SRC_VOCAB, TGT_VOCAB, **config).eval()
+    families = dict(encoder="transformer", decoder="transformer")
+    return Seq2SeqModule(ModelConfig(SRC_VOCAB, TGT_VOCAB, **families, **config)).eval()
 
 
 def identity_attention(d: int) -> MultiHeadAttention:
@@ -191,8 +194,8 @@ def test_self_attention_is_permutation_equivariant_only_without_positions():
     for positions, equivariant in [("none", True), ("sinusoidal", False), ("learned", False)]:
         torch.manual_seed(0)
         encoder = TransformerEncoder(SRC_VOCAB, 16, 2, 4, 2, 32, 0.0, positions, 16).eval()
-        memory, _ = encoder(src, lengths)
-        memory_permuted, _ = encoder(src[:, perm], lengths)
+        memory = encoder(src, lengths).annotations
+        memory_permuted = encoder(src[:, perm], lengths).annotations
         assert torch.allclose(memory_permuted, memory[:, perm], atol=1e-5) == equivariant
 
 
@@ -273,7 +276,8 @@ def test_cache_layout_grows_one_row_per_step_and_forward_continues_a_cache():
     for i in range(3):
         assert [tuple(s.shape) for s in state] == [(B, 2, i, 8)] * 2
         _, state, _ = model.step(tgt[:, i], state, memory, keys, mask, 1.0, torch.tensor(i))
-    full, _ = model.decoder(tgt, model.decoder.init_state(memory), memory, keys, mask)
+    empty = model.encode(src, lengths)[3]
+    full, _ = model.decoder(tgt, empty, memory, keys, mask)
     rest, _ = model.decoder(tgt[:, 3:], state, memory, keys, mask)
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=0)
 
@@ -343,9 +347,9 @@ def test_invalid_parameters_raise_value_error(overrides, match):
 
 
 class _Step(torch.nn.Module):
-    """``TransformerModule.step`` with flat inputs and outputs, as ``skattn.export`` wraps it."""
+    """``Seq2SeqModule.step`` with flat inputs and outputs, as ``skattn.export`` wraps it."""
 
-    def __init__(self, model: TransformerModule) -> None:
+    def __init__(self, model: Seq2SeqModule) -> None:
         super().__init__()
         self.model = model
 
@@ -356,7 +360,7 @@ class _Step(torch.nn.Module):
         return (log_probs, *state, weights)
 
 
-def _step_inputs(model: TransformerModule, B: int, T: int, t: int, seed: int) -> tuple:
+def _step_inputs(model: Seq2SeqModule, B: int, T: int, t: int, seed: int) -> tuple:
     """A random source batch (item 0 of length ``T``), encoded, then ``t`` cached steps."""
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, T + 1, (B,), generator=generator)

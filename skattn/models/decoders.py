@@ -5,6 +5,7 @@ Every decoder has the same methods, which :class:`skattn.models.Seq2SeqModule` w
 ``encode`` / ``step`` / ``forward`` seam:
 
 - ``init_state(encoded) -> state``: a tuple of batch-first tensors named by ``state_names``;
+- ``precompute(memory) -> keys``: the query-independent part, once per sentence;
 - ``step(y_prev, state, memory, keys, mask, temperature, position) -> (logits, state, weights)``,
   which is ``predict(recur(embed(y_prev), ...))``: ``recur`` is the part that depends on the
   previous step (RNN and attention), ``predict`` the output layers, batched over any shape;
@@ -71,8 +72,12 @@ class RecurrentDecoder(nn.Module):
     A subclass defines ``init_state(encoded)``, ``recur(embedded, state, memory, keys, mask,
     temperature, position) -> (features, state, weights)`` (the part that must run one position
     at a time), ``predict(features) -> logits`` (any leading shape) and the teacher-forced
-    ``forward``; it holds ``embedding`` and ``dropout``.
+    ``forward``; it holds ``embedding``, ``dropout`` and ``attention``.
     """
+
+    def precompute(self, memory: torch.Tensor) -> torch.Tensor:
+        """The attention's query-independent part, once per sentence: ``keys (B, T, k)``."""
+        return self.attention.precompute(memory)
 
     def step(
         self,

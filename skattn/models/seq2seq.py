@@ -1,11 +1,18 @@
 """``Seq2SeqModule``: encoder + attention + decoder behind the ``encode`` / ``step`` / ``forward``
 seam that training, decoding and ONNX export share (see ``docs/internals.md``).
 
-Query and key sizes: the decoder state has ``hidden_size`` units and an annotation
-``2 * hidden_size``. The annotations are projected once per sentence, in ``encode``, by a bridge
-``memory = H @ W_m`` (``W_m`` of shape ``(2 * hidden_size, hidden_size)``, no bias, so padding
-stays zero). Attention reads ``memory``, so every scorer (``dot`` and ``scaled_dot`` included)
-works with every decoder, and a context has ``hidden_size`` units.
+The families (``ModelConfig.encoder`` / ``decoder``): a bidirectional RNN or a Transformer
+encoder (:mod:`skattn.models.transformer`), each returning an ``EncoderOutput``; a Bahdanau or
+Luong RNN decoder with any scorer over either encoder, or the Transformer decoder (key-value
+cache as its state) over the Transformer encoder.
+
+Query and key sizes of the RNN decoders: the decoder state has ``hidden_size`` units and a
+bi-RNN annotation ``2 * hidden_size``. The annotations are projected once per sentence, in
+``encode``, by a bridge ``memory = H @ W_m`` (``W_m`` of shape ``(2 * hidden_size,
+hidden_size)``, no bias, so padding stays zero). Attention reads ``memory``, so every scorer
+(``dot`` and ``scaled_dot`` included) works with every decoder, and a context has
+``hidden_size`` units. A Transformer encoder's memory already has ``hidden_size`` units: its
+bridge is the identity.
 """
 
 from __future__ import annotations
@@ -17,18 +24,19 @@ from skattn.attention import Attention
 from skattn.models.config import ModelConfig
 from skattn.models.decoders import BahdanauDecoder, FinalStateContext, LuongDecoder, step_loop
 from skattn.models.encoder import BiRNNEncoder
+from skattn.models.transformer import TransformerDecoder, TransformerEncoder
 
 #: ``ModelConfig.attention`` -> ``Attention(local=...)``.
 LOCAL = {"global": None, "local-m": "local-m", "local-p": "local-p"}
 
 
 class Seq2SeqModule(nn.Module):
-    """A bidirectional RNN encoder and an attention decoder.
+    """An encoder (bi-RNN or Transformer) and an attention decoder (RNN or Transformer).
 
     Parameters
     ----------
     config : ModelConfig
-        Sizes, cell, decoder, attention and scorer; see :class:`~skattn.models.ModelConfig`.
+        Families, sizes, cell, attention and scorer; see :class:`~skattn.models.ModelConfig`.
 
     Attributes
     ----------
@@ -36,8 +44,10 @@ class Seq2SeqModule(nn.Module):
         Enough to rebuild the module before ``load_state_dict``.
     state_names : tuple of str
         Names of the decoder state tensors, in order: ``("hidden",)``, ``("hidden", "cell")``,
-        plus ``"feed"`` for Luong with input feeding. Each is batch-first: ``hidden`` and ``cell``
-        are ``(B, num_layers, hidden_size)``, ``feed`` is ``(B, hidden_size)``.
+        plus ``"feed"`` for Luong with input feeding; ``("self_keys", "self_values")`` for the
+        Transformer decoder. Each is batch-first: ``hidden`` and ``cell`` are
+        ``(B, num_layers, hidden_size)``, ``feed`` is ``(B, hidden_size)``, the key-value cache
+        ``(B, num_layers, t, kv_dim)`` (``t = 0`` after ``encode``).
 
     Examples
     --------
@@ -56,8 +66,16 @@ class Seq2SeqModule(nn.Module):
             raise TypeError(f"config must be a ModelConfig, got {config!r}")
         self.config = config
         sizes = (config.embedding_dim, config.hidden_size, config.num_layers)
-        self.encoder = BiRNNEncoder(config.source_vocab_size, *sizes, config.dropout, config.cell)
-        self.bridge = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)  # W_m
+        if config.encoder == "transformer":
+            self.encoder = TransformerEncoder(config.source_vocab_size, *_blocks(config))
+            self.bridge = nn.Identity()  # memory is already hidden_size wide
+        else:
+            rnn = (config.source_vocab_size, *sizes, config.dropout, config.cell)
+            self.encoder = BiRNNEncoder(*rnn)
+            self.bridge = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)  # W_m
+        if config.decoder == "transformer":
+            self.decoder = TransformerDecoder(config.target_vocab_size, *_blocks(config))
+            return
         self.attention = _make_attention(config)
         decoder_args = (config.target_vocab_size, *sizes, config.dropout, config.cell)
         if config.decoder == "bahdanau":
@@ -99,9 +117,11 @@ class Seq2SeqModule(nn.Module):
         Returns
         -------
         memory : Tensor (B, T, hidden_size)
-            ``H @ W_m``, the projected annotations (zero at padding).
+            ``H @ W_m``, the projected annotations, or the Transformer encoder's output (zero
+            at padding).
         keys : Tensor (B, T, k)
-            ``Attention.precompute(memory)`` (``memory`` itself for ``attention="none"``).
+            ``Attention.precompute(memory)`` (``memory`` itself for ``attention="none"``); for
+            the Transformer decoder every layer's cross-attention ``[K_l; V_l]``.
         mask : Tensor (B, T) bool
             ``True`` at real positions.
         state : tuple of Tensor
@@ -109,7 +129,7 @@ class Seq2SeqModule(nn.Module):
         """
         encoded = self.encoder(src, src_lengths)
         memory = self.bridge(encoded.annotations)  # (B, T, H)
-        keys = self.attention.precompute(memory)  # (B, T, k)
+        keys = self.decoder.precompute(memory)  # (B, T, k)
         return memory, keys, encoded.mask, self.decoder.init_state(encoded)
 
     def step(
@@ -135,7 +155,8 @@ class Seq2SeqModule(nn.Module):
         temperature : Tensor () float
             Attention softmax temperature.
         position : Tensor () int64
-            The target position ``i`` (0 at the first step); centres local-m windows.
+            The target position ``i`` (0 at the first step); centres local-m windows and is
+            the Transformer decoder's position (the cache then holds ``i`` rows).
 
         Returns
         -------
@@ -182,8 +203,27 @@ class Seq2SeqModule(nn.Module):
         return step_loop(self.decoder.step, tgt_in, state, memory, keys, mask)
 
 
+def _blocks(config: ModelConfig) -> tuple:
+    """The Transformer stacks' arguments after the vocabulary size (see ``_Stack``)."""
+    ffn_size = 4 * config.hidden_size if config.ffn_size is None else config.ffn_size
+    return (
+        config.hidden_size,
+        config.num_layers,
+        config.num_heads,
+        config.num_kv_heads,
+        ffn_size,
+        config.dropout,
+        config.positions,
+        config.max_positions,
+    )
+
+
 def _make_attention(config: ModelConfig) -> nn.Module:
-    """``Attention`` for the configured scorer and window, or the final-state context."""
+    """``Attention`` for the configured scorer and window, or the final-state context.
+
+    Over a Transformer encoder ``num_heads`` are the blocks' heads and the scorer has one (the
+    additive scorer has no other), so every scorer works over every encoder.
+    """
     if config.attention == "none":
         return FinalStateContext()
     return Attention(
@@ -191,7 +231,7 @@ def _make_attention(config: ModelConfig) -> nn.Module:
         config.hidden_size,
         config.hidden_size,
         attention_size=config.attention_size,
-        num_heads=config.num_heads,
+        num_heads=1 if config.encoder == "transformer" else config.num_heads,  # see ModelConfig
         local=LOCAL[config.attention],
         window=config.window,
     )

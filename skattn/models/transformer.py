@@ -25,12 +25,16 @@ Positions (``positions=``): ``"sinusoidal"`` (default), ``PE[p, 2i] = sin(p / 10
 ``PE[p, 2i+1] = cos(p / 10000^{2i/D})``, is computed from ``p`` (no table), so it is defined for
 any length; past the longest training length the model meets codes it never trained on, and
 quality usually degrades gradually rather than failing. ``"learned"`` is a table of
-``max_positions`` rows; a position past it is **clamped** to the last row (a graph cannot raise
-on a value; the estimator should check lengths against ``max_positions`` before it decodes).
+``max_positions`` rows (``ModelConfig.max_positions``, 512): rows past the longest training
+length never received a gradient and keep their random initialisation, and a position past the
+table is **clamped** to its last row (a graph cannot raise on a value), so learned positions do
+not extrapolate; prefer sinusoidal ones when inputs may be longer than the training ones.
 ``"none"`` adds nothing: self-attention is then permutation-equivariant (seed 000, §3.6d).
 
-The seam (``Seq2SeqModule``'s, ``docs/internals.md``): ``encode`` runs the encoder and projects
-the cross-attention keys and values of every layer once per sentence into ``keys``::
+``Seq2SeqModule(config)`` builds these for ``encoder="transformer"`` (any decoder reads the
+encoder's ``EncoderOutput``) and ``decoder="transformer"``. The seam (``docs/internals.md``):
+``encode`` runs the encoder and projects the cross-attention keys and values of every layer
+once per sentence into ``keys``::
 
     keys (B, T, num_layers * 2 * kv_dim)   layer l: [..., (2l) kv : (2l+1) kv] = K_l,
                                                     [..., (2l+1) kv : (2l+2) kv] = V_l
@@ -49,14 +53,13 @@ cross-attention weights averaged over heads (rows sum to 1 over real source posi
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor, nn
 
 from skattn.attention.self_attention import MultiHeadAttention
-from skattn.models.encoder import length_mask
-from skattn.models.positions import POSITIONS, make_positions
+from skattn.models.encoder import EncoderOutput, length_mask
+from skattn.models.positions import make_positions
 
 __all__ = [
     "DecoderBlock",
@@ -64,7 +67,6 @@ __all__ = [
     "FeedForward",
     "TransformerDecoder",
     "TransformerEncoder",
-    "TransformerModule",
 ]
 
 State = tuple[Tensor, ...]
@@ -208,18 +210,33 @@ class TransformerEncoder(_Stack):
 
     Parameters: see ``_Stack`` (``vocab_size, d_model, num_layers, num_heads, num_kv_heads,
     ffn_size, dropout, positions, max_positions``).
+
+    It returns the RNN encoder's :class:`~skattn.models.encoder.EncoderOutput`, so every RNN
+    decoder reads it as it reads the bi-RNN's: ``annotations`` is the memory (``D`` wide, not
+    ``2H``), and the summaries that initialise an RNN decoder are the memory at the
+    end-of-source marker (``forward_last``, as the forward RNN's state at ``length - 1``) and
+    at the first position (``backward_first``), repeated for each of the ``num_layers``
+    decoder layers: after self-attention every position has read the whole source.
     """
 
     block = EncoderBlock
 
-    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """``src (B, T)``, ``src_lengths (B,)`` -> ``memory (B, T, D)``, ``mask (B, T)`` bool."""
+    def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        """``src (B, T)``, ``src_lengths (B,)`` -> ``EncoderOutput`` (memory ``(B, T, D)``)."""
         B, T = src.shape
         mask = length_mask(src_lengths, T)  # (B, T)
         x = self.embed(src)  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask.unsqueeze(1))  # (B, T, D); keys masked by (B, 1, T)
-        return self.ln_f(x) * mask.unsqueeze(-1).to(x.dtype), mask  # (B, T, D), zero at padding
+        memory = self.ln_f(x) * mask.unsqueeze(-1).to(x.dtype)  # (B, T, D), zero at padding
+        last = (src_lengths - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, self.d_model)
+        layers = (B, self.num_layers, self.d_model)
+        return EncoderOutput(
+            annotations=memory,
+            mask=mask,
+            forward_last=memory.gather(1, last).expand(layers),  # (B, L, D)
+            backward_first=memory[:, :1].expand(layers),  # (B, L, D)
+        )
 
 
 class TransformerDecoder(_Stack):
@@ -242,8 +259,9 @@ class TransformerDecoder(_Stack):
         kv = [torch.cat(block.cross_attn.project_kv(memory), dim=-1) for block in self.blocks]
         return torch.cat(kv, dim=-1)  # (B, T, L * 2 * kv)
 
-    def init_state(self, memory: Tensor) -> State:
+    def init_state(self, encoded: EncoderOutput) -> State:
         """An empty cache: ``self_keys, self_values (B, L, 0, kv)``."""
+        memory = encoded.annotations  # (B, T, D)
         empty = memory.new_zeros(memory.shape[0], self.num_layers, 0, self.kv_dim)
         return empty, empty.clone()
 
@@ -326,144 +344,3 @@ class TransformerDecoder(_Stack):
         causal = (j <= t + i).unsqueeze(0)  # (1, T_y, t + T_y)
         logits, _, weights = self._decode(tgt_in, state, t, causal, keys, mask, temperature)
         return logits, weights
-
-
-def _check_config(config: dict) -> None:
-    """Raise ``ValueError`` naming the first bad :class:`TransformerModule` parameter."""
-    names = (
-        "source_vocab_size",
-        "target_vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "ffn_size",
-        "max_positions",
-    )
-    for name in names + ("num_kv_heads",):
-        value = config[name]
-        if name == "num_kv_heads" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    dropout = config["dropout"]
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-    if config["positions"] not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, got {config['positions']!r}")
-    heads, kv_heads = config["num_heads"], config["num_kv_heads"] or config["num_heads"]
-    if config["hidden_size"] % heads:
-        raise ValueError(f"num_heads={heads} must divide hidden_size={config['hidden_size']}")
-    if heads % kv_heads:
-        raise ValueError(f"num_kv_heads={kv_heads} must divide num_heads={heads}")
-
-
-class TransformerModule(nn.Module):
-    """A Transformer encoder and decoder behind ``Seq2SeqModule``'s seam (same signatures).
-
-    Parameters
-    ----------
-    source_vocab_size, target_vocab_size : int
-        Vocabulary sizes, specials included (``PAD=0``, ``BOS=1``, ``EOS=2``, ``UNK=3``).
-    hidden_size : int, default=128
-        ``d_model``, the width of every block; embeddings have this size too.
-    num_layers : int, default=2
-        Blocks in the encoder and in the decoder.
-    num_heads : int, default=4
-        Query heads; must divide ``hidden_size``.
-    num_kv_heads : int or None, default=None
-        Key / value heads (grouped-query attention; 1 = multi-query); must divide
-        ``num_heads``. ``None`` means ``num_heads``.
-    ffn_size : int or None, default=None
-        Feed-forward hidden units; ``None`` means ``4 * hidden_size``.
-    dropout : float, default=0.1
-        On the embedding sums, every sublayer output and inside the feed-forward layers.
-    positions : {"sinusoidal", "learned", "none"}, default="sinusoidal"
-    max_positions : int, default=512
-        Rows of the learned position tables (clamped past them, see the module docstring).
-
-    Attributes
-    ----------
-    config : dict
-        The constructor's arguments (``ffn_size`` resolved).
-    state_names : tuple of str
-        ``("self_keys", "self_values")``, each ``(B, num_layers, t, kv_dim)``.
-
-    Notes
-    -----
-    Wiring: the estimator builds this instead of ``Seq2SeqModule`` for ``encoder=decoder=
-    "transformer"``; training, search and export only use ``encode`` / ``step`` / ``forward`` /
-    ``state_names``. The export must declare axis 2 of the cache (inputs and ``new_`` outputs)
-    dynamic, next to ``B``; ``tests/test_transformer.py`` exports ``step`` traced at ``t = 0``.
-    """
-
-    def __init__(
-        self,
-        source_vocab_size: int,
-        target_vocab_size: int,
-        *,
-        hidden_size: int = 128,
-        num_layers: int = 2,
-        num_heads: int = 4,
-        num_kv_heads: int | None = None,
-        ffn_size: int | None = None,
-        dropout: float = 0.1,
-        positions: str = "sinusoidal",
-        max_positions: int = 512,
-    ) -> None:
-        super().__init__()
-        ffn_size = 4 * hidden_size if ffn_size is None else ffn_size
-        self.config = config = dict(
-            source_vocab_size=source_vocab_size,
-            target_vocab_size=target_vocab_size,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            ffn_size=ffn_size,
-            dropout=dropout,
-            positions=positions,
-            max_positions=max_positions,
-        )
-        _check_config(config)
-        shared = (
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            ffn_size,
-            dropout,
-            positions,
-            max_positions,
-        )
-        self.encoder = TransformerEncoder(source_vocab_size, *shared)
-        self.decoder = TransformerDecoder(target_vocab_size, *shared)
-
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return self.decoder.state_names
-
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor, State]:
-        """``memory (B, T, D)``, ``keys (B, T, L * 2 * kv)``, ``mask (B, T)``, the empty cache."""
-        memory, mask = self.encoder(src, src_lengths)
-        return memory, self.decoder.precompute(memory), mask, self.decoder.init_state(memory)
-
-    def step(
-        self,
-        y_prev: Tensor,
-        state: State,
-        memory: Tensor,
-        keys: Tensor,
-        mask: Tensor,
-        temperature: Tensor,
-        position: Tensor,
-    ) -> tuple[Tensor, State, Tensor]:
-        """``log_probs (B, V)``, the cache grown by one row, cross-attention weights ``(B, T)``."""
-        logits, state, weights = self.decoder.step(
-            y_prev, state, memory, keys, mask, temperature, position
-        )
-        return torch.log_softmax(logits, dim=-1), state, weights
-
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher-forced ``logits (B, T_y, V)`` and weights ``(B, T_y, T)`` (temperature 1)."""
-        memory, keys, mask, state = self.encode(src, src_lengths)
-        return self.decoder(tgt_in, state, memory, keys, mask)
