@@ -3,7 +3,8 @@
 The layout and the manifest's fields are :mod:`skattn.core.manifest`'s (the contract the
 exporter writes). Loading checks, in order: the directory exists; ``manifest.json`` reads as
 UTF-8, parses and validates (:meth:`Manifest.from_json`: keys, types, bounds, format version,
-the manifest's own binding digest); every graph exists and matches its SHA-256; and (format 2)
+the manifest's own binding digest); both step graphs are listed (``decode.onnx`` may be);
+every listed graph exists and matches its SHA-256; and (format 2)
 each graph's metadata names the same binding as the manifest, so a graph exported for another
 vocabulary or model is refused even when the checksums were updated. Any failure raises
 :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from skattn.core.manifest import (
     BINDING_KEY,
+    DECODE_FILE,
     DECODER_FILE,
     ENCODER_FILE,
     GRAPH_FILES,
@@ -42,6 +44,8 @@ class Artifact:
     manifest : Manifest
     encoder_path, decoder_path : Path
         The graphs, whose bytes matched the manifest's checksums when read.
+    decode_path : Path or None
+        ``decode.onnx`` when the manifest lists it (checked likewise).
     """
 
     directory: Path
@@ -58,6 +62,11 @@ class Artifact:
     @property
     def decoder_path(self) -> Path:
         return self.directory / DECODER_FILE
+
+    @property
+    def decode_path(self) -> Path | None:
+        """``decode.onnx`` (the whole search in one graph), or None: an artifact without it."""
+        return self.directory / DECODE_FILE if DECODE_FILE in self.manifest.files else None
 
 
 def read_artifact(path: str | os.PathLike) -> Artifact:
@@ -89,8 +98,10 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
     except (OSError, UnicodeDecodeError) as error:  # a directory, unreadable, not UTF-8
         raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
     manifest = Manifest.from_json(text, where=str(manifest_path))
-    if sorted(manifest.files) != sorted(GRAPH_FILES):
-        raise ArtifactError(f"{manifest_path}: 'files' must list exactly {list(GRAPH_FILES)}")
+    if not set(GRAPH_FILES) <= set(manifest.files):
+        raise ArtifactError(
+            f"{manifest_path}: 'files' must list {list(GRAPH_FILES)} (and may list {DECODE_FILE})"
+        )
     for name, expected in manifest.files.items():
         file_path = directory / name
         if not file_path.is_file():

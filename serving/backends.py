@@ -10,19 +10,26 @@ carry (the decoder state plus the encoder's memory, keys and mask) lives between
   ``log_probs`` and ``weights`` (which the search reads) are bound to host memory, and
   ``select`` runs a small ONNX ``Gather`` graph on the device.
 
+:class:`GraphTranslator` needs no backend for its search: ``decode.onnx`` runs the encoder and
+the whole greedy or beam search in one ``session.run`` per chunk.
+
 Imports numpy and onnxruntime (and ``onnx``, to build the select graph, only for IO binding).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import Manifest
+from skattn.core.search import Hypothesis
+from skattn.core.text import pad_batch
 
-__all__ = ["BoundBackend", "NumpyBackend", "gather_rows_model"]
+__all__ = ["BoundBackend", "GraphTranslator", "NumpyBackend", "gather_rows_model"]
 
 Carry = dict[str, Any]
 
@@ -178,3 +185,51 @@ class BoundBackend(NumpyBackend):
         self._bind_outputs(binding, outputs, on_host=set())
         self.selector.run_with_iobinding(binding)
         return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
+
+
+class GraphTranslator(Translator):
+    """A :class:`Translator` whose search is ``decode.onnx``: one ``session.run`` per chunk.
+
+    The graph runs the encoder and the whole search (the manifest's ``beam_size``) inside
+    onnxruntime, which releases the GIL for the whole decode; everything around the search
+    (ids, length-sorted chunks, outputs, attention rows) is the Translator's own. The graph's
+    outputs become the same :class:`~skattn.core.search.Hypothesis` the NumPy search returns
+    (``weights`` holds one row per output token, which is all the Translator reads).
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+        ``decode.onnx``.
+    manifest : Manifest
+        The search the graph runs (``beam_size``, ``length_penalty``).
+    *args
+        :class:`Translator`'s, after its backend (the step graphs, kept for other uses).
+    """
+
+    def __init__(self, session: ort.InferenceSession, manifest: Manifest, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.session = session
+        self.search = (manifest.beam_size, manifest.length_penalty)
+        self.outputs = manifest.decode_outputs()
+
+    def _decode_chunk(
+        self, id_lists: Sequence[Sequence[int]], settings: SearchSettings
+    ) -> list[Hypothesis]:
+        if (settings.beam_size, settings.length_penalty) != self.search:
+            raise ValueError(
+                f"decode.onnx searches with (beam_size, length_penalty)={self.search}, "
+                f"not {(settings.beam_size, settings.length_penalty)}"
+            )
+        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
+        feeds = {
+            "src": src,
+            "src_lengths": src_lengths,
+            "max_length": np.asarray(settings.max_length, dtype=np.int64),  # ()
+            "temperature": np.asarray(settings.temperature, dtype=np.float32),  # ()
+        }
+        tokens, lengths, attention, scores = self.session.run(self.outputs, feeds)
+        # tokens (B, L), lengths (B,), attention (B, L, T), scores (B,)
+        return [
+            Hypothesis(tokens[row, :n].tolist(), attention[row, :n], float(scores[row]))
+            for row, n in enumerate(lengths.tolist())
+        ]

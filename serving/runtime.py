@@ -5,19 +5,16 @@ Data flow of one call::
     strings --tokenize--> token lists --skattn.core.inference.Translator over a backend
       (serving.backends: encoder.onnx once, decoder_step.onnx per step)--> strings, maps
 
+or, when the artifact holds ``decode.onnx`` (the default then), the same Translator with its
+search replaced by one ``session.run`` of that graph per chunk (:class:`GraphTranslator`):
+the encoder and every step run inside onnxruntime, with the GIL released.
+
 The inference glue (ids with the end-of-source marker, length-sorted chunks, greedy or beam
 search, output formatting, attention rows) is the core's :class:`~skattn.core.inference.Translator`,
 the same code ``Seq2Seq.predict`` runs; this module opens the graphs, checks them against the
 manifest, and picks the backend (:mod:`serving.backends`).
 
-Thread settings (see :func:`session_options`) are chosen for a server whose cores are shared:
-``intra_op_num_threads`` defaults to the cores this process may use; ``inter_op_num_threads=1``
-with ``ORT_SEQUENTIAL`` because a decoder step is a chain of dependent small ops with nothing to
-run side by side; ``session.intra_op.allow_spinning="0"`` so that idle pool threads sleep instead
-of busy-waiting between steps (the search's NumPy work, the HTTP server and other workers need
-those cores); graph optimisation ``ORT_ENABLE_ALL`` (constant folding, fusions, layout changes).
-Small models on few, busy cores are often fastest with ``intra_op_num_threads=1`` (hidden size
-128, batch 64, on a loaded 2-core machine: 0.62 s with one thread, 0.83 s with two).
+Sessions, providers and thread settings: :mod:`serving.sessions`.
 
 This module imports numpy, onnxruntime and ``skattn.core`` (plus ``onnx``, to build the select
 graph, only when IO binding is on): never torch, scikit-learn, or the training side of skattn.
@@ -28,115 +25,29 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
-from serving.artifact import Artifact, ArtifactError, check_binding, read_artifact
-from serving.backends import BoundBackend, NumpyBackend, gather_rows_model
+from serving.artifact import Artifact, ArtifactError, read_artifact
+from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
-from skattn.core.checks import check_int, check_real, parse_device, usable_cores
+from serving.sessions import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    open_graph,
+    open_session,
+    resolve_device,
+    session_options,
+)
+from serving.sessions import providers as providers_for
+from skattn.core.checks import check_int, check_real
 from skattn.core.inference import DEFAULT_MAX_BATCH_SIZE, SearchSettings, Translator
-from skattn.core.manifest import DECODER_FILE, Manifest
+from skattn.core.manifest import DECODE_FILE, DECODER_FILE
 from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
-__all__ = ["Runtime", "load", "resolve_device", "session_options"]
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
 
 logger = logging.getLogger(__name__)
-
-CPU_PROVIDER = "CPUExecutionProvider"
-CUDA_PROVIDER = "CUDAExecutionProvider"
-
-
-def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptions:
-    """Session options used for every graph of the runtime.
-
-    Parameters
-    ----------
-    intra_op_num_threads : int, optional
-        Threads that split one operator's work. Default: the cores this process may use
-        (:func:`skattn.core.checks.usable_cores`: its affinity mask and cgroup CPU quota).
-
-    Returns
-    -------
-    onnxruntime.SessionOptions
-        ``inter_op_num_threads=1``, ``ORT_SEQUENTIAL``, spinning off, ``ORT_ENABLE_ALL``.
-    """
-    if intra_op_num_threads is None:
-        intra_op_num_threads = usable_cores()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = check_int(intra_op_num_threads, "intra_op_num_threads")
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3  # errors only: no per-session chatter on stderr
-    return options
-
-
-def resolve_device(device: str) -> tuple[str, int]:
-    """Map ``device`` to ``(device_type, device_id)`` for onnxruntime.
-
-    Parameters
-    ----------
-    device : {"auto", "cpu", "cuda", "cuda:N"}
-        ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider.
-
-    Returns
-    -------
-    tuple of (str, int)
-        ``("cuda", N)`` or ``("cpu", 0)``.
-    """
-    kind, index = parse_device(device)
-    available = ort.get_available_providers()
-    if kind == "auto":
-        return ("cuda", 0) if CUDA_PROVIDER in available else ("cpu", 0)
-    if kind == "cpu":
-        return "cpu", 0
-    if CUDA_PROVIDER not in available:
-        raise ValueError(
-            f"device={device!r} asks for CUDA, but this onnxruntime has no {CUDA_PROVIDER} "
-            f"(available: {available}); install onnxruntime-gpu, or use device='cpu' or 'auto'"
-        )
-    return "cuda", index or 0
-
-
-def _providers(device_type: str, device_id: int) -> list:
-    if device_type == "cuda":
-        return [(CUDA_PROVIDER, {"device_id": device_id}), CPU_PROVIDER]
-    return [CPU_PROVIDER]
-
-
-def _open_session(
-    model: str | bytes, options: ort.SessionOptions, providers: list, name: str
-) -> ort.InferenceSession:
-    """An ``InferenceSession``; a graph onnxruntime cannot read raises ArtifactError naming it."""
-    try:
-        return ort.InferenceSession(model, sess_options=options, providers=providers)
-    except Exception as error:  # onnxruntime raises its own exception types (Fail, InvalidGraph...)
-        raise ArtifactError(f"{name}: onnxruntime cannot load this graph ({error})") from None
-
-
-def _open_graph(
-    path: Path,
-    options: ort.SessionOptions,
-    providers: list,
-    manifest: Manifest,
-    inputs: list[str],
-    outputs: list[str],
-) -> ort.InferenceSession:
-    """Open one graph; check its signature and that it was exported with ``manifest``."""
-    session = _open_session(str(path), options, providers, str(path))
-    actual_in = [i.name for i in session.get_inputs()]
-    actual_out = [o.name for o in session.get_outputs()]
-    if actual_in != inputs or actual_out != outputs:
-        raise ArtifactError(
-            f"{path}: graph signature {actual_in} -> {actual_out} differs from the expected "
-            f"{inputs} -> {outputs}"
-        )
-    check_binding(path, session.get_modelmeta().custom_metadata_map, manifest)
-    return session
 
 
 class Runtime:
@@ -151,6 +62,10 @@ class Runtime:
         Default: the cores this process may use.
     io_binding : bool, optional
         Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
+    decode_graph : bool, optional
+        Search with ``decode.onnx`` (one ``session.run`` per chunk) instead of the step graphs
+        driven from Python. Default: whenever the artifact holds it (faster at every measured
+        batch size; see the README). ``True`` for an artifact without it raises ArtifactError.
     max_batch_size : int, default=256
         Larger inputs are sorted by length and decoded in chunks of at most this many items
         (results do not depend on it).
@@ -165,6 +80,8 @@ class Runtime:
         Limits in tokens: :meth:`check_source` refuses longer sources.
     provider : str
         ``"CUDAExecutionProvider"`` or ``"CPUExecutionProvider"``: where the graphs run.
+    decode_graph : bool
+        Whether predictions come from ``decode.onnx``.
     info : ModelInfo
     """
 
@@ -175,6 +92,7 @@ class Runtime:
         *,
         intra_op_num_threads: int | None = None,
         io_binding: bool | None = None,
+        decode_graph: bool | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         name: str | None = None,
     ) -> None:
@@ -187,8 +105,8 @@ class Runtime:
 
         device_type, device_id = resolve_device(device)
         options = session_options(intra_op_num_threads)
-        providers = _providers(device_type, device_id)
-        encoder = _open_graph(
+        providers = providers_for(device_type, device_id)
+        encoder = open_graph(
             artifact.encoder_path,
             options,
             providers,
@@ -196,7 +114,7 @@ class Runtime:
             manifest.encoder_inputs(),
             manifest.encoder_outputs(),
         )
-        decoder = _open_graph(
+        decoder = open_graph(
             artifact.decoder_path,
             options,
             providers,
@@ -223,7 +141,7 @@ class Runtime:
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
         if self.io_binding:
             carry = set(manifest.carry_names())
-            selector = _open_session(
+            selector = open_session(
                 gather_rows_model([i for i in decoder.get_inputs() if i.name in carry]),
                 options,
                 providers,
@@ -235,7 +153,7 @@ class Runtime:
         else:
             backend = NumpyBackend(encoder, decoder, manifest)
         self.backend = backend
-        self.translator = Translator(
+        translator_args = (
             backend,
             Vocabulary.from_list(manifest.source_vocabulary),
             Vocabulary.from_list(manifest.target_vocabulary),
@@ -243,13 +161,32 @@ class Runtime:
             manifest.output_kind,
             max_batch_size,
         )
+        self.step_translator = Translator(*translator_args)
+        self.translator = self.step_translator
+        if decode_graph and artifact.decode_path is None:
+            raise ArtifactError(
+                f"{artifact.manifest_path}: decode_graph=True, but no {DECODE_FILE}"
+            )
+        self.decode_graph = artifact.decode_path is not None and decode_graph is not False
+        if self.decode_graph:
+            session = open_graph(
+                artifact.decode_path,
+                options,
+                providers,
+                manifest,
+                manifest.decode_inputs(),
+                manifest.decode_outputs(),
+            )
+            self.translator = GraphTranslator(session, manifest, *translator_args)
         self._check_graphs_run(artifact)
         logger.info(
-            "serving model %r on %s (device=%r requested; io_binding=%s; intra_op_num_threads=%d)",
+            "serving model %r on %s (device=%r requested; io_binding=%s; decode_graph=%s; "
+            "intra_op_num_threads=%d)",
             self.name,
             self.provider,
             device,
             self.io_binding,
+            self.decode_graph,
             options.intra_op_num_threads,
         )
 
@@ -275,6 +212,22 @@ class Runtime:
                 f"{artifact.directory}: the decoder step answered shapes "
                 f"{np.shape(log_probs)}, {np.shape(weights)} instead of {expected}"
             )
+        if self.decode_graph:  # one step of the whole search, on the same source
+            settings = SearchSettings(
+                self.manifest.beam_size, self.manifest.length_penalty, max_length=1
+            )
+            try:
+                (hypothesis,) = self.translator.decode([src[0].tolist()], settings)
+            except Exception as error:
+                raise ArtifactError(
+                    f"{artifact.decode_path}: the graph does not run with the manifest's "
+                    f"vocabularies ({type(error).__name__}: {str(error)[:200]})"
+                ) from None
+            if len(hypothesis.tokens) > 1 or hypothesis.weights.shape[1:] != (src.shape[1],):
+                raise ArtifactError(
+                    f"{artifact.decode_path}: answered {len(hypothesis.tokens)} tokens and "
+                    f"attention of shape {hypothesis.weights.shape} for one step"
+                )
 
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
@@ -385,6 +338,7 @@ def load(
     *,
     intra_op_num_threads: int | None = None,
     io_binding: bool | None = None,
+    decode_graph: bool | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     name: str | None = None,
 ) -> Runtime:
@@ -401,6 +355,8 @@ def load(
         Threads per operator; default: the cores this process may use.
     io_binding : bool, optional
         Keep decoder states on the device between steps; default: on for CUDA.
+    decode_graph : bool, optional
+        Search with ``decode.onnx``; default: whenever the artifact holds it.
     max_batch_size : int, default=256
         Inputs are decoded in chunks of at most this many items.
     name : str, optional
@@ -427,6 +383,7 @@ def load(
         device,
         intra_op_num_threads=intra_op_num_threads,
         io_binding=io_binding,
+        decode_graph=decode_graph,
         max_batch_size=max_batch_size,
         name=name,
     )

@@ -21,7 +21,9 @@ dynamic; ``S`` = ``len(state_names)`` state tensors, each ``(B, ...)``)::
                  new_<state>  (B, ...)       the next state, one per state name
                  weights      (B, T) float32 attention weights; rows sum to 1, 0 on padding
 
-plus ``manifest.json``: a :class:`skattn.core.manifest.Manifest`, which also names the graphs'
+plus ``decode.onnx``, the whole search in one graph (:mod:`skattn.decode_graph`, verified
+against the NumPy search over the two graphs), and ``manifest.json``: a
+:class:`skattn.core.manifest.Manifest`, which also names the graphs'
 inputs and outputs. Each graph's metadata holds the manifest's ``binding`` digest (vocabularies,
 state names, model hyperparameters), which ``serving.load`` checks.
 
@@ -50,6 +52,7 @@ from torch import nn
 
 from skattn.core.manifest import (
     BINDING_KEY,
+    DECODE_FILE,
     DECODER_FILE,
     ENCODER_FILE,
     GRAPH_FILES,
@@ -57,6 +60,7 @@ from skattn.core.manifest import (
     Manifest,
 )
 from skattn.core.text import EOS, tokenize
+from skattn.decode_graph import build_decode_graph, verify_decode_graph
 
 __all__ = ["OPSET", "export_module", "export_onnx"]
 
@@ -269,7 +273,7 @@ def _prepare_directory(path: str | os.PathLike) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
     directory.mkdir(parents=True, exist_ok=True)
-    ours = {MANIFEST_FILE, *GRAPH_FILES}
+    ours = {MANIFEST_FILE, *GRAPH_FILES, DECODE_FILE}
     others = sorted(p.name for p in directory.iterdir() if p.name not in ours)
     if others:
         raise ValueError(
@@ -356,8 +360,10 @@ def export_module(
         manifest.decoder_outputs(),
     )
     verify_graphs(model, encoder, decoder, manifest)
+    decode = build_decode_graph(encoder, decoder, manifest)  # the whole search, one graph
+    verify_decode_graph(decode, encoder, decoder, manifest)
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
-    for graph, name in ((encoder, ENCODER_FILE), (decoder, DECODER_FILE)):
+    for graph, name in ((encoder, ENCODER_FILE), (decoder, DECODER_FILE), (decode, DECODE_FILE)):
         onnx.helper.set_model_props(graph, {BINDING_KEY: manifest.binding})
         onnx.save_model(graph, directory / name)
     manifest = manifest.with_files(directory)

@@ -100,6 +100,7 @@ def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
     directory = export(module, tmp_path / "model")
 
     assert sorted(p.name for p in directory.iterdir()) == [
+        "decode.onnx",
         "decoder_step.onnx",
         "encoder.onnx",
         "manifest.json",
@@ -190,7 +191,8 @@ def test_manifest_records_the_model_and_checksums(tmp_path):
     )
     assert manifest["output_kind"] == "tokens" and manifest["tokenizer"] == "char"
     assert manifest["files"] == {
-        name: sha256_file(directory / name) for name in ("encoder.onnx", "decoder_step.onnx")
+        name: sha256_file(directory / name)
+        for name in ("encoder.onnx", "decoder_step.onnx", "decode.onnx")
     }
     read = read_artifact(directory).manifest
     assert read.to_dict() == manifest

@@ -9,6 +9,11 @@ An artifact is a directory that ``Seq2Seq.export_onnx`` writes and ``serving.loa
       decoder_step.onnx  y_prev (B,) int64, <state_names...>, memory, keys, mask,
                          temperature () float32, position () int64
                          -> log_probs (B, V), <new_ + state_names...>, weights (B, T)
+      decode.onnx        (optional) the whole search, the manifest's beam_size:
+                         src (B, T) int64, src_lengths (B,) int64, max_length () int64,
+                         temperature () float32
+                         -> tokens (B, L) int64, lengths (B,) int64, attention (B, L, T),
+                            scores (B,) float32
 
 :class:`Manifest` is the one record both halves share: the exporter builds it and calls
 :meth:`Manifest.to_json`; the server calls :meth:`Manifest.from_json`, which validates every
@@ -18,7 +23,9 @@ methods of the record, so the writer and the reader cannot disagree about them.
 Format versions: 1 (the first); 2 adds ``model`` (the model's hyperparameters) and ``binding``
 (a digest of the vocabularies and the model, also stored in each graph's metadata, so that a
 manifest whose vocabulary was edited, or a graph from another model, is refused at load).
-Version 1 artifacts still load, without that check.
+Version 1 artifacts still load, without that check. ``decode.onnx`` is optional in both
+versions: an artifact that lists it in ``files`` has its checksum and (format 2) binding
+checked like the step graphs'; one without it still loads.
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
 __all__ = [
     "BINDING_KEY",
     "DECODER_FILE",
+    "DECODE_FILE",
     "ENCODER_FILE",
     "FORMAT_VERSION",
     "GRAPH_FILES",
     "MANIFEST_FILE",
+    "OPTIONAL_GRAPH_FILES",
     "ArtifactError",
     "Manifest",
     "binding_digest",
@@ -53,6 +62,9 @@ MANIFEST_FILE = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE)
+#: The whole search in one graph (optional: artifacts written before it still load).
+DECODE_FILE = "decode.onnx"
+OPTIONAL_GRAPH_FILES = (DECODE_FILE,)
 #: The key of the graphs' ``metadata_props`` entry that holds :attr:`Manifest.binding`.
 BINDING_KEY = "skattn.binding"
 
@@ -94,7 +106,7 @@ class Manifest:
         What a prediction is.
     files : mapping of str to str
         Graph file name -> SHA-256 of its bytes (empty until :meth:`with_files`; an artifact
-        must list both graphs).
+        must list both step graphs, and may list ``decode.onnx``).
     model : mapping
         The model's hyperparameters (format 2; empty in format 1).
     format_version : int
@@ -140,6 +152,16 @@ class Manifest:
     def decoder_outputs(self) -> list[str]:
         """Outputs of ``decoder_step.onnx``: ``log_probs, new_<state>..., weights``."""
         return ["log_probs", *(f"new_{name}" for name in self.state_names), "weights"]
+
+    @staticmethod
+    def decode_inputs() -> list[str]:
+        """Inputs of ``decode.onnx``, in order."""
+        return ["src", "src_lengths", "max_length", "temperature"]
+
+    @staticmethod
+    def decode_outputs() -> list[str]:
+        """Outputs of ``decode.onnx``, in order."""
+        return ["tokens", "lengths", "attention", "scores"]
 
     def carry_names(self) -> list[str]:
         """What the search carries between steps: the state, then the encoder's outputs."""
@@ -236,8 +258,11 @@ class Manifest:
         return manifest
 
     def with_files(self, directory: str | os.PathLike) -> Manifest:
-        """A copy whose ``files`` hold the SHA-256 of the graphs now in ``directory``."""
-        digests = {name: sha256_file(Path(directory) / name) for name in GRAPH_FILES}
+        """A copy whose ``files`` hold the SHA-256 of the graphs now in ``directory``
+        (the step graphs, and ``decode.onnx`` when it is there)."""
+        directory = Path(directory)
+        names = [*GRAPH_FILES, *(n for n in OPTIONAL_GRAPH_FILES if (directory / n).is_file())]
+        digests = {name: sha256_file(directory / name) for name in names}
         return dataclasses.replace(self, files=digests)
 
 
@@ -327,8 +352,9 @@ class _Reader:
     def files(self) -> dict[str, str]:
         files = self.take("files", dict)
         digests_ok = all(isinstance(v, str) for v in files.values())
-        if not set(files) <= set(GRAPH_FILES) or not digests_ok:
+        if not set(files) <= {*GRAPH_FILES, *OPTIONAL_GRAPH_FILES} or not digests_ok:
             raise ArtifactError(
-                f"{self.where}: 'files' must map {list(GRAPH_FILES)} to their SHA-256"
+                f"{self.where}: 'files' must map {list(GRAPH_FILES)} (and optionally "
+                f"{list(OPTIONAL_GRAPH_FILES)}) to their SHA-256"
             )
         return dict(files)

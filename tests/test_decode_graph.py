@@ -1,0 +1,291 @@
+"""decode.onnx: the whole search in one graph, against the NumPy search and the runtime.
+
+Parity is checked on small models fitted for 60 steps on digit reversal, so that items end at
+many lengths (untrained modules end every item at the same step): greedy identical, beam the same
+hypotheses and scores within 1e-5, for every scorer x decoder x attention kind (the grid of
+test_export.py). A fresh process that imports only numpy and onnxruntime runs the graph the way
+a C++ or Java host would (ids from the manifest's vocabulary) and must print the runtime's
+predictions. The artifact tests check that decode.onnx is optional, and checked when present.
+"""
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from test_export import KINDS, export, kind_id, make_module, random_source
+
+import serving
+from serving.artifact import ArtifactError
+from skattn import Seq2Seq
+from skattn.core.manifest import DECODE_FILE, Manifest
+from skattn.core.text import EOS
+from skattn.datasets import make_reversal
+from skattn.decode_graph import build_decode_graph, compare_with_search, reference_search
+from skattn.export import export_module
+
+SEARCHES = [
+    dict(beam_size=1),
+    dict(beam_size=3, length_penalty=0.7),
+]
+#: A few kinds and both searches always; the rest of the grid as slow tests (CI runs them).
+FAST = {0, 7, 12, 16}
+
+
+def grid():
+    for index, kind in enumerate(KINDS):
+        for search in SEARCHES:
+            marks = () if index in FAST else pytest.mark.slow
+            name = f"{kind_id(kind)}-beam{search['beam_size']}"
+            yield pytest.param(kind, search, marks=marks, id=name)
+
+
+def sessions(directory):
+    def open_(name):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.log_severity_level = 3
+        return ort.InferenceSession(str(directory / name), options, ["CPUExecutionProvider"])
+
+    manifest = Manifest.from_json((directory / "manifest.json").read_text())
+    return manifest, open_("encoder.onnx"), open_("decoder_step.onnx"), open_(DECODE_FILE)
+
+
+def run_decode(session, src, lengths, max_length, temperature):
+    feeds = {
+        "src": src,
+        "src_lengths": lengths,
+        "max_length": np.array(max_length, dtype=np.int64),
+        "temperature": np.array(temperature, dtype=np.float32),
+    }
+    return session.run(None, feeds)
+
+
+@functools.cache
+def briefly_trained(kind_key: tuple) -> Seq2Seq:
+    """A small model fitted for 60 steps on digit reversal: untrained modules of this size
+    emit EOS at the same step for every source (or never), half-trained ones at many."""
+    X, y = make_reversal(300, min_length=2, max_length=9, random_state=0)
+    kind = {"window": 2, **dict(kind_key)}
+    params = dict(hidden_size=16, embedding_dim=8, batch_size=32, learning_rate=1e-2)
+    params.update(max_steps=60, early_stopping=False, random_state=0, device="cpu")
+    return Seq2Seq(**params, **kind).fit(X, y)
+
+
+def export_estimator(estimator, directory, **search):
+    return export_module(
+        estimator.module_,
+        directory,
+        source_vocabulary=estimator.source_vocab_.to_list(),
+        target_vocabulary=estimator.target_vocab_.to_list(),
+        tokenizer="char",
+        **search,
+    )
+
+
+def digit_sources(B: int, T: int, seed: int):
+    """``(B, T)`` digit ids (the reversal vocabulary: ids 4..13) of lengths 1..T, EOS last."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, T + 1, size=B)
+    lengths[0] = T
+    src = np.zeros((B, T), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        src[row, : length - 1] = rng.integers(4, 14, size=length - 1)
+        src[row, length - 1] = EOS
+    return src, lengths.astype(np.int64)
+
+
+@pytest.mark.parametrize(("kind", "search"), list(grid()))
+def test_decode_graph_equals_the_numpy_search(kind, search, tmp_path):
+    estimator = briefly_trained(tuple(sorted(kind.items())))
+    directory = export_estimator(estimator, tmp_path / "model", **search)
+    manifest, encoder, decoder, decode = sessions(directory)
+    src, lengths = digit_sources(32, 12, seed=5)
+    max_length = 7
+    expected = reference_search(encoder, decoder, manifest, src, lengths, max_length, 0.6)
+    outputs = run_decode(decode, src, lengths, max_length, 0.6)
+
+    assert compare_with_search(expected, *outputs) == []
+    out_lengths = [len(h.tokens) for h in expected]
+    assert len(set(out_lengths)) >= 3, f"items must end at several steps: {out_lengths}"
+    tokens, _, attention, _ = outputs
+    assert tokens.shape[1] == attention.shape[1] <= max_length
+    assert attention.shape == (*tokens.shape, src.shape[1])
+
+
+def test_beam_scores_are_length_normalised_log_probabilities(tmp_path):
+    """The score of each result is its summed log-probability / length ** alpha, recomputed
+    here from the step graph by teacher forcing the graph's own tokens."""
+    directory = export(make_module(seed=1), tmp_path / "m", beam_size=4, length_penalty=0.5)
+    manifest, encoder, decoder, decode = sessions(directory)
+    src, lengths = random_source(6, 7, np.random.default_rng(0))
+    tokens, out_lengths, _, scores = run_decode(decode, src, lengths, 10, 1.0)
+    carry = dict(zip(manifest.encoder_outputs(), encoder.run(None, {"src": src,
+                 "src_lengths": lengths}), strict=True))  # fmt: skip
+    for row in range(src.shape[0]):
+        n = int(out_lengths[row])
+        item = {name: value[row : row + 1] for name, value in carry.items()}
+        y, total = 1, 0.0
+        ended = n < 10
+        targets = [*tokens[row, :n].tolist(), *([2] if ended else [])]
+        for position, target in enumerate(targets):
+            feeds = {"y_prev": np.array([y]), **item, "temperature": np.array(1.0, np.float32),
+                     "position": np.array(position)}  # fmt: skip
+            log_probs, *states, _ = decoder.run(None, feeds)
+            item.update(zip(manifest.state_names, states, strict=True))
+            total += float(log_probs[0, target])
+            y = target
+        assert scores[row] == pytest.approx(total / len(targets) ** 0.5, abs=1e-5)
+
+
+def test_results_do_not_depend_on_the_batch(tmp_path):
+    directory = export(make_module(seed=2), tmp_path / "m", beam_size=3)
+    _, _, _, decode = sessions(directory)
+    src, lengths = random_source(10, 9, np.random.default_rng(4))
+    together = run_decode(decode, src, lengths, 12, 1.0)
+    for row in (0, 4, 9):
+        n = int(lengths[row])
+        alone = run_decode(decode, src[row : row + 1, :n], lengths[row : row + 1], 12, 1.0)
+        k = int(alone[1][0])
+        assert together[1][row] == k
+        assert together[0][row, :k].tolist() == alone[0][0, :k].tolist()
+        np.testing.assert_allclose(together[2][row, :k, :n], alone[2][0, :k], atol=1e-6)
+
+
+def test_build_refuses_graphs_of_other_signatures(tmp_path):
+    directory = export(make_module(), tmp_path / "m")
+    manifest = Manifest.from_json((directory / "manifest.json").read_text())
+    encoder = onnx.load(directory / "encoder.onnx")
+    with pytest.raises(ValueError, match="inputs must name the graph's inputs"):
+        build_decode_graph(encoder, encoder, manifest)
+
+
+# -- the graph outside Python's skattn: numpy + onnxruntime only -----------------------------
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import onnxruntime as ort
+
+    directory, sources = sys.argv[1], json.loads(sys.argv[2])
+    manifest = json.load(open(f"{directory}/manifest.json", encoding="utf-8"))
+    ids = {token: i for i, token in enumerate(manifest["source_vocabulary"])}
+    special = manifest["special_ids"]
+    rows = [[ids.get(c, special["unk"]) for c in text] + [special["eos"]] for text in sources]
+    src = np.zeros((len(rows), max(map(len, rows))), dtype=np.int64)
+    for r, row in enumerate(rows):
+        src[r, : len(row)] = row
+    session = ort.InferenceSession(f"{directory}/decode.onnx", providers=["CPUExecutionProvider"])
+    tokens, lengths, attention, scores = session.run(None, {
+        "src": src,
+        "src_lengths": np.array([len(r) for r in rows], dtype=np.int64),
+        "max_length": np.array(manifest["limits"]["max_output_length"], dtype=np.int64),
+        "temperature": np.array(manifest["temperature"], dtype=np.float32),
+    })
+    vocabulary = manifest["target_vocabulary"]
+    out = ["".join(vocabulary[i] for i in tokens[r, :n]) for r, n in enumerate(lengths)]
+    rows_sum = [attention[r, :n].sum(axis=1).round(4).tolist() for r, n in enumerate(lengths)]
+    imported = sorted(m for m in ("torch", "sklearn", "skattn", "serving", "onnx")
+                      if m in sys.modules)
+    print(json.dumps({"predictions": out, "row_sums": rows_sum, "imported": imported}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def reversal_artifact(fitted_reversal, tmp_path_factory):
+    return fitted_reversal.export_onnx(tmp_path_factory.mktemp("decode") / "reverser")
+
+
+def test_a_process_with_only_numpy_and_onnxruntime_gets_the_runtimes_predictions(
+    reversal_artifact, reversal_data
+):
+    sources = [*reversal_data[2][:40], "", "9", "0123456789012"]
+    stepwise = serving.load(reversal_artifact, device="cpu", decode_graph=False)
+    result = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(reversal_artifact), json.dumps(sources)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["imported"] == []
+    assert answer["predictions"] == stepwise.predict(sources)
+    assert sum(p == s[::-1] for p, s in zip(answer["predictions"], sources, strict=True)) > 30
+    assert all(all(abs(s - 1) < 1e-3 for s in sums) for sums in answer["row_sums"])
+
+
+# -- the runtime's two paths, and the artifact contract --------------------------------------
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_runtime_decode_graph_equals_the_step_graphs(fitted_reversal, reversal_data, beam_size,
+                                                     tmp_path):  # fmt: skip
+    directory = export_module(
+        fitted_reversal.module_,
+        tmp_path / "m",
+        source_vocabulary=fitted_reversal.source_vocab_.to_list(),
+        target_vocabulary=fitted_reversal.target_vocab_.to_list(),
+        tokenizer="char",
+        beam_size=beam_size,
+        max_output_length=20,
+    )
+    graph = serving.load(directory, device="cpu", intra_op_num_threads=1)
+    steps = serving.load(directory, device="cpu", intra_op_num_threads=1, decode_graph=False)
+    assert (graph.decode_graph, steps.decode_graph) == (True, False)
+    sources = [*reversal_data[2][:60], "", "55555555555555555555555"]
+    got, got_attention = graph.predict_batch(sources, temperature=0.8, with_attention=True)
+    want, want_attention = steps.predict_batch(sources, temperature=0.8, with_attention=True)
+    assert got == want
+    for a, b in zip(got_attention, want_attention, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def drop_decode_graph(directory):
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["files"][DECODE_FILE]
+    path.write_text(json.dumps(manifest))
+    (directory / DECODE_FILE).unlink()
+
+
+def test_an_artifact_without_decode_graph_loads_on_the_step_graphs(reversal_artifact, tmp_path):
+    copy = shutil.copytree(reversal_artifact, tmp_path / "model")
+    drop_decode_graph(copy)
+    runtime = serving.load(copy, device="cpu")
+    assert runtime.decode_graph is False
+    assert runtime.predict(["123"]) == serving.load(reversal_artifact).predict(["123"])
+    with pytest.raises(ArtifactError, match="decode_graph=True"):
+        serving.load(copy, device="cpu", decode_graph=True)
+
+
+def test_a_damaged_decode_graph_is_named(reversal_artifact, tmp_path):
+    copy = shutil.copytree(reversal_artifact, tmp_path / "model")
+    data = bytearray((copy / DECODE_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / DECODE_FILE).write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"decode\.onnx: checksum mismatch"):
+        serving.load(copy, device="cpu")
+
+
+def test_a_decode_graph_of_another_model_is_refused(reversal_artifact, tmp_path):
+    other = export(make_module(), tmp_path / "other")
+    copy = shutil.copytree(reversal_artifact, tmp_path / "model")
+    shutil.copy(other / DECODE_FILE, copy / DECODE_FILE)
+    path = copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"][DECODE_FILE] = json.loads((other / "manifest.json").read_text())["files"][
+        DECODE_FILE
+    ]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="exported for other vocabularies"):
+        serving.load(copy, device="cpu")
