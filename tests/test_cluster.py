@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import joblib
 import numpy as np
@@ -160,6 +161,22 @@ def test_grid_search_on_dask_equals_the_serial_search(dask_client, serial_search
         search.fit(*DATA)
     _assert_same_results(search, serial_search)
     _assert_serves(search, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_example_searches_on_a_given_dask_scheduler(dask_client, tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
+    address = dask_client.scheduler.address
+    run = subprocess.run(
+        [sys.executable, str(example), "--quick", "--scheduler", address],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "3 configurations x 2 folds on dask, 2 threads" in run.stdout
+    assert "trained with\n1 thread(s)" in run.stdout
 
 
 # ---------------------------------------------------------------- Ray
