@@ -32,12 +32,15 @@ def fill(b: GraphBuilder, shape: str, value, dtype) -> str:
     return b.op("ConstantOfShape", shape, value=scalar)
 
 
-def state_types(decoder) -> dict[str, tuple[int, int]]:
-    """Decoder input name -> (ONNX element type, rank), read from ``decoder_step.onnx``."""
-    return {
-        value.name: (value.type.tensor_type.elem_type, len(value.type.tensor_type.shape.dim))
-        for value in decoder.graph.input
-    }
+def state_types(decoder) -> dict[str, tuple[int, tuple]]:
+    """Decoder input name -> (ONNX element type, dims), read from ``decoder_step.onnx``: static
+    dims kept, symbolic ones (``B``, a cache length) unknown, since they change in a loop."""
+    types = {}
+    for value in decoder.graph.input:
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        types[value.name] = (tensor.elem_type, dims)
+    return types
 
 
 def decoder_step(

@@ -25,10 +25,12 @@ ELEM_TYPES = {
 }
 
 
-def value_info(name: str, elem_type: int, rank: int | None) -> onnx.ValueInfoProto:
-    """A typed graph input/output: ``rank`` unknown dims (``None``: unknown rank)."""
-    shape = None if rank is None else [None] * rank
-    return helper.make_tensor_value_info(name, elem_type, shape)
+def value_info(name: str, elem_type: int, shape: int | tuple) -> onnx.ValueInfoProto:
+    """A typed graph input/output: ``shape`` an int (that many unknown dims) or a tuple of
+    dims (``None`` where unknown). Static dims matter inside a ``Loop`` body: onnxruntime
+    folds the shape arithmetic of the decoder step only where it can see them."""
+    dims = [None] * shape if isinstance(shape, int) else list(shape)
+    return helper.make_tensor_value_info(name, elem_type, dims)
 
 
 class GraphBuilder:

@@ -1,0 +1,141 @@
+"""decode.onnx against the step graphs: the runtime's two search paths, side by side.
+
+One run fits reversal models briefly (realistic output lengths matter, accuracy does not),
+exports each once (the artifact holds both paths), and times ``serving.load(...).predict`` over
+the same sources with ``decode_graph=True`` (one ``session.run`` per chunk: the encoder and the
+whole search inside onnxruntime) and ``decode_graph=False`` (the NumPy search driving
+``decoder_step.onnx`` from Python), in chunks of 1, 64 and 256 items, greedy and beam 5. Both
+paths must give identical predictions; each timing is the best of ``--repeats`` interleaved
+runs on ``--threads`` intra-op threads. The ratio is graph time / step time (< 1: the graph is
+faster).
+
+    python benchmarks/bench_decode_graph.py            # hidden 64 and 256, about 3 minutes
+    python benchmarks/bench_decode_graph.py --quick    # hidden 64 only, 128 inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import serving
+from skattn.export import export_module
+
+MODELS = {  # name -> (decoder, scorer, hidden, embedding)
+    "small": ("bahdanau", "additive", 64, 32),
+    "luong256": ("luong", "general", 256, 64),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the small model, 128 inputs")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--n-inputs", type=int, default=512)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.n_inputs, args.train_steps, args.repeats = ["small"], 128, 120, 1
+    return args
+
+
+def reversal_data(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices("abcdefghij", k=rng.randint(4, 12))) for _ in range(count)]
+
+
+def fit(name: str, args: argparse.Namespace):
+    import torch
+
+    from skattn import Seq2Seq
+
+    torch.set_num_threads(1)
+    decoder, scorer, hidden, embedding = MODELS[name]
+    X = reversal_data(1024, args.seed)
+    print(f"training {name} for {args.train_steps} steps ...", file=sys.stderr, flush=True)
+    return Seq2Seq(
+        decoder=decoder,
+        scorer=scorer,
+        hidden_size=hidden,
+        embedding_dim=embedding,
+        max_steps=args.train_steps,
+        early_stopping=False,
+        learning_rate=3e-3,
+        random_state=args.seed,
+        device="cpu",
+    ).fit(X, [x[::-1] for x in X])
+
+
+def export(estimator, beam_size: int, directory: Path) -> Path:
+    return export_module(
+        estimator.module_,
+        directory,
+        source_vocabulary=estimator.source_vocab_.to_list(),
+        target_vocabulary=estimator.target_vocab_.to_list(),
+        tokenizer=estimator.tokenizer,
+        beam_size=beam_size,
+        max_output_length=24,
+    )
+
+
+def best_time(runtime, sources: list[str], batch_size: int) -> tuple[float, list]:
+    start = time.perf_counter()
+    predictions = []
+    for i in range(0, len(sources), batch_size):
+        predictions += runtime.predict(sources[i : i + batch_size])
+    return time.perf_counter() - start, predictions
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sources = reversal_data(args.n_inputs, args.seed + 1)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.models:
+            estimator = fit(name, args)
+            for beam_size in args.beam_sizes:
+                directory = export(estimator, beam_size, Path(scratch) / f"{name}-{beam_size}")
+                options = dict(device="cpu", intra_op_num_threads=args.threads)
+                graph = serving.load(directory, decode_graph=True, **options)
+                steps = serving.load(directory, decode_graph=False, **options)
+                for batch_size in args.batch_sizes:
+                    times = {"graph": [], "steps": []}
+                    outputs = {}
+                    for _ in range(args.repeats):  # interleaved
+                        for label, runtime in (("graph", graph), ("steps", steps)):
+                            seconds, outputs[label] = best_time(runtime, sources, batch_size)
+                            times[label].append(seconds)
+                    if outputs["graph"] != outputs["steps"]:
+                        raise SystemExit(f"{name} beam {beam_size}: the two paths differ")
+                    g, s = min(times["graph"]), min(times["steps"])
+                    length = np.mean([len(p) for p in outputs["graph"]])
+                    rows.append((name, beam_size, batch_size, length, s, g))
+                    print_row(*rows[-1], n=len(sources))
+    return 0
+
+
+def print_row(name, beam_size, batch_size, length, steps, graph, n) -> None:
+    if not hasattr(print_row, "header"):
+        print_row.header = True
+        print(f"{'model':9} {'beam':>4} {'batch':>5} {'out len':>7} {'steps ms/item':>13} "
+              f"{'graph ms/item':>13} {'graph/steps':>11}")  # fmt: skip
+    print(
+        f"{name:9} {beam_size:4d} {batch_size:5d} {length:7.2f} {1e3 * steps / n:13.3f} "
+        f"{1e3 * graph / n:13.3f} {graph / steps:10.2f}x",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
