@@ -106,9 +106,11 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
         served = outputs["prediction"]["data"]
         local = model.predict(sources)
         print(f"\nPOST {base}/v2/models/reversal/infer")
+        print(f"  {'source':>16}    {'served':<16} {'reversed?':<10} same as the estimator?")
         for source, prediction, expected in zip(sources, served, local, strict=True):
-            mark = "ok" if prediction == expected else f"MISMATCH (estimator: {expected})"
-            print(f"  {source!r:>16} -> {prediction!r:<16} {mark}")
+            right = "right" if prediction == source[::-1] else "WRONG"
+            same = "same" if prediction == expected else f"MISMATCH (estimator: {expected!r})"
+            print(f"  {source!r:>16} -> {prediction!r:<16} {right:<10} {same}")
         if served != local:
             raise RuntimeError("the server's predictions differ from the estimator's")
         t_y, t_x = outputs["attention_lengths"]["data"][:2]

@@ -254,16 +254,18 @@ def test_cosine_schedule_decays_to_zero_over_max_steps():
     # history_ records the learning rate each epoch starts with: t = 0, 9, 18 of T = 27.
     expected = [lr * (1 + math.cos(math.pi * t / 27)) / 2 for t in (0, 9, 18)]
     assert [h["lr"] for h in model.history_] == pytest.approx(expected, rel=1e-12)
-    constant = Seq2Seq(max_steps=27, learning_rate=lr, **TINY).fit(X, y)
+    constant = Seq2Seq(max_steps=27, learning_rate=lr, lr_schedule="constant", **TINY).fit(X, y)
     assert [h["lr"] for h in constant.history_] == [lr] * 3
 
 
 def test_a_tiny_max_time_trains_one_step():
     X, y = make_reversal(40, 3, 6, random_state=5)
-    model = Seq2Seq(max_epochs=50, max_time=1e-9, **TINY).fit(X, y)
+    # (lr_schedule="constant": a cosine over a spent time budget would take that step at lr 0)
+    params = dict(max_epochs=50, lr_schedule="constant", **TINY)
+    model = Seq2Seq(max_time=1e-9, **params).fit(X, y)
     assert model.n_steps_ == 1 and model.n_iter_ == 1 and model.best_epoch_ == 1
     # the same one step as max_steps=1 takes: the same weights and predictions
-    one_step = Seq2Seq(max_epochs=50, max_steps=1, **TINY).fit(X, y)
+    one_step = Seq2Seq(max_steps=1, **params).fit(X, y)
     for a, b in zip(model.module_.parameters(), one_step.module_.parameters(), strict=True):
         assert torch.equal(a, b)
     assert model.predict(X[:5]) == one_step.predict(X[:5])

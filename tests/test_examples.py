@@ -107,6 +107,10 @@ def test_quickstart_quick():
 def test_demo_quick(tmp_path):
     out = run_example("demo.py", "--out", str(tmp_path))
     assert "MISMATCH" not in out
+    rows = re.findall(r"^\s+'(\d*)' -> '(\d*)'\s+(right|WRONG)\s+same$", out, flags=re.MULTILINE)
+    assert len(rows) >= 4
+    for source, served, verdict in rows:  # the table judges the answer, not only the agreement
+        assert verdict == ("right" if served == source[::-1] else "WRONG")
     assert "exit code 0" in out
     assert_png(tmp_path / "reversal_attention.png")
 
