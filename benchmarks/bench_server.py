@@ -1,28 +1,32 @@
-"""Load test of the server: dynamic batching against ``--max-batch-size 1``.
+"""Load test of the server as deployed: dynamic batching against ``--max-batch-size 1``.
 
 Starts ``python -m serving`` as a subprocess, once with dynamic batching and once without, and
-drives each with one-item requests from an asyncio + httpx load generator (one connection per
-simulated user, through httpx's transport layer, the cheapest part of httpx) at several
-concurrencies (default 1, 8 and 64): throughput, p50 and p99 latency, errors, and the ratios
-of the two servers. Every answer is checked against ``serving.load(model_dir).predict``.
+drives each with one-item requests at several concurrencies (default 1, 8, 64 and 256). The
+server is confined to one core and the load generator to another (``os.sched_setaffinity``;
+``--no-pin`` turns it off), so that the figures are the server's and not the client's. For each
+level: throughput, p50 and p99 latency, errors, and the server's own CPU time per request
+(``/proc/<pid>/stat`` over the measured window), with the batched / unbatched ratios.
+
+Two load generators (``--clients``, :mod:`load_clients`): ``python``, an asyncio + httpx
+client in one process (what a Python user's script does; every answer is checked against
+``serving.load(model_dir).predict``), and ``wrk`` (Debian's C load generator, one thread, a Lua
+script posting v2 JSON). Two source-length mixes (``--mixes``): ``fixed`` (every source 8
+tokens) and ``mixed`` (1-30 tokens, uniform), random strings over the model's vocabulary.
 
 Two models, side by side in one run (``--models``):
 
 - ``g2p``: the architecture of ``examples/g2p_cmudict.py`` (bi-GRU of 256 units, Bahdanau
   decoder with additive attention, beam 5), fitted here for ``--g2p-steps`` steps on CMUdict
-  training words and queried with CMUdict test words: a model whose inference is the larger
-  part of a request, as a served model's usually is. The mean output length is printed beside
-  the references' so that a half-trained model cannot inflate the cost of a request unnoticed.
-- ``reversal``: a small character-reversal model (hidden 64, greedy) queried with random
-  strings, where HTTP and JSON per request cost more than the inference: the case batching
-  helps least.
+  training words: a model whose inference is the larger part of a request. The mean output
+  length is printed, so that a half-trained model cannot inflate a request's cost unnoticed.
+- ``reversal``: a small character-reversal model (hidden 64, greedy), where HTTP and JSON per
+  request cost more than the inference: the case batching helps least.
 
-    python benchmarks/bench_server.py                      # both models, about 4 minutes
-    python benchmarks/bench_server.py --models reversal --duration 3
-    python benchmarks/bench_server.py --model-dir DIR --words cmudict --device cuda
+    python benchmarks/bench_server.py                      # everything: about 25 minutes
+    python benchmarks/bench_server.py --quick              # reversal, 1 / 8 / 64, ~2 minutes
+    python benchmarks/bench_server.py --model-dir DIR --device cuda
 
-The client and the server share the machine, so on 2 cores the figures are what one client
-process can drive through one server process, not the server's ceiling.
+On a machine with one core, or with ``--no-pin``, the client and the server share the cores.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ import math
 import os
 import random
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -45,6 +48,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from load_clients import Window, drive_python, drive_wrk, wrk_available
 
 try:
     import uvloop
@@ -55,7 +59,8 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench"
 #: Distinct sources each benchmark cycles through.
 SOURCE_COUNT = 512
-JSON_HEADERS = {"content-type": "application/json"}
+#: Source lengths in tokens of each mix.
+MIXES = {"fixed": (8, 8), "mixed": (1, 30)}
 #: The load generator's event loop: uvloop (which uvicorn[standard] installs) where available,
 #: since the client shares the cores with the server under test; else asyncio's own.
 CLIENT_LOOP = uvloop.new_event_loop if uvloop is not None else asyncio.new_event_loop
@@ -65,6 +70,8 @@ CLIENT_LOOP = uvloop.new_event_loop if uvloop is not None else asyncio.new_event
 class LevelResult:
     model: str
     mode: str
+    client: str
+    mix: str
     concurrency: int
     requests: int
     errors: int
@@ -73,8 +80,25 @@ class LevelResult:
     throughput: float
     p50_ms: float
     p99_ms: float
-    server_cpu_ms: float = float("nan")  # server process CPU time per request
-    client_cpu_ms: float = float("nan")  # load generator CPU time per request
+    server_cpu_ms: float  # server process CPU time per request, over the measured window
+
+    @classmethod
+    def of(cls, window: Window, **labels) -> LevelResult:
+        def rounded(x: float) -> float:
+            return round(x, 3) if math.isfinite(x) else x
+
+        n = max(window.requests, 1)
+        return cls(
+            **labels,
+            requests=window.requests,
+            errors=window.errors,
+            mismatches=window.mismatches,
+            seconds=round(window.seconds, 3),
+            throughput=round(window.requests / window.seconds, 1) if window.seconds else 0.0,
+            p50_ms=rounded(window.p50_ms),
+            p99_ms=rounded(window.p99_ms),
+            server_cpu_ms=rounded(1000 * window.server_cpu_s / n),
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,22 +107,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--models", nargs="+", choices=("g2p", "reversal"), default=["g2p", "reversal"]
     )
     parser.add_argument("--model-dir", type=Path, help="an artifact to serve instead of --models")
-    parser.add_argument(
-        "--words", choices=("random", "cmudict"), default="random",
-        help="with --model-dir: random strings over its vocabulary, or CMUdict test words",
-    )  # fmt: skip
     parser.add_argument("--g2p-steps", type=int, default=600, help="training steps of g2p")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--clients", nargs="+", choices=("python", "wrk"),
+                        default=["python", "wrk"])  # fmt: skip
+    parser.add_argument("--mixes", nargs="+", choices=tuple(MIXES), default=list(MIXES))
+    parser.add_argument("--no-pin", action="store_true", help="share the cores, do not pin")
+    parser.add_argument("--quick", action="store_true",
+                        help="reversal only, concurrency 1 8 64, 2 s per level")  # fmt: skip
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     parser.add_argument("--max-batch-size", type=int, default=64, help="of the batching server")
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--intra-op-threads", type=int, help="passed to the servers")
-    parser.add_argument("--max-length", type=int, default=12, help="longest source, in tokens")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.concurrency, args.duration, args.warmup = ["reversal"], [1, 8, 64], 2, 1
+    if "wrk" in args.clients and not wrk_available():
+        print("wrk is not installed: the Python client only", file=sys.stderr)
+        args.clients = [c for c in args.clients if c != "wrk"]
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,48 +196,27 @@ def read_manifest(model_dir: Path) -> dict:
     return json.loads((model_dir / "manifest.json").read_text())
 
 
-def random_sources(model_dir: Path, count: int, max_length: int, seed: int) -> list[str]:
-    """Random sources over the model's source vocabulary (read from its manifest)."""
+def random_sources(model_dir: Path, count: int, lengths: tuple[int, int], seed: int) -> list:
+    """Random sources over the model's source vocabulary (read from its manifest), of
+    ``lengths[0]..lengths[1]`` tokens."""
     manifest = read_manifest(model_dir)
     alphabet = [t for t in manifest["source_vocabulary"][4:] if t.strip()]  # skip the specials
     joiner = "" if manifest["tokenizer"] == "char" else " "
-    limit = min(max_length, int(manifest["limits"]["max_source_length"]))
+    low, high = (min(n, int(manifest["limits"]["max_source_length"])) for n in lengths)
     rng = random.Random(seed)
-    return [joiner.join(rng.choices(alphabet, k=rng.randint(1, limit))) for _ in range(count)]
+    return [joiner.join(rng.choices(alphabet, k=rng.randint(low, high))) for _ in range(count)]
 
 
-def cmudict_sources(count: int, seed: int) -> tuple[list[str], float]:
-    """``count`` distinct CMUdict test words, and their references' mean length in phonemes."""
-    from skattn.datasets import group_pronunciations, load_cmudict
-
-    words, references = group_pronunciations(*load_cmudict("test"))
-    chosen = random.Random(seed).sample(range(len(words)), count)
-    lengths = [np.mean([len(r) for r in references[i]]) for i in chosen]
-    return [words[i] for i in chosen], float(np.mean(lengths))
-
-
-def prepare(name: str, scratch: Path, args: argparse.Namespace) -> tuple[Path, list[str], str]:
-    """The artifact to serve, the sources to send, and a line describing them."""
+def prepare(name: str, scratch: Path, args: argparse.Namespace) -> tuple[Path, str]:
+    """The artifact to serve, and a line describing it."""
     if name == "dir":
-        model_dir = args.model_dir
-        if args.words == "cmudict":
-            sources, _ = cmudict_sources(SOURCE_COUNT, args.seed)
-        else:
-            sources = random_sources(model_dir, SOURCE_COUNT, args.max_length, args.seed)
-        return model_dir, sources, f"{model_dir}, {args.words} sources"
+        return args.model_dir, str(args.model_dir)
     if name == "reversal":
         model_dir = train_reversal_model(scratch / "reversal", args.seed)
-        sources = random_sources(model_dir, SOURCE_COUNT, args.max_length, args.seed)
-        return model_dir, sources, "reversal: bi-GRU 64, greedy; random strings of 1-10 letters"
+        return model_dir, "bi-GRU 64, greedy, trained on 1-10 letters"
     model_dir = train_g2p_model(scratch / "g2p", args.g2p_steps, args.seed)
-    sources, reference_length = cmudict_sources(SOURCE_COUNT, args.seed)
-    return (
-        model_dir,
-        sources,
-        (
-            f"g2p: bi-GRU 256, Bahdanau/additive, beam 5, {args.g2p_steps} training steps; "
-            f"CMUdict test words; references {reference_length:.2f} phonemes on average"
-        ),
+    return model_dir, (
+        f"bi-GRU 256, Bahdanau/additive, beam 5, {args.g2p_steps} training steps on CMUdict"
     )
 
 
@@ -233,15 +243,6 @@ def _as_text(prediction) -> str:
 # The server under test
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc; NaN elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -259,7 +260,13 @@ def running_server(model_dir: Path, max_batch_size: int, args: argparse.Namespac
     ]  # fmt: skip
     if args.intra_op_threads is not None:
         command += ["--intra-op-threads", str(args.intra_op_threads)]
-    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    cpus = None if args.no_pin else args.server_cpus
+
+    def pin() -> None:  # in the child, before exec: every thread the server starts inherits it
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -287,153 +294,112 @@ def running_server(model_dir: Path, max_batch_size: int, args: argparse.Namespac
 
 
 # ---------------------------------------------------------------------------------------------
-# The load generator
-
-
-async def drive(
-    url: str,
-    sources: list[str],
-    expected: dict[str, str],
-    concurrency: int,
-    duration: float,
-    warmup: float,
-    model: str,
-    mode: str,
-) -> LevelResult:
-    """``concurrency`` clients, each sending one-item requests back to back."""
-    infer_url = f"{url}/v2/models/{MODEL}/infer"
-    latencies: list[float] = []
-    errors = mismatches = 0
-    measure_from = time.monotonic() + warmup
-    stop_at = measure_from + duration
-
-    async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
-        nonlocal errors, mismatches
-        i = index
-        while (now := time.monotonic()) < stop_at:
-            source = sources[i % len(sources)]
-            i += concurrency
-            tensor = {"name": "source", "shape": [1], "datatype": "BYTES", "data": [source]}
-            body = json.dumps({"inputs": [tensor]}).encode()
-            request = httpx.Request("POST", infer_url, content=body, headers=JSON_HEADERS)
-            try:
-                response = await transport.handle_async_request(request)
-                content = await response.aread()
-                ok = response.status_code == 200
-                answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
-            except httpx.HTTPError:
-                ok, answer = False, None
-            done = time.monotonic()
-            if now < measure_from:
-                continue
-            if not ok:
-                errors += 1
-            elif answer != expected[source]:
-                mismatches += 1
-            latencies.append(done - now)
-
-    # One connection per simulated user, through httpx's transport layer: the client and the
-    # server share the cores, and httpx.AsyncClient's per-request work (URL merging, cookies,
-    # auth, hooks) cost 1.07 ms of CPU per request here against 0.68 ms for the transport alone,
-    # CPU the server under test would otherwise have had. (A single AsyncClient shared by 64
-    # tasks costs several ms per request in its pool.)
-    ssl_context = ssl.create_default_context()  # made once: one per transport costs ~10 ms each
-    transports = [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)]
-    try:
-        await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
-    finally:
-        for transport in transports:
-            await transport.aclose()
-    seconds = time.monotonic() - measure_from
-    lat_ms = np.array(latencies) * 1000
-    return LevelResult(
-        model=model,
-        mode=mode,
-        concurrency=concurrency,
-        requests=len(latencies),
-        errors=errors,
-        mismatches=mismatches,
-        seconds=round(seconds, 3),
-        throughput=round(len(latencies) / seconds, 1),
-        p50_ms=round(float(np.percentile(lat_ms, 50)), 2) if len(lat_ms) else float("nan"),
-        p99_ms=round(float(np.percentile(lat_ms, 99)), 2) if len(lat_ms) else float("nan"),
-    )
-
+# The runs
 
 HEADER = (
-    f"{'model':<10}{'mode':<10}{'conc':>6}{'requests':>10}{'errors':>8}{'wrong':>7}"
-    f"{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'server cpu ms/req':>19}{'client cpu ms/req':>19}"
+    f"{'model':<9}{'mode':<10}{'client':<7}{'mix':<6}{'conc':>5}{'requests':>9}{'errors':>7}"
+    f"{'wrong':>6}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'server cpu ms/req':>18}"
 )
 
 
-def print_table(results: list[LevelResult]) -> None:
-    print(HEADER)
+def print_table(results: list[LevelResult], header: bool = True) -> None:
+    if header:
+        print(HEADER)
     for r in results:
         print(
-            f"{r.model:<10}{r.mode:<10}{r.concurrency:>6}{r.requests:>10}{r.errors:>8}"
-            f"{r.mismatches:>7}{r.throughput:>10.1f}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
-            f"{r.server_cpu_ms:>19.3f}{r.client_cpu_ms:>19.3f}",
+            f"{r.model:<9}{r.mode:<10}{r.client:<7}{r.mix:<6}{r.concurrency:>5}{r.requests:>9}"
+            f"{r.errors:>7}{r.mismatches:>6}{r.throughput:>9.1f}{r.p50_ms:>9.2f}"
+            f"{r.p99_ms:>9.2f}{r.server_cpu_ms:>18.3f}",
             flush=True,
         )
 
 
-def bench_model(
-    name: str, model_dir: Path, sources: list[str], args: argparse.Namespace
-) -> list[LevelResult]:
-    """Both servers (batched, then unbatched) at every concurrency, for one model."""
-    expected = expected_predictions(model_dir, sources, args.device)
-    print(
-        f"# {name}: answers {mean_output_length(expected, model_dir):.2f} output tokens on average",
-        flush=True,
-    )
+def run_level(client, url, pid, sources, expected, concurrency, args) -> Window:
+    if client == "wrk":
+        path = f"/v2/models/{MODEL}/infer"
+        return drive_wrk(url, path, sources, concurrency, args.duration, args.warmup, pid)
+    level = drive_python(
+        f"{url}/v2/models/{MODEL}/infer", sources, expected, concurrency, args.duration,
+        args.warmup, pid,
+    )  # fmt: skip
+    with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
+        return runner.run(level)
+
+
+def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[LevelResult]:
+    """Both servers (batched, then unbatched), every mix, client and concurrency."""
+    mixes = {}
+    for mix in args.mixes:
+        sources = random_sources(model_dir, SOURCE_COUNT, MIXES[mix], args.seed)
+        expected = expected_predictions(model_dir, sources, args.device)
+        mean = mean_output_length(expected, model_dir)
+        print(f"# {name}, {mix} sources: {mean:.2f} output tokens on average", flush=True)
+        mixes[mix] = sources, expected
     results = []
+    print(HEADER)
     for mode, batch_size in (("batched", args.max_batch_size), ("unbatched", 1)):
         with running_server(model_dir, batch_size, args) as (url, pid):
-            for concurrency in args.concurrency:
-                cpu_before, client_before = cpu_seconds(pid), time.process_time()
-                level = drive(
-                    url, sources, expected, concurrency, args.duration, args.warmup, name, mode
-                )
-                with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
-                    result = runner.run(level)
-                # warm-up included in both: upper bounds
-                cpu = cpu_seconds(pid) - cpu_before
-                client_cpu = time.process_time() - client_before
-                result.server_cpu_ms = round(1000 * cpu / max(result.requests, 1), 3)
-                result.client_cpu_ms = round(1000 * client_cpu / max(result.requests, 1), 3)
-                results.append(result)
-                print_table([result])
+            for mix, (sources, expected) in mixes.items():
+                for client in args.clients:
+                    for concurrency in args.concurrency:
+                        window = run_level(client, url, pid, sources, expected, concurrency, args)
+                        labels = dict(model=name, mode=mode, client=client, mix=mix)
+                        results.append(LevelResult.of(window, concurrency=concurrency, **labels))
+                        print_table([results[-1]], header=False)
     return results
+
+
+def print_ratios(results: list[LevelResult]) -> None:
+    """Batched against unbatched at each level: throughput and server CPU per request."""
+    by_key = {(r.model, r.client, r.mix, r.concurrency, r.mode): r for r in results}
+    print("batched / unbatched:        req/s   server cpu/req   p99")
+    for (model, client, mix, concurrency, mode), batched in by_key.items():
+        unbatched = by_key.get((model, client, mix, concurrency, "unbatched"))
+        if mode != "batched" or unbatched is None:
+            continue
+        speed = batched.throughput / unbatched.throughput if unbatched.throughput else math.inf
+        cpu = batched.server_cpu_ms / unbatched.server_cpu_ms if unbatched.server_cpu_ms else 0
+        p99 = batched.p99_ms / unbatched.p99_ms if unbatched.p99_ms else math.inf
+        print(
+            f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.2f}x "
+            f"{p99:8.2f}x"
+        )
+
+
+def choose_cpus(args: argparse.Namespace) -> None:
+    """The server's core and the load generator's: the first two this process may use."""
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(usable) < 2:
+        args.no_pin = True
+    args.server_cpus, args.client_cpus = ({usable[0]}, {usable[1]}) if not args.no_pin else (
+        None, None)  # fmt: skip
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    choose_cpus(args)
     names = ["dir"] if args.model_dir else args.models
     results, descriptions = [], []
     with tempfile.TemporaryDirectory() as scratch:
         prepared = [(name, *prepare(name, Path(scratch), args)) for name in names]
-        for name, model_dir, sources, description in prepared:
+        if not args.no_pin:  # training and exports used every core; the load generator one
+            os.sched_setaffinity(0, args.client_cpus)
+        for name, model_dir, description in prepared:
             descriptions.append(f"# {name}: {description}")
             print(descriptions[-1], flush=True)
-            results += bench_model(name, model_dir, sources, args)
+            results += bench_model(name, model_dir, args)
+    pinning = "shared cores" if args.no_pin else (
+        f"server on cpu {sorted(args.server_cpus)}, load generator on {sorted(args.client_cpus)}"
+    )  # fmt: skip
     print(
-        f"\ndevice: {args.device}  cores: {os.cpu_count()}  max_batch_size: "
+        f"\ndevice: {args.device}  cores: {os.cpu_count()}  {pinning}  max_batch_size: "
         f"{args.max_batch_size}  max_delay_ms: {args.max_delay_ms}  {args.duration:g} s per level"
-        f"  client loop: {'uvloop' if uvloop is not None else 'asyncio'}"
+        f"  python client loop: {'uvloop' if uvloop is not None else 'asyncio'}"
     )
     print("\n".join(descriptions) + "\n")
     print_table(results)
     print()
-    by_key = {(r.model, r.mode, r.concurrency): r for r in results}
-    for name in names:
-        for concurrency in args.concurrency:
-            batched = by_key[name, "batched", concurrency]
-            unbatched = by_key[name, "unbatched", concurrency]
-            ratio = batched.throughput / unbatched.throughput if unbatched.throughput else math.inf
-            print(
-                f"{name:<10} concurrency {concurrency:>3}: batched / unbatched throughput = "
-                f"{ratio:.2f}x"
-            )
+    print_ratios(results)
     failures = sum(r.errors + r.mismatches for r in results)
     print(f"errors + mismatched answers: {failures}")
     if args.json:
