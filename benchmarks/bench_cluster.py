@@ -1,0 +1,231 @@
+"""Beyond one process, side by side in one run: grid search and serving replicas on this machine.
+
+1. Search: the 12-candidate grid of ``examples/grid_search.py`` (scorer x decoder x input
+   feeding) with 3-fold CV, timed with ``n_jobs=1`` in this process, on a Dask LocalCluster of
+   2 one-thread worker processes, and on a local Ray head of 2 CPUs (joblib backends). The
+   ``cv_results_`` scores and ranks of each must equal the ``n_jobs=1`` run's.
+2. Serving: the reversal model of ``benchmarks/bench_server.py`` behind the plain server
+   (``python -m serving``), then Ray Serve with 2 replicas behind Ray's default Python proxy,
+   and with 1 and 2 replicas behind its HAProxy ingress; ``--clients`` concurrent
+   one-item clients for ``--duration`` seconds each, every answer checked against
+   ``serving.load(...).predict``.
+
+    python benchmarks/bench_cluster.py                  # 12 x 3 fits, 64 clients x 30 s
+    python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
+    python benchmarks/bench_cluster.py --only search    # or: --only serving
+
+The honest ceiling: this machine has 2 cores (``usable_cores()``). Two workers can at best halve
+the search's wall time, and the load generator, Ray's proxy and controller and the replicas all
+share those 2 cores, so Ray Serve's figures here are what it costs on one small box, not what 2
+replicas do on 2 machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.model_selection import GridSearchCV, KFold
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "examples"), str(REPO / "benchmarks")]
+import bench_server  # noqa: E402
+from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
+
+from skattn import Seq2Seq  # noqa: E402
+from skattn.core.checks import usable_cores  # noqa: E402
+from skattn.metrics import SCORERS  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small grid, short load levels")
+    parser.add_argument("--only", choices=("search", "serving"), help="one half of the run")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per fit")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=64, help="concurrent serving clients")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds per server")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.hidden_size, args.clients, args.duration = 5, 16, 16, 5.0
+    args.cv = 2 if args.quick else 3
+    return args
+
+
+# ---------------------------------------------------------------- 1. search
+
+
+def new_search(args: argparse.Namespace) -> GridSearchCV:
+    model = Seq2Seq(
+        hidden_size=args.hidden_size,
+        embedding_dim=args.hidden_size // 2,
+        batch_size=32,
+        max_steps=args.steps,
+        early_stopping=False,
+        random_state=0,
+    )
+    return GridSearchCV(
+        model,
+        QUICK_GRID if args.quick else PARAM_GRID,
+        scoring=SCORERS["token_accuracy"],
+        cv=KFold(args.cv, shuffle=True, random_state=0),
+        n_jobs=-1,
+        refit=False,
+    )
+
+
+@contextlib.contextmanager
+def dask_workers() -> Iterator[None]:
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    )
+    with cluster, Client(cluster), joblib.parallel_backend("dask"):
+        yield
+
+
+@contextlib.contextmanager
+def ray_workers() -> Iterator[None]:
+    import ray
+    from ray.util.joblib import register_ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    register_ray()
+    try:
+        with joblib.parallel_backend("ray"):
+            yield
+    finally:
+        ray.shutdown()
+
+
+def bench_search(args: argparse.Namespace) -> list[str]:
+    X, y = make_task("reversal", 32 * args.steps * args.cv // (args.cv - 1), 0)
+    runs = {}
+    # n_jobs=1 first: ray.init sets OMP_NUM_THREADS=1 in this process's environment
+    engines = [
+        ("n_jobs=1", contextlib.nullcontext, 1),
+        ("dask, 2 workers", dask_workers, -1),
+        ("ray, 2 CPUs", ray_workers, -1),
+    ]
+    for name, engine, n_jobs in engines:
+        search = new_search(args).set_params(n_jobs=n_jobs)
+        with engine():
+            start = time.perf_counter()
+            search.fit(X, y)
+            runs[name] = (time.perf_counter() - start, search.cv_results_)
+        print(f"search on {name}: {runs[name][0]:.1f} s", flush=True)
+    serial_s, serial = runs["n_jobs=1"]
+    n_fits = len(serial["params"]) * args.cv
+    lines = [
+        f"grid search: {len(serial['params'])} candidates x {args.cv} folds = {n_fits} fits of "
+        f"{args.steps} steps (hidden {args.hidden_size}), {len(X)} pairs",
+        "| engine | wall (s) | speed-up vs n_jobs=1 | same scores and ranks |",
+        "|---|---:|---:|---|",
+    ]
+    for name, (seconds, results) in runs.items():
+        same = all(
+            np.array_equal(results[key], serial[key])
+            for key in ("rank_test_score", "mean_test_score", "split0_test_score")
+        )
+        lines.append(f"| {name} | {seconds:.1f} | {serial_s / seconds:.2f}x | {same} |")
+    return lines
+
+
+# ---------------------------------------------------------------- 2. serving
+
+
+@contextlib.contextmanager
+def ray_serve(model_dir: Path, replicas: int, haproxy: bool) -> Iterator[str]:
+    """Ray Serve with ``replicas`` replicas behind Ray's Python proxy or its HAProxy ingress
+    (``RAY_SERVE_ENABLE_HA_PROXY=1``, a feature flag of Ray 2.60, read when Ray starts)."""
+    import ray
+    from ray import serve
+
+    from serving.ray_deployment import build
+
+    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if haproxy else "0"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = bench_server.free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build(
+        {"model_dir": str(model_dir), "model_name": bench_server.MODEL, "num_replicas": replicas}
+    )
+    try:
+        serve.run(app, name="bench", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def bench_serving(args: argparse.Namespace) -> list[str]:
+    server_args = argparse.Namespace(max_delay_ms=2.0, device="cpu", intra_op_threads=None)
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = bench_server.train_reversal_model(Path(scratch) / "reversal", seed=0)
+        sources = bench_server.random_sources(model_dir, bench_server.SOURCE_COUNT, 12, seed=0)
+        expected = bench_server.expected_predictions(model_dir, sources, "cpu")
+        servers = [
+            ("plain server", lambda: bench_server.running_server(model_dir, 64, server_args)),
+            ("ray serve, python proxy, 2 replicas", lambda: ray_serve(model_dir, 2, False)),
+            ("ray serve, haproxy, 1 replica", lambda: ray_serve(model_dir, 1, True)),
+            ("ray serve, haproxy, 2 replicas", lambda: ray_serve(model_dir, 2, True)),
+        ]
+        for name, server in servers:
+            with server() as running:
+                url = running[0] if isinstance(running, tuple) else running
+                level = bench_server.drive(
+                    url,
+                    sources,
+                    expected,
+                    args.clients,
+                    args.duration,
+                    args.warmup,
+                    "reversal",
+                    name,
+                )
+                with asyncio.Runner(loop_factory=bench_server.CLIENT_LOOP) as runner:
+                    results.append(runner.run(level))
+            print(f"{name}: {results[-1].throughput} req/s", flush=True)
+    plain = results[0].throughput
+    lines = [
+        f"serving: {args.clients} concurrent one-item clients x {args.duration:g} s, "
+        "reversal model (bi-GRU 64, greedy)",
+        "| server | req/s | vs plain | p50 ms | p99 ms | errors | wrong answers |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.mode} | {r.throughput} | {r.throughput / plain:.2f}x | {r.p50_ms} | "
+            f"{r.p99_ms} | {r.errors} | {r.mismatches} |"
+        )
+    two, one = results[3].throughput, results[2].throughput
+    lines.append(f"ray serve (haproxy) 2 replicas / 1 replica: {two / one:.2f}x")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    report = [f"usable cores: {usable_cores()} (the ceiling of every figure below)"]
+    if args.only != "serving":
+        report += bench_search(args)
+    if args.only != "search":
+        report += bench_serving(args)
+    print("\n" + "\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
