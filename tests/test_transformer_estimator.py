@@ -11,7 +11,11 @@ are in ``tests/test_transformer.py``.
 
 import copy
 import json
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,3 +220,38 @@ def test_the_manifest_names_the_families_and_the_cache(artifact):
 def test_pickle_round_trip_keeps_predictions(fitted):
     restored = pickle.loads(pickle.dumps(fitted))
     assert restored.predict(SOURCES[:30]) == fitted.predict(SOURCES[:30])
+
+
+# ---------------------------------------------------------------- the example and the benchmark
+
+
+def run_quick(script: str) -> str:
+    """``python <script> --quick`` from the repository root, one intra-op thread; its stdout."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(root / script), "--quick"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_transformer_tasks_quick_trains_every_run():
+    rows = [line for line in run_quick("examples/transformer_tasks.py").splitlines() if "|" in line]
+    runs = [row.split("|")[1].strip() for row in rows[2:]]
+    assert runs == [f"{task}:{family}" for task in ("reversal", "number-words")
+                    for family in ("transformer", "luong", "bahdanau")]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_transformer_quick_prints_every_comparison():
+    out = run_quick("benchmarks/bench_transformer.py")
+    for section in ("## 1.", "## 2.", "## 3.", "## 4.", "Transformer / bi-GRU:"):
+        assert section in out
+    assert out.count("x |") >= 3 + 2 + 2  # speed-up ratios of sections 2, 3 and 4
