@@ -64,8 +64,9 @@ class Runtime:
         Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
     decode_graph : bool, optional
         Search with ``decode.onnx`` (one ``session.run`` per chunk) instead of the step graphs
-        driven from Python. Default: whenever the artifact holds it (faster at every measured
-        batch size; see the README). ``True`` for an artifact without it raises ArtifactError.
+        driven from Python, where it is faster (greedy chunks of any size, beam chunks of up to
+        ``serving.backends.BEAM_GRAPH_MAX_ITEMS`` items; see the README). Default: whenever
+        the artifact holds it. ``True`` for an artifact without it raises ArtifactError.
     max_batch_size : int, default=256
         Larger inputs are sorted by length and decoded in chunks of at most this many items
         (results do not depend on it).
