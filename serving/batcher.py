@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from serving.batch_policy import choose_batch
 from serving.interface import Runtime
 from skattn.core.checks import check_int, check_real
 
@@ -101,8 +102,8 @@ class Batcher:
     max_batch_chars : int, default=8192
         The most padded source characters in one runtime call (items x the longest one): 64
         items of up to 128 characters make a full batch, 8 of 1,024 do. With requests taking
-        turns (see ``_take_batch``), this bounds how long one request of long items holds the
-        worker before the next request's batch runs.
+        turns (see :func:`serving.batch_policy.choose_batch`), this bounds how long one
+        request of long items holds the worker before the next request's batch runs.
     executor : ThreadPoolExecutor, optional
         Where the runtime calls run; by default the batcher makes (and shuts down) a
         one-thread executor of its own. Several batchers may share one.
@@ -355,29 +356,11 @@ class Batcher:
             timer.cancel()
 
     def _take_batch(self) -> list[_Item]:
-        """Take a lead item, then the items of its temperature closest to it in length, within
-        ``max_batch_size`` items and ``max_batch_chars`` padded characters.
-
-        The lead is the oldest item of the request after the one that led the latest batch
-        (else the oldest item): requests take turns, so a request of many long items is
-        served a batch at a time between the requests that came after it.
-        """
-        lead = next((i for i in self._pending if i.request > self._last_lead), self._pending[0])
-        self._last_lead = lead.request
-        same_key = [item for item in self._pending if item.temperature == lead.temperature]
-        length = len(lead.source)
-        same_key.sort(key=lambda item: abs(len(item.source) - length))  # stable: oldest first
-        chosen, longest = [], 0
-        for item in same_key:  # the lead first: it is closest to itself
-            padded = (len(chosen) + 1) * max(longest, len(item.source))
-            if chosen and padded > self.max_batch_chars:
-                continue
-            chosen.append(item)
-            longest = max(longest, len(item.source))
-            if len(chosen) == self.max_batch_size:
-                break
-        taken = set(map(id, chosen))
-        self._pending = [item for item in self._pending if id(item) not in taken]
+        """The next batch (:func:`serving.batch_policy.choose_batch`), out of the queue."""
+        chosen, self._pending = choose_batch(
+            self._pending, self._last_lead, self.max_batch_size, self.max_batch_chars
+        )
+        self._last_lead = chosen[0].request
         self._report_depth()
         chosen.sort(key=lambda item: len(item.source))
         return chosen

@@ -479,3 +479,31 @@ def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies():
     batcher, outcomes = run(body())
     assert [type(o) for o in outcomes] == [BatcherClosedError, BatcherClosedError]
     assert not batcher.running and batcher.queue_depth == 0
+
+
+# -- the policy alone -----------------------------------------------------------------------
+
+
+def test_choose_batch_leads_with_the_next_request_and_keeps_the_limits():
+    from types import SimpleNamespace
+
+    from serving.batch_policy import choose_batch
+
+    def item(source, request, temperature=None):
+        return SimpleNamespace(source=source, temperature=temperature, request=request)
+
+    long_ones = [item("x" * 100, 1) for _ in range(5)]
+    short = item("ab", 2)
+    warm = item("abc", 3, temperature=0.5)
+    pending = [*long_ones, short, warm]
+    # Request 1 led the latest batch: request 2 leads now; one long item fits its 250 padded
+    # characters beside it (2 x 100), a second would not (3 x 100); the warm one never joins.
+    chosen, remaining = choose_batch(pending, last_lead=1, max_batch_size=8, max_batch_chars=250)
+    assert chosen == [short, long_ones[0]]
+    assert remaining == [*long_ones[1:], warm]  # queue order kept
+    # With no later request, the oldest leads; max_batch_size caps the count.
+    chosen, _ = choose_batch(pending, last_lead=3, max_batch_size=2, max_batch_chars=10**6)
+    assert chosen == long_ones[:2]
+    # A lead longer than max_batch_chars still goes, alone.
+    chosen, _ = choose_batch(long_ones, last_lead=0, max_batch_size=8, max_batch_chars=50)
+    assert chosen == [long_ones[0]]
