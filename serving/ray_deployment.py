@@ -17,6 +17,10 @@ readiness: Ray Serve calls each replica's ``check_health`` and restarts a replic
 batchers stopped; the proxy routes only to running replicas, and ``/v2/health/ready`` answers
 from the replica it reaches. Every response names its replica in ``X-Skattn-Replica``.
 
+Ray's default ingress is a proxy actor in Python, a hop that costs more than a small model's
+inference: prefer Ray's HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1 serve run ...`` (a
+feature flag of Ray 2.60, read when Ray starts; ``benchmarks/bench_cluster.py`` measures both).
+
 This module imports Ray; the plain server never imports it.
 """
 
