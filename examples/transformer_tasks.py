@@ -1,7 +1,7 @@
 """The Transformer families on the seeds' tasks: digit reversal (lengths 1-12) and German number
 words, each run bounded by ``max_time``; exact match on new items and the training time.
 
-    python examples/transformer_tasks.py                 # every run below (~25 min on 2 cores)
+    python examples/transformer_tasks.py                 # every run, --max-time s (480) each
     python examples/transformer_tasks.py --only reversal:transformer
     python examples/transformer_tasks.py --quick         # seconds: a smoke run of each
 

@@ -36,11 +36,10 @@ __all__ = ["Seq2Seq"]
 class Seq2Seq(BaseEstimator):
     """An attention encoder-decoder for string-to-string tasks, trained with teacher forcing.
 
-    An encoder (bidirectional RNN or Transformer) reads the source (``tokens + [EOS]``), an
-    attention decoder (Bahdanau or Luong with any scorer, or Transformer) writes the target token
-    by token; prediction is greedy (``beam_size=1``) or a length-normalised beam search. What
-    each size means per family: :class:`~skattn.models.ModelConfig`. A parameter a family does
-    not read works at its default; any other value of it raises ``ValueError`` saying why.
+    An encoder (bi-RNN or Transformer) reads the source (``tokens + [EOS]``), a decoder (Bahdanau
+    or Luong with any scorer, or Transformer) writes the target token by token, greedily
+    (``beam_size=1``) or by length-normalised beam search. Sizes per family: ``ModelConfig``; a
+    parameter a family does not read works at its default only (else ``ValueError`` says why).
 
     Parameters
     ----------
@@ -50,9 +49,8 @@ class Seq2Seq(BaseEstimator):
         Bidirectional RNN, or pre-LayerNorm self-attention blocks of ``hidden_size`` units.
     decoder : {"bahdanau", "luong", "transformer"}, default="bahdanau"
         ``"bahdanau"`` attends with ``s_{i-1}`` then steps; ``"luong"`` steps, then attends and
-        forms the attentional state ``tanh([c; s] @ W_c)``; ``"transformer"`` (needs
-        ``encoder="transformer"``): causal self-attention with a key-value cache, then
-        cross-attention (maps: the last layer's, averaged over heads).
+        forms the attentional state ``tanh([c; s] @ W_c)``; ``"transformer"`` (over
+        ``encoder="transformer"``): causal self-attention with a key-value cache, cross-attention.
     attention : {"global", "local-m", "local-p", "none"}, default="global"
         ``"none"`` is the plain encoder-decoder that reads only the final encoder state.
     input_feeding : bool, default=True
