@@ -13,6 +13,7 @@ This module is the scikit-learn surface: the parameters and their constraints, t
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -317,10 +318,13 @@ class Seq2Seq(BaseEstimator):
         return state
 
     def __setstate__(self, state: dict) -> None:
-        """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing."""
+        """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing. A
+        model pickled by an older skattn gets the defaults of parameters added since."""
         module = state.pop("_module", None)
         if "_module_config" in state:  # pickled by skattn 0.1 before the redesign
             module = {"config": state.pop("_module_config"), "weights": state.pop("_module_state")}
+        defaults = inspect.signature(type(self)).parameters
+        state = {name: p.default for name, p in defaults.items()} | state
         super().__setstate__(state)
         if module is not None:
             self.module_ = Seq2SeqModule.from_portable_state(module, self.device_)

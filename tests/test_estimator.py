@@ -464,12 +464,23 @@ def test_joblib_round_trip_keeps_predictions(fitted_reversal, reversal_data, tmp
     assert loaded.get_params() == fitted_reversal.get_params()
 
 
-def test_a_model_pickled_before_the_redesign_still_loads(fitted_reversal):
+def test_a_model_pickled_before_the_redesign_still_loads(fitted_reversal, monkeypatch):
+    from skattn.core.text import Vocabulary
+
+    # skattn 0.1 pickled its vocabularies as skattn.text.Vocabulary
+    monkeypatch.setattr(Vocabulary, "__module__", "skattn.text")
     state = fitted_reversal.__getstate__()
     module = state.pop("_module")  # the old layout: two keys
     state["_module_config"], state["_module_state"] = module["config"], module["weights"]
+    for added in ("encoder", "num_kv_heads", "ffn_size", "positions", "n_threads"):
+        del state[added]  # parameters 0.1 did not have
+    for added in ("encoder", "num_kv_heads", "ffn_size", "positions", "max_positions"):
+        del state["_module_config"][added]
+    payload = pickle.dumps(state)
+    assert b"skattn.text" in payload
+    monkeypatch.undo()
     model = Seq2Seq.__new__(Seq2Seq)
-    model.__setstate__(pickle.loads(pickle.dumps(state)))
+    model.__setstate__(pickle.loads(payload))
     assert model.predict(["12345", "907"]) == fitted_reversal.predict(["12345", "907"])
 
 
