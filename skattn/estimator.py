@@ -3,8 +3,7 @@
 The data flow of one ``fit`` / ``predict``::
 
     strings --tokenize / Vocabulary--> id lists --skattn.training.Trainer--> Seq2SeqModule (fit)
-    strings --skattn.core.inference.Translator over skattn.backend.TorchBackend--> strings
-                                                                               (predict)
+    strings --core.inference.Translator over backend.TorchBackend--> strings      (predict)
 
 This module is the scikit-learn surface: the parameters and their constraints, thin ``fit`` /
 ``predict`` adapters and pickling. The model's hyperparameters are a
@@ -45,39 +44,22 @@ class Seq2Seq(BaseEstimator):
     Parameters
     ----------
     scorer : {"dot", "general", "additive", "scaled_dot"}, default="additive"
-        Attention score function (the Transformer decoder's is always scaled dot products).
     encoder : {"rnn", "transformer"}, default="rnn"
-        Bidirectional RNN, or pre-LayerNorm self-attention blocks of ``hidden_size`` units.
     decoder : {"bahdanau", "luong", "transformer"}, default="bahdanau"
-        ``"bahdanau"`` attends with ``s_{i-1}`` then steps; ``"luong"`` steps, then attends and
-        forms the attentional state ``tanh([c; s] @ W_c)``; ``"transformer"`` (over
-        ``encoder="transformer"``): causal self-attention with a key-value cache, cross-attention.
+        ``"bahdanau"`` attends with ``s_{i-1}`` then steps; ``"luong"`` steps, then attends;
+        ``"transformer"`` (over the Transformer encoder) has a key-value cache.
     attention : {"global", "local-m", "local-p", "none"}, default="global"
-        ``"none"`` is the plain encoder-decoder that reads only the final encoder state.
-    input_feeding : bool, default=True
-        Luong only: feed the previous attentional state into the next RNN step.
-    window : int, default=10
-        Half-width ``D`` of local attention windows.
+        ``"none"``: the plain encoder-decoder that reads only the final encoder state.
+    input_feeding, window, cell, embedding_dim, hidden_size, num_layers, dropout, num_heads
+        Defaults ``True``, 10, ``"gru"``, 64, 128, 1, 0.0, 1: what each means for each family
+        is in :class:`~skattn.models.ModelConfig` (``input_feeding``: Luong only).
+    num_kv_heads, ffn_size, positions
+        Transformer only, defaults None (= ``num_heads``), None (= ``4 * hidden_size``) and
+        ``"sinusoidal"``: grouped-query heads, feed-forward units, position encodings.
     temperature : float, default=1.0
         Attention softmax temperature at prediction time (training uses 1).
-    cell : {"gru", "lstm"}, default="gru"
-    embedding_dim : int, default=64
-    hidden_size : int, default=128
-        Units per encoder direction and in the decoder.
-    num_layers : int, default=1
-    dropout : float, default=0.0
-    num_heads : int, default=1
-        Attention heads (must divide ``hidden_size``); every Transformer attention has as many.
-    num_kv_heads : int or None, default=None
-        Transformer: key / value heads (grouped-query, 1 = multi-query); None = ``num_heads``.
-    ffn_size : int or None, default=None
-        Transformer: feed-forward units; None = ``4 * hidden_size``.
-    positions : {"sinusoidal", "learned", "none"}, default="sinusoidal"
-        Transformer: position encodings (learned ones do not extrapolate past training lengths).
-    beam_size : int, default=1
-        1 is greedy decoding.
-    length_penalty : float, default=1.0
-        Beam hypotheses are ranked by ``sum(log p) / length ** length_penalty``.
+    beam_size, length_penalty : int, default=1; float, default=1.0
+        Beams (1 is greedy), ranked by ``sum(log p) / length ** length_penalty``.
     max_output_length : int or None, default=None
         Most output tokens per item; ``None`` uses ``2 * (longest training target) + 10``.
     batch_size : int, default=64
@@ -85,27 +67,24 @@ class Seq2Seq(BaseEstimator):
     max_steps : int or None, default=None
         Stop after this many optimizer steps (the first of the three budgets to end stops).
     max_time : float or None, default=None
-        Stop after this many seconds of training (wall clock, validation included), checked
-        after every step; the epoch under way is still validated and recorded. Unlike the
-        other budgets, it makes the result depend on the machine's speed.
+        Stop after this many seconds (wall clock, checked after every step; the epoch under
+        way is still validated). Unlike the other budgets, it depends on the machine's speed.
     learning_rate : float, default=3e-3
-        Adam's (initial) learning rate.
+        Adam's initial learning rate.
     lr_schedule : {"constant", "plateau", "cosine"}, default="cosine"
         ``"plateau"`` halves the rate after each epoch in which the monitored quantity did not
         improve by ``tol``; ``"cosine"``: ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` after
         every step, with progress ``p = max(t / min(max_steps, max_epochs * steps per epoch),
-        share of max_time spent)``: 0 at the end of the budget. The default: on the seeds'
-        250-step reversal (5 random states) it lifted exact match at length 8 from 0.36-0.91 to
-        0.998-1.000 (benchmarks/bench_defaults.py).
+        share of max_time spent)``: 0 at the end of the budget. On the seeds' 250-step
+        reversal it lifts exact match at length 8 from 0.36-0.91 to 0.998 (bench_defaults.py).
     label_smoothing : float, default=0.0
         The target puts ``1 - label_smoothing`` on the reference and spreads the rest over the
         vocabulary (Szegedy et al. 2016); ``val_loss`` stays the plain cross-entropy.
     max_grad_norm : float or None, default=1.0
         Gradients are clipped to this global norm; ``None`` turns clipping off.
     early_stopping : bool, default=True
-        Hold out ``validation_fraction`` of the data, stop when the monitored quantity has not
-        improved by ``tol`` for ``n_iter_no_change`` epochs, keep the best weights. Without it,
-        training stops when the training loss stalls the same way.
+        Hold out ``validation_fraction``, stop after ``n_iter_no_change`` epochs without an
+        improvement by ``tol``, keep the best weights (without it: on the training loss).
     early_stopping_metric : {"loss", "exact_match"}, default="loss"
         What early stopping and ``"plateau"`` monitor on the validation split: the teacher-
         forced loss, or the greedy exact match (what G2P is judged by) with ties broken by the
@@ -120,12 +99,10 @@ class Seq2Seq(BaseEstimator):
         ``"auto"`` uses CUDA when it is available; on a Ray or Dask worker, the GPU the engine
         reserved for it, else the CPU (:func:`skattn.allotment.auto_device`).
     n_threads : int or None, default=None
-        torch threads for ``fit`` and ``predict`` (restored after). None: what the process may
-        use, the cores a Ray task reserved or ``OMP_NUM_THREADS`` (joblib's and Dask's cap),
-        within its affinity mask and cgroup CPU quota (:mod:`skattn.allotment`).
+        torch threads for ``fit`` and ``predict`` (restored after); None: the process's
+        allotment (Ray's, ``OMP_NUM_THREADS``, affinity, cgroup: :mod:`skattn.allotment`).
     random_state : int, RandomState or None, default=None
-        Seeds weight initialisation, dropout, shuffling and the validation split; with a fixed
-        seed, results on CPU are identical across runs.
+        Seeds weights, dropout, shuffling and the split: on CPU, runs are then identical.
     verbose : bool or int, default=False
         Show a progress bar over epochs.
 
@@ -399,32 +376,21 @@ class Seq2Seq(BaseEstimator):
         return self._translate(X, with_attention=True)[1]
 
     def score(self, X: Sequence, y: Sequence) -> float:
-        """Exact-match accuracy: the fraction of items predicted exactly, token for token.
+        """Exact match: the fraction of items predicted exactly, token for token, in [0, 1].
 
         Parameters
         ----------
-        X : sequence of str or of token lists
-        y : sequence of str or of token lists
-
-        Returns
-        -------
-        float in [0, 1]
+        X, y : sequence of str or of token lists
         """
         _, targets, _ = as_token_pairs(X, y, self.tokenizer)
         return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
 
     def export_onnx(self, path: str | os.PathLike) -> Path:
-        """Write the ONNX artifact directory that ``serving.load`` reads.
+        """Write the ONNX artifact directory that ``serving.load`` reads; return its path.
 
         Parameters
         ----------
         path : str or path-like
-            The directory to write.
-
-        Returns
-        -------
-        Path
-            The artifact directory.
         """
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting
