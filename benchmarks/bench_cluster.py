@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import socket
@@ -45,6 +44,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
+from load_clients import drive_python  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
@@ -224,45 +224,17 @@ class Level:
 async def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: str) -> Level:
     """``args.clients`` clients, each on its own connection, sending one-item requests back to
     back for ``args.duration`` seconds after ``args.warmup``; every answer checked."""
-    sources = sorted(expected)
-    latencies: list[float] = []
-    errors = wrong = 0
-    measure_from = time.monotonic() + args.warmup
-    stop_at = measure_from + args.duration
-    headers = {"content-type": "application/json"}
-
-    async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
-        nonlocal errors, wrong
-        i = index
-        while (start := time.monotonic()) < stop_at:
-            source = sources[i % len(sources)]
-            i += args.clients
-            tensor = {"name": "source", "shape": [1], "datatype": "BYTES", "data": [source]}
-            body = json.dumps({"inputs": [tensor]}).encode()
-            request = httpx.Request("POST", f"{url}/v2/models/{MODEL}/infer", content=body)
-            request.headers.update(headers)
-            try:
-                response = await transport.handle_async_request(request)
-                content = await response.aread()
-                ok = response.status_code == 200
-                answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
-            except httpx.HTTPError:
-                ok, answer = False, None
-            if start < measure_from:
-                continue
-            errors += not ok
-            wrong += ok and answer != expected[source]
-            latencies.append(time.monotonic() - start)
-
-    transports = [httpx.AsyncHTTPTransport() for _ in range(args.clients)]
-    try:
-        await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
-    finally:
-        for transport in transports:
-            await transport.aclose()
-    ms = np.array(latencies) * 1000
-    p50, p99 = (round(float(np.percentile(ms, q)), 1) for q in (50, 99))
-    return Level(name, len(ms), errors, wrong, round(len(ms) / args.duration, 1), p50, p99)
+    window = await drive_python(
+        f"{url}/v2/models/{MODEL}/infer",
+        sorted(expected),
+        expected,
+        args.clients,
+        args.duration,
+        args.warmup,
+    )
+    rate = round(window.requests / args.duration, 1)
+    p50, p99 = round(window.p50_ms, 1), round(window.p99_ms, 1)
+    return Level(name, window.requests, window.errors, window.mismatches, rate, p50, p99)
 
 
 def bench_serving(args: argparse.Namespace) -> list[str]:

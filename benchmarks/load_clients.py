@@ -65,18 +65,23 @@ async def drive_python(
     concurrency: int,
     duration: float,
     warmup: float,
-    pid: int,
+    pid: int | None = None,
 ) -> Window:
-    """``concurrency`` coroutines in this process, each with its own connection."""
+    """``concurrency`` coroutines in this process, each with its own connection; every answer
+    checked against ``expected``. ``pid``: the server process whose CPU time to measure (None:
+    not measured, ``server_cpu_s`` is NaN)."""
     latencies: list[float] = []
     errors = mismatches = 0
     measure_from = time.monotonic() + warmup
     stop_at = measure_from + duration
     cpu = {}
 
+    def server_cpu_seconds() -> float:
+        return float("nan") if pid is None else cpu_seconds(pid)
+
     async def sample_cpu() -> None:
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
-        cpu["start"] = cpu_seconds(pid)
+        cpu["start"] = server_cpu_seconds()
 
     async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
         nonlocal errors, mismatches
@@ -113,7 +118,7 @@ async def drive_python(
         sampler = asyncio.create_task(sample_cpu())
         await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
         await sampler
-        server_cpu = cpu_seconds(pid) - cpu["start"]
+        server_cpu = server_cpu_seconds() - cpu["start"]
     finally:
         for transport in transports:
             await transport.aclose()
