@@ -1,4 +1,7 @@
-"""Shared fixtures: a small digit-reversal task and a model fitted on it once per session."""
+"""Shared fixtures: a small digit-reversal task and a model fitted on it once per session, and
+a running server for the server-side tests."""
+
+import contextlib
 
 import pytest
 import torch
@@ -41,3 +44,22 @@ def fitted_reversal(reversal_data):
 
     X_train, y_train, _, _ = reversal_data
     return Seq2Seq(**REVERSAL_PARAMS).fit(X_train, y_train)
+
+
+@pytest.fixture
+def serve():
+    """serve(runtime=None, limits=None, http_impl="auto", **settings) -> a running server
+    (``test_server.RunningServer``, on 127.0.0.1); stopped after the test."""
+    from serving_doubles import ReverseRuntime
+    from test_server import RunningServer
+
+    from serving.settings import ServerSettings
+
+    with contextlib.ExitStack() as stack:
+
+        def start(runtime=None, limits=None, http_impl="auto", **settings):
+            runtime = ReverseRuntime() if runtime is None else runtime
+            server = RunningServer(runtime, ServerSettings(**settings), limits, http_impl)
+            return stack.enter_context(server)
+
+        yield start

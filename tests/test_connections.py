@@ -2,33 +2,18 @@
 size limit, and a bound on connections that leaves room for health checks. Every server listens
 on 127.0.0.1; the timeouts are shortened to fractions of a second."""
 
-import contextlib
 import socket
 import time
 
 import httpx
 import pytest
 from serving_doubles import ReverseRuntime
-from test_server import MODEL, RunningServer, infer_body
+from test_server import MODEL, infer_body
 
-from serving.app import ServerSettings
 from serving.connections import ConnectionLimits, fit_to_file_limit
 
 INFER = f"/v2/models/{MODEL}/infer".encode()
 IMPLS = ["httptools", "h11"]
-
-
-@pytest.fixture
-def serve():
-    """serve(runtime=None, limits=None, http_impl="auto", **settings), as in test_server."""
-    with contextlib.ExitStack() as stack:
-
-        def start(runtime=None, limits=None, http_impl="auto", **settings):
-            runtime = ReverseRuntime() if runtime is None else runtime
-            server = RunningServer(runtime, ServerSettings(**settings), limits, http_impl)
-            return stack.enter_context(server)
-
-        yield start
 
 
 def connect(server, timeout=5.0):

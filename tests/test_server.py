@@ -7,7 +7,6 @@ tests at the end serve a real exported model.
 
 import asyncio
 import concurrent.futures
-import contextlib
 import gzip
 import json
 import logging
@@ -101,20 +100,6 @@ class RunningServer:
                 ):
                     return sample.value
         return 0.0
-
-
-@pytest.fixture
-def serve():
-    """serve(runtime=None, limits=None, http_impl="auto", **settings) -> a running server;
-    stopped after the test."""
-    with contextlib.ExitStack() as stack:
-
-        def start(runtime=None, limits=None, http_impl="auto", **settings):
-            runtime = ReverseRuntime() if runtime is None else runtime
-            server = RunningServer(runtime, ServerSettings(**settings), limits, http_impl)
-            return stack.enter_context(server)
-
-        yield start
 
 
 def wait_until(condition, timeout=10.0):

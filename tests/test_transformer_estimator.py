@@ -19,22 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_runtime import reversal_pairs
 
 import serving
 from skattn import Seq2Seq
 from skattn.core.manifest import MANIFEST_FILE
-
-ALPHABET = list("abcdef")
-
-
-def reversal_pairs(n: int, seed: int, min_length: int, max_length: int):
-    rng = np.random.default_rng(seed)
-    X = [
-        "".join(rng.choice(ALPHABET, size=rng.integers(min_length, max_length + 1)))
-        for _ in range(n)
-    ]
-    return X, [x[::-1] for x in X]
-
 
 X_TRAIN, Y_TRAIN = reversal_pairs(64, seed=0, min_length=1, max_length=6)
 _sources, _ = reversal_pairs(160, seed=1, min_length=0, max_length=15)
