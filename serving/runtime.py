@@ -22,6 +22,7 @@ graph, only when IO binding is on): never torch, scikit-learn, or the training s
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -233,9 +234,10 @@ class Runtime:
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
 
-    @property
+    @functools.cached_property
     def info(self) -> ModelInfo:
-        """What clients may know about this model (see :class:`serving.interface.ModelInfo`)."""
+        """What clients may know about this model (see :class:`serving.interface.ModelInfo`);
+        built once: nothing in it changes after loading."""
         manifest = self.manifest
         return ModelInfo(
             name=self.name,
