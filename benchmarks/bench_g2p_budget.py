@@ -25,13 +25,15 @@ spread), the speed-up over the default, and the epochs that 45 minutes of steps 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from unittest import mock
 
 import numpy as np
 import torch
 
-from skattn import Seq2Seq
+from skattn import Seq2Seq, training
 from skattn.datasets import load_cmudict
 
 #: (label, Seq2Seq overrides, compile the decoder step, bf16 autocast)
@@ -48,47 +50,40 @@ LEVERS = (
 STEP_MINUTES = 45.0
 
 
-class TimedSeq2Seq(Seq2Seq):
-    """``Seq2Seq`` that records each optimizer step's wall time, optionally with a compiled
-    decoder step or under bf16 autocast (set as attributes, not parameters)."""
+@contextlib.contextmanager
+def instrumented(compile_step: bool, bf16: bool):
+    """Time every optimizer step of the fits in the block (the list it yields), optionally
+    with the decoder's recurrent step compiled or the loss under bf16 autocast."""
+    seconds: list[float] = []
+    train_step, batch_loss = training.Trainer.train_step, training.Trainer.batch_loss
 
-    compile_step = False
-    bf16 = False
+    def timed_train_step(trainer, batch):
+        if compile_step and not hasattr(trainer, "compiled"):
+            decoder = trainer.module.decoder
+            decoder.recur = torch.compile(decoder.recur, dynamic=True)
+            trainer.compiled = True
+        start = time.perf_counter()
+        result = train_step(trainer, batch)
+        seconds.append(time.perf_counter() - start)
+        return result
 
-    def _build_module(self):
-        module = super()._build_module()
-        self.step_seconds_ = []
-        if self.compile_step:
-            module.decoder.recur = torch.compile(module.decoder.recur, dynamic=True)
-        return module
+    def bf16_batch_loss(trainer, *args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return batch_loss(trainer, *args, **kwargs)
 
-    def _make_trainer(self, *args, **kwargs):
-        trainer = super()._make_trainer(*args, **kwargs)
-        train_step, batch_loss = trainer.train_step, trainer.batch_loss
-
-        def timed_train_step(batch):
-            start = time.perf_counter()
-            result = train_step(batch)
-            self.step_seconds_.append(time.perf_counter() - start)
-            return result
-
-        def bf16_batch_loss(*args, **kwargs):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return batch_loss(*args, **kwargs)
-
-        trainer.train_step = timed_train_step
-        if self.bf16:
-            trainer.batch_loss = bf16_batch_loss
-        return trainer
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(training.Trainer, "train_step", timed_train_step))
+        if bf16:
+            stack.enter_context(mock.patch.object(training.Trainer, "batch_loss", bf16_batch_loss))
+        yield seconds
 
 
 def measure(X, y, params: dict, compile_step: bool, bf16: bool, steps: int, warmup: int):
     """Mean seconds per training example over ``steps`` optimizer steps after ``warmup``."""
-    model = TimedSeq2Seq(**params, max_steps=warmup + steps, early_stopping=False, random_state=0)
-    model.compile_step, model.bf16 = compile_step, bf16
-    model.fit(X, y)
-    seconds = np.array(model.step_seconds_[warmup:])
-    return seconds.mean() / model.batch_size
+    model = Seq2Seq(**params, max_steps=warmup + steps, early_stopping=False, random_state=0)
+    with instrumented(compile_step, bf16) as seconds:
+        model.fit(X, y)
+    return np.array(seconds[warmup:]).mean() / model.batch_size
 
 
 def main(argv: list[str] | None = None) -> None:

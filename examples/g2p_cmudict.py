@@ -120,7 +120,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         n_iter_no_change=args.n_iter_no_change,
         beam_size=args.beam_size,
         max_time=60.0 * args.max_minutes if args.max_minutes > 0 else None,
-        random_state=args.seed,
+        random_state=args.seed if args.model_seed is None else args.model_seed,
         verbose=True,
     )
 
@@ -228,7 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--beam-size", type=int, default=5)
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True, help="compare g2p_en")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="the dev split's (and the model's) random state")
+    add("--model-seed", type=int, default=None, help="the model's random state (default: --seed)")
     add("--export", type=Path, default=None, help="write the ONNX artifact here")
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--save", type=Path, default=None, help="joblib.dump the fitted estimator here")

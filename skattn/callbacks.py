@@ -7,6 +7,7 @@ callbacks do; :func:`callbacks_for` turns an estimator's parameters into the lis
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import time
@@ -24,9 +25,12 @@ __all__ = [
     "Callback",
     "CosineSchedule",
     "EarlyStopping",
+    "InverseSqrtSchedule",
     "Monitor",
     "PlateauSchedule",
     "ProgressBar",
+    "StepSchedule",
+    "average_states",
     "callbacks_for",
 ]
 
@@ -42,14 +46,16 @@ def callbacks_for(params: Mapping[str, Any], n_train: int, validation: bool) -> 
     """
     budget = Budget(params["max_steps"], params["max_time"])
     callbacks: list[Callback] = [budget]
-    if params["lr_schedule"] == "cosine":
-        steps_per_epoch = math.ceil(n_train / params["batch_size"])
-        callbacks.append(CosineSchedule(budget, params["max_epochs"], steps_per_epoch))
+    steps_per_epoch = math.ceil(n_train / params["batch_size"])
+    schedule = StepSchedule.for_params(params, budget, steps_per_epoch)
+    if schedule is not None:
+        callbacks.append(schedule)
     monitor_args = (validation, params["early_stopping_metric"], params["tol"])
     if params["lr_schedule"] == "plateau":
-        callbacks.append(PlateauSchedule(Monitor.for_metric(*monitor_args)))
+        callbacks.append(PlateauSchedule(Monitor.for_metric(*monitor_args), schedule=schedule))
     monitor = Monitor.for_metric(*monitor_args)
-    callbacks.append(EarlyStopping(monitor, params["n_iter_no_change"], validation))
+    patience, average = params["n_iter_no_change"], params["average_checkpoints"]
+    callbacks.append(EarlyStopping(monitor, patience, validation, average))
     callbacks.append(ProgressBar(params["max_epochs"], disable=not params["verbose"]))
     return callbacks
 
@@ -103,26 +109,79 @@ class Budget(Callback):
         trainer.stop |= self.spent(trainer.steps)
 
 
-class CosineSchedule(Callback):
-    """``lr_t = lr * (1 + cos(pi p)) / 2``, stepped after every optimizer step.
+class StepSchedule(Callback):
+    """``lr_t = learning_rate * warmup(t) * decay(t)``, set before every optimizer step ``t``.
 
-    ``p = max(t / T, budget.time_share())``, capped at 1, so the rate reaches 0 at whichever
-    end of the budget comes first: ``T = min(max_steps, max_epochs * steps_per_epoch)``.
+    ``warmup(t) = min(1, (t + 1) / W)`` over the first ``W = warmup_steps`` steps (1 without
+    warmup), and ``decay`` is the subclass's: 1 (constant), the cosine, or the inverse square
+    root. A ``PlateauSchedule`` scales the whole curve through :meth:`scale`.
     """
 
-    def __init__(self, budget: Budget, max_epochs: int, steps_per_epoch: int) -> None:
-        self.budget = budget
-        self.total = min(budget.max_steps, max_epochs * steps_per_epoch)
+    def __init__(self, warmup_steps: int = 0) -> None:
+        self.warmup_steps = warmup_steps
+
+    @staticmethod
+    def for_params(
+        params: Mapping[str, Any], budget: Budget, steps_per_epoch: int
+    ) -> StepSchedule | None:
+        """The schedule of ``lr_schedule`` and ``warmup_steps``; ``None`` if the rate is
+        constant (no schedule to step)."""
+        name, warmup = params["lr_schedule"], params["warmup_steps"]
+        if name == "cosine":
+            return CosineSchedule(budget, params["max_epochs"], steps_per_epoch, warmup)
+        if name == "inverse_sqrt":
+            return InverseSqrtSchedule(warmup)
+        return StepSchedule(warmup) if warmup else None
+
+    def warmup(self, t: int) -> float:
+        return min(1.0, (t + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+
+    def decay(self, t: int) -> float:
+        return 1.0
 
     def factor(self, t: int) -> float:
-        progress = max(min(t, self.total) / self.total, self.budget.time_share())
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.warmup(t) * self.decay(t)
+
+    def scale(self, factor: float) -> None:
+        """Multiply the curve (and the current rate) by ``factor``."""
+        self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
+        for group in self.scheduler.optimizer.param_groups:
+            group["lr"] *= factor
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, self.factor)
 
     def on_step_end(self, trainer: Trainer) -> None:
         self.scheduler.step()
+
+
+class CosineSchedule(StepSchedule):
+    """``decay(t) = (1 + cos(pi p)) / 2``, 0 at the end of the budget.
+
+    ``p = max(t / T, budget.time_share())``, capped at 1, so the rate reaches 0 at whichever
+    end of the budget comes first: ``T = min(max_steps, max_epochs * steps_per_epoch)``.
+    """
+
+    def __init__(
+        self, budget: Budget, max_epochs: int, steps_per_epoch: int, warmup_steps: int = 0
+    ) -> None:
+        super().__init__(warmup_steps)
+        self.budget = budget
+        self.total = min(budget.max_steps, max_epochs * steps_per_epoch)
+
+    def decay(self, t: int) -> float:
+        progress = max(min(t, self.total) / self.total, self.budget.time_share())
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class InverseSqrtSchedule(StepSchedule):
+    """``decay(t) = sqrt(W / max(t + 1, W))``: the peak ``learning_rate`` at the end of the
+    warmup, then ``1 / sqrt(t)`` (Vaswani et al. 2017, eq. 3, with the peak set directly
+    rather than through ``d_model ** -0.5``). Without warmup, ``W = 1``."""
+
+    def decay(self, t: int) -> float:
+        w = max(self.warmup_steps, 1)
+        return math.sqrt(w / max(t + 1, w))
 
 
 class Monitor:
@@ -166,39 +225,80 @@ class Monitor:
 
 class EarlyStopping(Callback):
     """Stop after ``patience`` epochs without an improvement of ``monitor`` (as scikit-learn's
-    MLP counts them) and, with ``keep_best``, give the module back the best epoch's weights."""
+    MLP counts them) and give the module back the weights it keeps.
 
-    def __init__(self, monitor: Monitor, patience: int, keep_best: bool) -> None:
+    With ``keep_best``, those are the best epoch's; without, the last epoch's. With
+    ``average = k > 1`` they are the mean of the weights at the end of that epoch and of the
+    ``k - 1`` epochs before it (checkpoint averaging: ``theta = 1/k sum_j theta_{e-j}``, fewer
+    when fewer epochs ran); the monitor still judges each epoch's own weights.
+    """
+
+    def __init__(self, monitor: Monitor, patience: int, keep_best: bool, average: int = 1) -> None:
         self.monitor, self.patience, self.keep_best = monitor, patience, keep_best
+        self.average = average
         self.last_improvement, self.best_epoch, self.best_state = 0, 0, None
+        self.recent: collections.deque[dict[str, torch.Tensor]] = collections.deque()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         improved, is_best = self.monitor.update(record)
         epoch = record["epoch"]
         if improved:
             self.last_improvement = epoch
+        if self.average > 1:
+            self.recent.append(copy.deepcopy(trainer.module.state_dict()))
+            while len(self.recent) > self.average:
+                self.recent.popleft()
         if is_best and self.keep_best:
-            self.best_epoch, self.best_state = epoch, copy.deepcopy(trainer.module.state_dict())
+            self.best_epoch, self.best_state = epoch, self.kept_state(trainer)
         trainer.stop |= epoch - self.last_improvement >= self.patience
 
+    def kept_state(self, trainer: Trainer) -> dict[str, torch.Tensor]:
+        """A copy of the module's weights now, averaged over the recent epochs if asked."""
+        if self.average == 1:
+            return copy.deepcopy(trainer.module.state_dict())
+        return average_states(list(self.recent))
+
     def on_train_end(self, trainer: Trainer) -> None:
+        if not self.keep_best and self.average > 1 and self.recent:
+            self.best_state = self.kept_state(trainer)
         if self.best_state is not None:
             trainer.module.load_state_dict(self.best_state)
+        if self.keep_best and self.best_state is not None:
             trainer.best_epoch = self.best_epoch
+
+
+def average_states(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of state dicts' floating-point tensors (others: the last one's)."""
+    last = states[-1]
+    return {
+        name: torch.stack([s[name] for s in states]).mean(0)
+        if tensor.is_floating_point()
+        else tensor.clone()
+        for name, tensor in last.items()
+    }
 
 
 class PlateauSchedule(Callback):
     """Multiply the learning rate by ``factor`` after every epoch that did not improve
-    ``monitor`` by its ``tol``."""
+    ``monitor`` by its ``tol`` (through ``schedule``'s curve when a warmup runs)."""
 
-    def __init__(self, monitor: Monitor, factor: float = PLATEAU_FACTOR) -> None:
-        self.monitor, self.factor = monitor, factor
+    def __init__(
+        self,
+        monitor: Monitor,
+        factor: float = PLATEAU_FACTOR,
+        schedule: StepSchedule | None = None,
+    ) -> None:
+        self.monitor, self.factor, self.schedule = monitor, factor, schedule
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         improved, _ = self.monitor.update(record)
-        if not improved:
-            for group in trainer.optimizer.param_groups:
-                group["lr"] *= self.factor
+        if improved:
+            return
+        if self.schedule is not None:
+            self.schedule.scale(self.factor)
+            return
+        for group in trainer.optimizer.param_groups:
+            group["lr"] *= self.factor
 
 
 class ProgressBar(Callback):

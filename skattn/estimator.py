@@ -12,7 +12,6 @@ This module is the scikit-learn surface: the parameters and their constraints, t
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,17 +22,18 @@ from sklearn.utils import Tags, check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment, training
-from skattn.backend import TorchBackend
+from skattn.backend import Index, TorchBackend, translate
 from skattn.core.inference import SearchSettings, Translator, source_ids
 from skattn.core.text import Vocabulary, as_token_lists, as_token_pairs, refuse_reserved_tokens
 from skattn.metrics import exact_match
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.parameters import PARAMETER_CONSTRAINTS
+from skattn.pickling import PortableModule
 
 __all__ = ["Seq2Seq"]
 
 
-class Seq2Seq(BaseEstimator):
+class Seq2Seq(PortableModule, BaseEstimator):
     """An attention encoder-decoder for string-to-string tasks, trained with teacher forcing.
 
     An encoder (bi-RNN or Transformer) reads the source (``tokens + [EOS]``), a decoder (Bahdanau
@@ -71,12 +71,17 @@ class Seq2Seq(BaseEstimator):
         way is still validated). Unlike the other budgets, it depends on the machine's speed.
     learning_rate : float, default=3e-3
         Adam's initial learning rate.
-    lr_schedule : {"constant", "plateau", "cosine"}, default="cosine"
+    lr_schedule : {"constant", "plateau", "cosine", "inverse_sqrt"}, default="cosine"
         ``"plateau"`` halves the rate after each epoch in which the monitored quantity did not
         improve by ``tol``; ``"cosine"``: ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` after
         every step, with progress ``p = max(t / min(max_steps, max_epochs * steps per epoch),
         share of max_time spent)``: 0 at the end of the budget. On the seeds' 250-step
         reversal it lifts exact match at length 8 from 0.36-0.91 to 0.998 (bench_defaults.py).
+        ``"inverse_sqrt"``: ``learning_rate * sqrt(W / max(t, W))`` after ``W`` warmup steps.
+    warmup_steps : int, default=0
+        The rate rises linearly to its schedule over the first ``W`` steps (any schedule).
+    average_checkpoints : int, default=1
+        Keep the mean of the weights at the end of the kept epoch and the ``k - 1`` before it.
     label_smoothing : float, default=0.0
         The target puts ``1 - label_smoothing`` on the reference and spreads the rest over the
         vocabulary (Szegedy et al. 2016); ``val_loss`` stays the plain cross-entropy.
@@ -101,6 +106,9 @@ class Seq2Seq(BaseEstimator):
     n_threads : int or None, default=None
         torch threads for ``fit`` and ``predict`` (restored after); None: the process's
         allotment (Ray's, ``OMP_NUM_THREADS``, affinity, cgroup: :mod:`skattn.allotment`).
+    warm_start : bool, default=False
+        ``fit`` on a fitted model continues from its weights and vocabularies (sources' new
+        tokens read as ``<unk>``); the optimizer and schedule start afresh, the history grows.
     random_state : int, RandomState or None, default=None
         Seeds weights, dropout, shuffling and the split: on CPU, runs are then identical.
     verbose : bool or int, default=False
@@ -171,6 +179,8 @@ class Seq2Seq(BaseEstimator):
         max_time: float | None = None,
         learning_rate: float = 3e-3,
         lr_schedule: str = "cosine",
+        warmup_steps: int = 0,
+        average_checkpoints: int = 1,
         label_smoothing: float = 0.0,
         max_grad_norm: float | None = 1.0,
         early_stopping: bool = True,
@@ -181,6 +191,7 @@ class Seq2Seq(BaseEstimator):
         tokenizer: str = "char",
         device: str = "auto",
         n_threads: int | None = None,
+        warm_start: bool = False,
         random_state: int | np.random.RandomState | None = None,
         verbose: bool | int = False,
     ) -> None:
@@ -209,6 +220,8 @@ class Seq2Seq(BaseEstimator):
         self.max_time = max_time
         self.learning_rate = learning_rate
         self.lr_schedule = lr_schedule
+        self.warmup_steps = warmup_steps
+        self.average_checkpoints = average_checkpoints
         self.label_smoothing = label_smoothing
         self.max_grad_norm = max_grad_norm
         self.early_stopping = early_stopping
@@ -219,6 +232,7 @@ class Seq2Seq(BaseEstimator):
         self.tokenizer = tokenizer
         self.device = device
         self.n_threads = n_threads
+        self.warm_start = warm_start
         self.random_state = random_state
         self.verbose = verbose
 
@@ -252,8 +266,14 @@ class Seq2Seq(BaseEstimator):
         fraction = self.validation_fraction if self.early_stopping else None
         train_idx, val_idx = training.split(len(sources), fraction, rng)
         self.device_ = device = training.resolve_device(self.device)
-        self.source_vocab_ = Vocabulary.build(sources)
-        self.target_vocab_ = Vocabulary.build(targets)
+        warm = self.warm_start and hasattr(self, "module_")
+        if warm:  # the fitted model must be able to continue on this data
+            training.check_warm_start(
+                self.module_.config, self._config(), self.target_vocab_, targets
+            )
+        else:
+            self.source_vocab_ = Vocabulary.build(sources)
+            self.target_vocab_ = Vocabulary.build(targets)
         self.output_kind_ = output_kind
         self.max_source_length_ = max(len(s) for s in sources)
         self.max_output_length_ = 2 * max(map(len, targets)) + 10
@@ -262,7 +282,8 @@ class Seq2Seq(BaseEstimator):
 
         with training.seeded(rng, device), allotment.torch_threads(self.n_threads) as threads:
             self.n_threads_ = threads
-            self.module_ = self._build_module().to(device)
+            module = self.module_ if warm else Seq2SeqModule(self._config())
+            self.module_ = module.to(device)
             trainer = training.Trainer.from_params(
                 self.module_,
                 src,
@@ -272,40 +293,19 @@ class Seq2Seq(BaseEstimator):
                 validation=len(val_idx) > 0,
                 decode=self._greedy_tokens,
             )
-            self.history_ = trainer.fit(train_idx, val_idx, rng)
+            history = trainer.fit(train_idx, val_idx, rng)
+        before = self.history_ if warm else []
+        self.history_ = training.continue_history(before, history)
         self.n_iter_ = len(self.history_)
-        self.n_steps_ = trainer.steps
-        self.best_epoch_ = trainer.best_epoch or self.n_iter_
+        self.n_steps_ = self.history_[-1]["steps"]
+        self.best_epoch_ = len(before) + (trainer.best_epoch or len(history))
         return self
 
-    def _build_module(self) -> Seq2SeqModule:
-        """The untrained module of the fitted vocabularies and this estimator's parameters."""
+    def _config(self) -> ModelConfig:
+        """The model of the fitted vocabularies and this estimator's parameters."""
         sizes = {"source_vocab_size": len(self.source_vocab_)}
         sizes["target_vocab_size"] = len(self.target_vocab_)
-        return Seq2SeqModule(ModelConfig.from_params(self.get_params(), **sizes))
-
-    # ------------------------------------------------------------ pickling
-
-    def __getstate__(self) -> dict:
-        """Store the module as its config and a CPU state dict, so any machine can load it."""
-        state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__
-        module = state.pop("module_", None)
-        if module is not None:
-            state["_module"] = module.portable_state()
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        """Rebuild the module; a model trained on a GPU loads on CPU when CUDA is missing. A
-        model pickled by an older skattn gets the defaults of parameters added since."""
-        module = state.pop("_module", None)
-        if "_module_config" in state:  # pickled by skattn 0.1 before the redesign
-            module = {"config": state.pop("_module_config"), "weights": state.pop("_module_state")}
-        defaults = inspect.signature(type(self)).parameters
-        state = {name: p.default for name, p in defaults.items()} | state
-        super().__setstate__(state)
-        if module is not None:
-            self.module_ = Seq2SeqModule.from_portable_state(module, self.device_)
-            self.device_ = next(self.module_.parameters()).device
+        return ModelConfig.from_params(self.get_params(), **sizes)
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "module_")
@@ -338,12 +338,12 @@ class Seq2Seq(BaseEstimator):
         check_is_fitted(self)
         return self.max_output_length or self.max_output_length_  # None: the fitted default
 
-    def _translate(self, X: Sequence, with_attention: bool) -> tuple[list, list | None]:
+    def _translate(self, X: Sequence, **options) -> tuple[list, list | None]:
         check_is_fitted(self)
         self._validate_params()
         sources, _ = as_token_lists(X, "X", self.tokenizer)
         with allotment.torch_threads(self.n_threads):
-            return self._translator().translate(sources, self._search_settings(), with_attention)
+            return translate(self._translator(), sources, self._search_settings(), **options)
 
     def predict(self, X: Sequence) -> list:
         """Translate each source.
@@ -360,12 +360,15 @@ class Seq2Seq(BaseEstimator):
         """
         return self._translate(X, with_attention=False)[0]
 
-    def predict_attention(self, X: Sequence) -> list[np.ndarray]:
+    def predict_attention(self, X: Sequence, layer: Index = None, head: Index = None) -> list:
         """Attention maps of the predicted outputs.
 
         Parameters
         ----------
         X : sequence of str or of token lists
+        layer, head : int, "all" or None, default=None
+            Transformer decoder: a layer's (None: the last) and head's (None: their mean)
+            cross-attention; each "all" adds a leading axis (:mod:`skattn.core.attention_maps`).
 
         Returns
         -------
@@ -373,7 +376,7 @@ class Seq2Seq(BaseEstimator):
             One row per predicted output token, one column per source token plus the
             end-of-source marker; every row sums to 1.
         """
-        return self._translate(X, with_attention=True)[1]
+        return self._translate(X, with_attention=True, layer=layer, head=head)[1]
 
     def score(self, X: Sequence, y: Sequence) -> float:
         """Exact match: the fraction of items predicted exactly, token for token, in [0, 1].

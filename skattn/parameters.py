@@ -74,7 +74,9 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "max_steps": [*_at_least(1), None],
     "max_time": [*_reals(0.0), None],
     "learning_rate": _reals(0.0),
-    "lr_schedule": [StrOptions({"constant", "plateau", "cosine"})],
+    "lr_schedule": [StrOptions({"constant", "plateau", "cosine", "inverse_sqrt"})],
+    "warmup_steps": _at_least(0),
+    "average_checkpoints": _at_least(1),
     "label_smoothing": _reals(0.0, 1.0, closed="left"),
     "max_grad_norm": [*_reals(0.0), None],
     "early_stopping": ["boolean"],
@@ -85,6 +87,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
     "n_threads": [*_at_least(1), None],
+    "warm_start": ["boolean"],
     "random_state": [*_at_least(0), np.random.RandomState, None],
     "verbose": ["verbose"],
 }

@@ -32,6 +32,8 @@ from skattn.core.text import BOS, EOS, PAD, pad_batch
 __all__ = [
     "Trainer",
     "batch_loss",
+    "check_warm_start",
+    "continue_history",
     "length_batches",
     "resolve_device",
     "seeded",
@@ -82,6 +84,43 @@ def length_batches(
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         batches.extend(np.array_split(chunk, math.ceil(len(chunk) / batch_size)))
     return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def check_warm_start(
+    fitted: Any, wanted: Any, target_vocab: Any, targets: Sequence[Sequence[str]]
+) -> None:
+    """Raise ``ValueError`` unless a fitted model (``ModelConfig`` ``fitted``) can continue as
+    the estimator's parameters now describe it (``wanted``) on ``targets``.
+
+    ``warm_start`` keeps the weights and so the architecture and the vocabularies: every
+    parameter of the model must be as in the first ``fit``, and ``y`` may hold only tokens the
+    model can write. (New source tokens are fine: they read as ``<unk>``.)
+    """
+    changed = [
+        f"{name}={getattr(wanted, name)!r} (fitted with {value!r})"
+        for name, value in fitted.to_dict().items()
+        if getattr(wanted, name) != value and not name.endswith("vocab_size")
+    ]
+    if changed:
+        raise ValueError(
+            "warm_start=True continues the fitted model, whose architecture cannot change: "
+            f"{', '.join(changed)}; set them back, or fit with warm_start=False"
+        )
+    unknown = sorted({t for target in targets for t in target if t not in target_vocab})
+    if unknown:
+        raise ValueError(
+            f"warm_start=True keeps the fitted target vocabulary, and y holds tokens the model "
+            f"cannot write: {unknown[:10]}; fit with warm_start=False to learn a new vocabulary"
+        )
+
+
+def continue_history(
+    before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A warm-started fit's history after the earlier one's: epochs and steps keep counting."""
+    epochs, steps = (before[-1]["epoch"], before[-1]["steps"]) if before else (0, 0)
+    renumbered = [r | {"epoch": r["epoch"] + epochs, "steps": r["steps"] + steps} for r in after]
+    return [*before, *renumbered]
 
 
 def resolve_device(device: str) -> torch.device:

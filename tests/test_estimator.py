@@ -574,6 +574,10 @@ BAD_VALUES = [
     ("device", "cuda:x"),
     ("n_threads", 0),
     ("n_threads", 1.5),
+    ("warmup_steps", -1),
+    ("warmup_steps", 2.5),
+    ("average_checkpoints", 0),
+    ("warm_start", "yes"),
 ]
 
 

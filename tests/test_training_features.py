@@ -1,0 +1,189 @@
+"""Tests for the training features that learn more per CPU-second: learning-rate warmup, the
+inverse-square-root schedule, checkpoint averaging and ``warm_start``."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from skattn import Seq2Seq, callbacks
+from skattn.datasets import make_reversal
+
+TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_reversal(48, 3, 6, random_state=2)
+
+
+def weights(model: Seq2Seq) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.module_.state_dict().items()}
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_warmup_rises_linearly_then_hands_over_to_the_schedule():
+    budget = callbacks.Budget(max_steps=None, max_time=None)
+    cosine = callbacks.CosineSchedule(budget, max_epochs=1, steps_per_epoch=100, warmup_steps=4)
+    assert [cosine.warmup(t) for t in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1, 1, 1])
+    assert cosine.factor(50) == pytest.approx(0.5)  # the cosine's own value after the warmup
+    assert callbacks.StepSchedule(0).factor(0) == 1.0  # no warmup: the constant rate
+
+
+def test_inverse_sqrt_peaks_at_the_end_of_the_warmup_then_falls_as_one_over_sqrt_t():
+    schedule = callbacks.InverseSqrtSchedule(warmup_steps=100)
+    assert schedule.factor(0) == pytest.approx(0.01)
+    assert schedule.factor(99) == pytest.approx(1.0)
+    assert schedule.factor(399) == pytest.approx(0.5)  # sqrt(100 / 400)
+    assert schedule.factor(9999) == pytest.approx(0.1)
+    assert callbacks.InverseSqrtSchedule(0).factor(3) == pytest.approx(0.5)  # W = 1: 1/sqrt(4)
+
+
+def test_the_estimator_steps_the_rate_along_warmup_and_inverse_sqrt(data):
+    X, y = data
+    lr = 0.02
+    model = Seq2Seq(
+        lr_schedule="inverse_sqrt", warmup_steps=4, learning_rate=lr, max_steps=12, **TINY
+    )
+    chosen = callbacks.callbacks_for(model.get_params(), 48, validation=True)
+    schedule = next(c for c in chosen if isinstance(c, callbacks.StepSchedule))
+    optimizer = torch.optim.Adam(torch.nn.Linear(1, 1).parameters(), lr=lr)
+    schedule.on_train_begin(SimpleNamespace(optimizer=optimizer))
+    seen = []
+    for _ in range(12):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()  # (no gradients: nothing moves)
+        schedule.on_step_end(None)
+    expected = [lr * min((t + 1) / 4, 1) * math.sqrt(4 / max(t + 1, 4)) for t in range(12)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    history = model.fit(X, y).history_
+    assert history[0]["lr"] == pytest.approx(lr / 4)  # the first epoch starts warming up
+    assert history[1]["lr"] == pytest.approx(lr * math.sqrt(4 / 7))  # 6 batches of 8 before
+
+
+def test_plateau_halves_the_warmup_curve_rather_than_fighting_it():
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    trainer = SimpleNamespace(optimizer=optimizer)
+    warmup = callbacks.StepSchedule(warmup_steps=4)
+    warmup.on_train_begin(trainer)
+    plateau = callbacks.PlateauSchedule(callbacks.Monitor(("loss",), (1.0,), 0.1), schedule=warmup)
+    for loss in [3.0, 2.95]:  # the second epoch does not improve: the curve halves
+        plateau.on_epoch_end(trainer, {"loss": loss})
+    for _ in range(5):
+        optimizer.step()
+        warmup.on_step_end(trainer)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5)  # warmed up, then halved
+
+
+def test_new_schedule_parameters_are_validated():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        Seq2Seq(warmup_steps=-1).fit(["ab"], ["ba"])
+    with pytest.raises(ValueError, match="average_checkpoints"):
+        Seq2Seq(average_checkpoints=0).fit(["ab"], ["ba"])
+    with pytest.raises(ValueError, match="lr_schedule"):
+        Seq2Seq(lr_schedule="noam").fit(["ab"], ["ba"])
+
+
+# ---------------------------------------------------------------- checkpoint averaging
+
+
+def test_average_states_means_floats_and_keeps_the_last_of_the_rest():
+    states = [
+        {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(1)},
+        {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(2)},
+    ]
+    averaged = callbacks.average_states(states)
+    assert torch.equal(averaged["w"], torch.tensor([2.0, 4.0])) and averaged["n"].item() == 2
+
+
+def test_early_stopping_keeps_the_mean_of_the_k_epochs_ending_at_the_best():
+    module = torch.nn.Linear(1, 1, bias=False)
+    trainer = SimpleNamespace(module=module, stop=False, best_epoch=None)
+    monitor = callbacks.Monitor(("loss",), (1.0,), 0.0)
+    stopper = callbacks.EarlyStopping(monitor, 10, keep_best=True, average=3)
+    for epoch, loss in enumerate([5.0, 4.0, 3.0, 2.0, 2.5, 2.6], start=1):
+        with torch.no_grad():
+            module.weight.fill_(float(epoch))
+        stopper.on_epoch_end(trainer, {"epoch": epoch, "loss": loss})
+    stopper.on_train_end(trainer)
+    assert trainer.best_epoch == 4 and module.weight.item() == pytest.approx(3.0)  # (2+3+4)/3
+
+
+def test_the_estimator_averages_the_last_epochs_weights(data):
+    # A constant rate and no validation: each run's first epochs are the same steps, so the
+    # averaged model of 3 epochs is the mean of the 1-, 2- and 3-epoch models.
+    X, y = data
+    params = dict(lr_schedule="constant", early_stopping=False, learning_rate=0.01, **TINY)
+    runs = [weights(Seq2Seq(max_epochs=e, **params).fit(X, y)) for e in (1, 2, 3)]
+    averaged = Seq2Seq(max_epochs=3, average_checkpoints=3, **params).fit(X, y)
+    for name, tensor in weights(averaged).items():
+        expected = torch.stack([run[name] for run in runs]).float().mean(0)
+        torch.testing.assert_close(tensor.float(), expected, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(weights(averaged)[n], runs[2][n]) for n in runs[2])
+
+
+# ---------------------------------------------------------------- warm_start
+
+
+def test_warm_start_continues_from_the_fitted_weights(data):
+    X, y = data
+    model = Seq2Seq(max_epochs=2, warm_start=True, learning_rate=0.01, **TINY).fit(X, y)
+    before, vocab, module = weights(model), model.target_vocab_, model.module_
+    model.set_params(learning_rate=1e-12, max_epochs=1)  # a step that cannot move the weights
+    model.fit(X, y)
+    assert model.module_ is module and model.target_vocab_ is vocab
+    for name, tensor in weights(model).items():
+        torch.testing.assert_close(tensor, before[name], rtol=0, atol=1e-6)
+    assert [h["epoch"] for h in model.history_] == [1, 2, 3] and model.n_iter_ == 3
+    steps = [h["steps"] for h in model.history_]
+    assert steps == sorted(steps) and model.n_steps_ == steps[-1] > steps[1]
+
+
+def test_warm_start_training_goes_on_learning(data):
+    X, y = data
+    params = dict(lr_schedule="constant", learning_rate=0.02, early_stopping=False, **TINY)
+    model = Seq2Seq(max_epochs=3, warm_start=True, **params).fit(X, y)
+    first_loss = model.history_[-1]["train_loss"]
+    model.fit(X, y)
+    assert model.history_[-1]["train_loss"] < first_loss  # it did not start over
+    fresh = Seq2Seq(max_epochs=3, **params).fit(X, y)
+    assert fresh.history_[-1]["train_loss"] == pytest.approx(first_loss)
+
+
+def test_without_warm_start_fit_starts_over(data):
+    X, y = data
+    model = Seq2Seq(max_epochs=1, **TINY).fit(X, y)
+    module = model.module_
+    model.fit(["xyz"] * 8, ["zyx"] * 8)
+    assert model.module_ is not module and "x" in model.target_vocab_
+    assert len(model.history_) == 1
+
+
+def test_warm_start_refuses_a_new_architecture_or_unknown_target_tokens(data):
+    X, y = data
+    model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)
+    with pytest.raises(ValueError, match=r"hidden_size=32 \(fitted with 16\)"):
+        model.set_params(hidden_size=32).fit(X, y)
+    model.set_params(hidden_size=16)
+    with pytest.raises(ValueError, match=r"cannot write: \['#'\]"):
+        model.fit([*X, "12"], [*y, "2#"])
+    assert model.predict(["12"])  # the refusals left the fitted model as it was
+    known = sorted(set("".join(X)))
+    model.fit([*X, "".join(known) + "!"], [*y, known[0]])  # a new source token is fine
+    assert len(model.history_) == 2
+
+
+def test_a_warm_started_model_pickles_and_continues_after_loading(data, tmp_path):
+    import joblib
+
+    X, y = data
+    model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)
+    joblib.dump(model, tmp_path / "m.joblib")
+    loaded = joblib.load(tmp_path / "m.joblib")
+    assert loaded.fit(X, y).n_iter_ == 2
+    assert len(loaded.predict(X[:4])) == 4
