@@ -97,6 +97,10 @@ def subsample_words(
 
 # ---------------------------------------------------------------- model
 
+#: The parameters that make the model's architecture: a continued run keeps the saved ones.
+MODEL_PARAMS = {"decoder", "scorer", "input_feeding", "cell", "embedding_dim", "hidden_size"}
+MODEL_PARAMS |= {"num_layers", "dropout"}
+
 
 def build_model(args: argparse.Namespace) -> Seq2Seq:
     """The estimator from the command line's hyperparameters."""
@@ -112,6 +116,8 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps,
+        average_checkpoints=args.average_checkpoints,
         label_smoothing=args.label_smoothing,
         max_epochs=args.max_epochs,
         early_stopping=True,
@@ -219,7 +225,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dropout", type=float, default=0.3)
     add("--batch-size", type=int, default=64)
     add("--learning-rate", type=float, default=1e-3)
-    add("--lr-schedule", choices=["constant", "plateau", "cosine"], default="cosine")
+    add(
+        "--lr-schedule", choices=["constant", "plateau", "cosine", "inverse_sqrt"], default="cosine"
+    )
+    add("--warmup-steps", type=int, default=0)
+    add("--average-checkpoints", type=int, default=1, help="keep the mean of the last k epochs")
+    add("--continue-from", type=Path, default=None, help="a joblib model to warm-start from")
     add("--label-smoothing", type=float, default=0.0)
     add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
@@ -258,7 +269,13 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(set(data['dev'][0]))} dev words, {len(set(data['test'][0]))} test words"
     )
 
-    model = build_model(args)
+    if args.continue_from is not None:  # warm_start: go on from a saved model's weights
+        model = joblib.load(args.continue_from)
+        params = build_model(args).get_params()
+        model.set_params(**{k: v for k, v in params.items() if k not in MODEL_PARAMS})
+        model.set_params(warm_start=True)
+    else:
+        model = build_model(args)
     print(model)
     start = time.perf_counter()
     model.fit(X_train, y_train)

@@ -8,6 +8,7 @@ Never imports torch or scikit-learn: a server image needs neither.
 """
 
 from serving.artifact import ArtifactError
+from serving.packaged import packaged_model_dir, packaged_models
 from serving.runtime import Runtime, load
 
-__all__ = ["ArtifactError", "Runtime", "load"]
+__all__ = ["ArtifactError", "Runtime", "load", "packaged_model_dir", "packaged_models"]

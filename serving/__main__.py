@@ -1,4 +1,5 @@
-"""``python -m serving --model-dir DIR``: serve an exported model over the Open Inference Protocol.
+"""``python -m serving --model-dir DIR`` (or ``--model NAME``, a packaged model): serve over the
+Open Inference Protocol.
 
 Logs are JSON lines on stderr. SIGTERM (or Ctrl-C) stops accepting connections, finishes the
 requests in flight, drains the batch queue and exits 0.
@@ -21,6 +22,7 @@ import uvicorn
 from serving.app import create_app
 from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
 from serving.interface import Runtime
+from serving.packaged import packaged_model_dir, packaged_models
 from serving.settings import ServerSettings, check_model_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real, usable_cores
 
@@ -60,6 +62,14 @@ def _model_dir(value: str) -> tuple[str | None, Path]:
     return None, Path(value)
 
 
+def _packaged(value: str) -> tuple[str, Path]:
+    """A packaged model's ``NAME`` -> (name, its directory)."""
+    try:
+        return value, packaged_model_dir(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _device(value: str) -> str:
     if DEVICE_PATTERN.fullmatch(value):
         return value
@@ -75,12 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model-dir",
-        required=True,
         action="append",
+        default=[],
         type=_model_dir,
         metavar="[NAME=]DIR",
         help="artifact directory (export_onnx); repeat as NAME=DIR to serve several models, "
         "each under its own name (default name: the directory's)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        type=_packaged,
+        metavar="NAME",
+        help="a model that ships with skattn, served under its name (repeatable; with or "
+        f"without --model-dir): {', '.join(packaged_models()) or 'none in this install'}",
     )
     parser.add_argument(
         "--model-name", help="name to serve a single --model-dir under (default: its directory's)"
@@ -267,10 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_int(args.intra_op_threads, "--intra-op-threads")
     except ValueError as exc:
         parser.error(str(exc))
+    if not args.model_dir and not args.model:
+        parser.error("name a model to serve: --model-dir DIR (an export) or --model NAME")
     if args.model_name is not None:
-        if len(args.model_dir) > 1 or args.model_dir[0][0] is not None:
+        if len(args.model_dir) != 1 or args.model_dir[0][0] is not None:
             parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
         args.model_dir = [(args.model_name, args.model_dir[0][1])]
+    args.model_dir = [*args.model_dir, *args.model]
     for name, _ in args.model_dir:  # checked before any model loads
         if name is not None:
             try:
