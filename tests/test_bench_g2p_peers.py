@@ -1,0 +1,119 @@
+"""benchmarks/bench_g2p_peers.py --quick: every G2P peer in one table, on the same words."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import joblib
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_g2p_peers  # noqa: E402
+import phonetisaurus_g2p  # noqa: E402
+
+from skattn import Seq2Seq  # noqa: E402
+
+N_TEST = bench_g2p_peers.QUICK_SIZES[2]
+
+
+def assert_scored(row: dict, max_per: float = 100.0) -> None:
+    assert row["words"] == N_TEST, row["system"]
+    assert 0.0 <= row["per"] <= max_per and 0.0 <= row["wer"] <= 100.0, row
+    assert row["words_per_second"] > 0.0, row
+
+
+def table_cells(table: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+
+
+@pytest.mark.slow
+def test_quick_run_tables_every_peer_on_the_same_test_words(tmp_path):
+    out, table = tmp_path / "peers.json", tmp_path / "peers.md"
+    argv = ["--quick", "--tune", "--skattn-train", "--serving-threads", "1"]
+    results = bench_g2p_peers.main([*argv, "--out", str(out), "--table", str(table)])
+
+    assert json.loads(out.read_text())["rows"] == results["rows"]
+    rows = {row["system"]: row for row in results["rows"]}
+    for row in rows.values():
+        assert_scored(row)
+    cells = table_cells(table.read_text())
+    assert len(cells) == 2 + len(rows) and all(len(line) == 7 for line in cells)
+    assert [line[0] for line in cells[2:]] == list(rows)
+
+    # skattn trained here: greedy and beam, each through predict and as served (same figures)
+    trained = [name for name in rows if "(trained here)" in name]
+    assert [name.split(", ", 1)[1] for name in trained] == [
+        "greedy", "greedy, served", "beam 2", "beam 2, served"
+    ]  # fmt: skip
+    for name in trained:
+        assert rows[name]["train_seconds"] > 0 and rows[name]["train_cpu_seconds"] > 0
+    for torch_row, served_row in (trained[:2], trained[2:]):
+        # onnxruntime and torch may break a near-tie differently on a word or two
+        assert abs(rows[torch_row]["wer"] - rows[served_row]["wer"]) <= 1.0
+
+    reason = phonetisaurus_g2p.unavailable_reason()
+    if reason is not None:
+        assert results["skipped"]["Phonetisaurus"] == reason
+    else:  # the grid scored on dev words, the recipe's and the dev-chosen model on test words
+        dev = results["phonetisaurus"]["dev"]
+        assert len(dev) == 3 and all(d["words"] == bench_g2p_peers.QUICK_SIZES[1] for d in dev)
+        assert results["phonetisaurus"]["dev_chosen"] == bench_g2p_peers.best_dev(dev)
+        peers = [row for name, row in rows.items() if name.startswith("Phonetisaurus")]
+        assert 1 <= len(peers) <= 2 and "usage-line recipe" in peers[0]["system"]
+        assert "dev-chosen" in peers[-1]["system"]
+        assert all(p["train_seconds"] > 0 and p["train_cpu_seconds"] > 0 for p in peers)
+        assert all(p["per"] < 40.0 for p in peers)  # 2,000 training words: far from chance
+
+    g2p_en = [name for name in rows if name.startswith("g2p_en")]
+    assert g2p_en or results["skipped"]["g2p_en"]
+    for name in g2p_en:  # trained on these very words: it must do well on them
+        assert rows[name]["train_seconds"] is None and rows[name]["per"] < 20.0
+
+
+def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path):
+    X = ["AB", "BA", "ABA", "BAB", "AAB", "BBA"] * 10
+    y = [[{"A": "EY", "B": "B IY"}[c] for c in w] for w in X]
+    y = [" ".join(p).split() for p in y]
+    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_epochs=2, beam_size=2, random_state=0)
+    model.fit(X, y)
+    saved, artifact = tmp_path / "model.joblib", model.export_onnx(tmp_path / "artifact")
+    joblib.dump(model, saved)
+
+    loaded, seconds, note = bench_g2p_peers.load_skattn(saved)
+    assert (
+        seconds == pytest.approx(sum(r["seconds"] for r in model.history_)) and "history_" in note
+    )
+    saved.with_suffix(".json").write_text(json.dumps({"train_seconds": 123.0}))
+    assert bench_g2p_peers.load_skattn(saved)[1:] == (123.0, "training time from model.json")
+
+    argv = ["--quick", "--no-phonetisaurus", "--no-g2p-en", "--serving-threads", "1"]
+    results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}", "--skattn", f"a={artifact}"])
+    rows = {row["system"]: row for row in results["rows"]}
+    assert list(rows) == [
+        "a, beam 2, served", "m, greedy", "m, greedy, served", "m, beam 2", "m, beam 2, served"
+    ]  # fmt: skip
+    assert (
+        rows["m, greedy"]["train_seconds"] == 123.0
+        and rows["a, beam 2, served"]["train_seconds"] is None
+    )
+    for row in rows.values():  # a toy model on real words: it may say more than they have
+        assert_scored(row, max_per=float("inf"))
+
+
+def test_skattn_argument_must_name_an_existing_path(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_g2p_peers.parse_args(["--skattn", f"m={tmp_path / 'missing.joblib'}"])
+    assert "expected NAME=PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_g2p_peers.parse_args(["--skattn", str(tmp_path)])
+
+
+def test_phonetisaurus_options_are_checked_and_labelled_as_flags():
+    assert phonetisaurus_g2p.Options().label == "-o 8 --seq2_del"
+    options = phonetisaurus_g2p.Options(order=6, seq1_max=3, seq2_del=False, seq1_del=True)
+    assert options.label == "-o 6 --seq1_max 3 --seq1_del"
+    with pytest.raises(ValueError, match="order"):
+        phonetisaurus_g2p.Options(order=0)
