@@ -6,7 +6,7 @@ modules (`skattn.core.text`, `skattn.core.search`, `skattn.reference`) stay ligh
 
 __version__ = "0.1.0"
 
-__all__ = ["Seq2Seq", "__version__"]
+__all__ = ["Seq2Seq", "Seq2SeqEnsemble", "__version__"]
 
 
 def __getattr__(name):
@@ -14,4 +14,8 @@ def __getattr__(name):
         from skattn.estimator import Seq2Seq
 
         return Seq2Seq
+    if name == "Seq2SeqEnsemble":
+        from skattn.ensemble import Seq2SeqEnsemble
+
+        return Seq2SeqEnsemble
     raise AttributeError(f"module 'skattn' has no attribute {name!r}")

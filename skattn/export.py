@@ -144,7 +144,8 @@ def _step_inputs(model: nn.Module, src, src_lengths, temperature: float, positio
 
 
 #: The Transformer decoder's key-value cache, ``(B, num_layers, t, kv_dim)``: axis 2 grows.
-_CACHE = {"self_keys": "t", "self_values": "t", "new_self_keys": "t1", "new_self_values": "t1"}
+#: Matched by suffix: an ensemble names its members' states ``m<i>_self_keys``, ...
+_CACHE_STATES = ("self_keys", "self_values")
 
 
 def _dynamic_axes(names: list[str], tensors: tuple) -> dict[str, dict[int, str]]:
@@ -156,8 +157,8 @@ def _dynamic_axes(names: list[str], tensors: tuple) -> dict[str, dict[int, str]]
         if tensor.dim() == 0:
             continue
         axes[name] = {0: "B", 1: "T"} if name in time_axis else {0: "B"}
-        if name in _CACHE:
-            axes[name][2] = _CACHE[name]
+        if name.endswith(_CACHE_STATES):
+            axes[name][2] = "t1" if name.startswith("new_") else "t"
     return axes
 
 
@@ -396,8 +397,8 @@ def export_onnx(estimator, path: str | os.PathLike) -> Path:
 
     Parameters
     ----------
-    estimator : Seq2Seq
-        A fitted estimator.
+    estimator : Seq2Seq or Seq2SeqEnsemble
+        A fitted estimator (an ensemble exports its ``EnsembleModule`` as one model).
     path : path
         Directory to write (created if needed; may hold only a previous artifact).
 

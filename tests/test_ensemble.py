@@ -1,0 +1,351 @@
+"""Seq2SeqEnsemble: the renormalised mean of the members' log-probabilities at every step, in
+greedy and beam search, through the estimator, the exported artifact and decode.onnx.
+
+Members are tiny models trained for a few dozen steps on string reversal (test_runtime's data
+and settings): the checks need outputs that vary with the input, not good ones. The members
+differ on purpose (Bahdanau / Luong LSTM local-m / Transformer / no attention), so one
+ensemble crosses every kind of state (a GRU, an LSTM with input feeding, a growing key-value
+cache) and the one-hot rows of a member without attention.
+"""
+
+import copy
+
+import httpx
+import joblib
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+from sklearn.utils.validation import NotFittedError
+from test_runtime import FIT_PARAMS, SOURCES, X_TRAIN, Y_TRAIN, assert_same_attention, load
+from test_server import MODEL, infer_body
+
+from skattn import Seq2Seq, Seq2SeqEnsemble
+from skattn.core.text import BOS, EOS
+from skattn.metrics import SCORERS, exact_match
+from skattn.models.ensemble import EnsembleModule
+
+KINDS = [
+    dict(decoder="bahdanau", attention="global", scorer="additive", random_state=0),
+    dict(decoder="luong", attention="local-m", scorer="general", cell="lstm", random_state=1),
+    dict(encoder="transformer", decoder="transformer", embedding_dim=64, num_heads=2),
+    dict(decoder="bahdanau", attention="none", random_state=3),
+]
+NEVER = (0, 1, 3)  # PAD, BOS, UNK: never emitted by the search
+FEW = SOURCES[:40]
+
+
+def member(**params) -> Seq2Seq:
+    return Seq2Seq(**{**FIT_PARAMS, **params})
+
+
+@pytest.fixture(scope="module")
+def members() -> list[Seq2Seq]:
+    return [member(**kind).fit(X_TRAIN, Y_TRAIN) for kind in KINDS]
+
+
+@pytest.fixture(scope="module")
+def ensemble(members) -> Seq2SeqEnsemble:
+    return Seq2SeqEnsemble.from_fitted(members)
+
+
+def source_batch(model, sources):
+    """Padded ids ``(B, T)`` and lengths ``(B,)`` as the estimator reads them."""
+    ids = [model.source_vocab_.encode(list(s)) + [EOS] for s in sources]
+    T = max(map(len, ids))
+    src = torch.tensor([row + [0] * (T - len(row)) for row in ids])
+    return src, torch.tensor([len(row) for row in ids])
+
+
+# -- one step ----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_a_step_is_the_renormalised_mean_of_the_members_log_probs(members):
+    modules = [m.module_ for m in members]
+    ensemble = EnsembleModule(modules)
+    src, lengths = source_batch(members[0], ["abc", "", "fedcbaab", "zz"])
+    memory, keys, mask, state = ensemble.encode(src, lengths)
+    encoded = [m.encode(src, lengths) for m in modules]
+    assert ensemble.state_names == tuple(
+        f"m{i}_{name}" for i, m in enumerate(modules) for name in m.state_names
+    )
+    temperature = torch.tensor(0.8)
+    y = torch.tensor([BOS] * 4)
+    for position in range(4):  # the Transformer's cache grows, the local-m window moves
+        log_probs, state, weights = ensemble.step(
+            y, state, memory, keys, mask, temperature, torch.tensor(position)
+        )
+        own = []
+        for i, (module, (mem, k, msk, s)) in enumerate(zip(modules, encoded, strict=True)):
+            own.append(module.step(y, s, mem, k, msk, temperature, torch.tensor(position)))
+            encoded[i] = (mem, k, msk, own[-1][1])
+        u = np.mean([lp.double().numpy() for lp, _, _ in own], axis=0)  # (B, V)
+        expected = u - np.log(np.exp(u).sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(log_probs.numpy(), expected, atol=1e-5)
+        np.testing.assert_allclose(log_probs.double().exp().sum(-1).numpy(), 1.0, atol=1e-5)
+        # the member without attention (the last) is left out of the map
+        attending = np.mean([w.numpy() for _, _, w in own[:3]], axis=0)
+        np.testing.assert_allclose(weights.numpy(), attending, atol=1e-6)
+        for got, want in zip(state, [t for _, s, _ in own for t in s], strict=True):
+            torch.testing.assert_close(got, want)
+        y = log_probs.argmax(-1)
+
+
+@torch.no_grad()
+def test_without_any_attending_member_the_map_is_the_members_one_hot_row(members):
+    bare = members[3].module_
+    ensemble = EnsembleModule([bare, bare])
+    src, lengths = source_batch(members[0], ["abc", "a"])
+    memory, keys, mask, state = ensemble.encode(src, lengths)
+    one = torch.tensor(1.0)
+    _, _, weights = ensemble.step(torch.tensor([BOS, BOS]), state, memory, keys, mask, one, one)
+    np.testing.assert_array_equal(weights.numpy(), [[0, 0, 0, 1], [0, 1, 0, 0]])
+
+
+@torch.no_grad()
+def test_the_teacher_forced_pass_equals_stepping(members):
+    ensemble = EnsembleModule([m.module_ for m in members])
+    src, lengths = source_batch(members[0], ["abcd", "ba", "eeeeeee"])
+    tgt_in = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 4, 4], [BOS, 5, 5, 5]])
+    log_probs, weights = ensemble(src, src_lengths=lengths, tgt_in=tgt_in)
+    memory, keys, mask, state = ensemble.encode(src, lengths)
+    for i in range(tgt_in.shape[1]):
+        lp, state, w = ensemble.step(
+            tgt_in[:, i], state, memory, keys, mask, torch.tensor(1.0), torch.tensor(i)
+        )
+        torch.testing.assert_close(log_probs[:, i], lp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(weights[:, i], w, atol=1e-5, rtol=1e-5)
+
+
+# -- the estimator -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def reference_greedy(models, source: str, max_length: int):
+    """Greedy decoding of one source written against the members' modules directly."""
+    modules = [m.module_ for m in models]
+    src, lengths = source_batch(models[0], [source])
+    encoded = [list(m.encode(src, lengths)) for m in modules]
+    attending = [i for i, m in enumerate(modules) if m.config.attention != "none"]
+    y, tokens, rows = torch.tensor([BOS]), [], []
+    for position in range(max_length):
+        log_probs, weights = [], []
+        for module, e in zip(modules, encoded, strict=True):
+            memory, keys, mask, state = e
+            lp, e[3], w = module.step(
+                y, state, memory, keys, mask, torch.tensor(1.0), torch.tensor(position)
+            )
+            log_probs.append(lp[0].double().numpy())
+            weights.append(w[0].double().numpy())
+        mean = np.mean(log_probs, axis=0)
+        mean[list(NEVER)] = -np.inf
+        token = int(np.argmax(mean))
+        rows.append(np.mean([weights[i] for i in attending], axis=0))
+        if token == EOS:
+            break
+        tokens.append(token)
+        y = torch.tensor([token])
+    rows = np.array(rows[: len(tokens)]).reshape(len(tokens), src.shape[1])  # (T_y, T_x)
+    return models[0].target_vocab_.decode(tokens), rows
+
+
+def test_greedy_equals_a_reference_loop_over_the_members(members, ensemble):
+    predictions, maps = ensemble.predict(FEW), ensemble.predict_attention(FEW)
+    assert len(set(predictions)) > 15  # the models' outputs vary with the input
+    for source, prediction, attention in zip(FEW, predictions, maps, strict=True):
+        tokens, rows = reference_greedy(members, source, FIT_PARAMS["max_output_length"])
+        assert prediction == "".join(tokens)
+        np.testing.assert_allclose(attention, rows, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_an_ensemble_of_one_model_is_that_model(members, beam_size):
+    model = copy.deepcopy(members[1]).set_params(beam_size=beam_size)
+    alone = Seq2SeqEnsemble.from_fitted([model], beam_size=beam_size)
+    assert alone.predict(SOURCES) == model.predict(SOURCES)
+    assert_same_attention(model.predict_attention(SOURCES), alone.predict_attention(SOURCES))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_an_item_decodes_the_same_alone_and_in_a_batch(ensemble, beam_size):
+    search = clone(ensemble).set_params(beam_size=beam_size).fit(X_TRAIN, Y_TRAIN)
+    batched = search.predict_attention(FEW)
+    for source, attention in zip(FEW[:12], batched[:12], strict=True):
+        np.testing.assert_allclose(search.predict_attention([source])[0], attention, atol=1e-5)
+    assert [search.predict([s])[0] for s in FEW[:12]] == search.predict(FEW)[:12]
+
+
+def test_beam_search_ranks_with_the_settings_set_after_fitting(ensemble):
+    beam = clone(ensemble).set_params(beam_size=3, length_penalty=0.5, max_output_length=4)
+    predictions = beam.fit(X_TRAIN, Y_TRAIN).predict(FEW)
+    assert max(map(len, predictions)) == 4
+    assert predictions != ensemble.predict(FEW)
+
+
+def test_fit_clones_and_fits_every_member_with_one_vocabulary():
+    estimators = [member(max_steps=5), member(max_steps=5, decoder="luong")]
+    ensemble = Seq2SeqEnsemble(estimators, random_state=0).fit(X_TRAIN, Y_TRAIN)
+    assert not hasattr(estimators[0], "module_")  # the given estimators stay unfitted
+    a, b = ensemble.estimators_
+    assert a.source_vocab_.to_list() == b.source_vocab_.to_list()
+    assert a.target_vocab_.to_list() == b.target_vocab_.to_list()
+    assert a.random_state != b.random_state  # seeds drawn from the ensemble's random_state
+    same = Seq2SeqEnsemble(estimators, random_state=0).fit(X_TRAIN, Y_TRAIN)
+    assert same.predict(FEW) == ensemble.predict(FEW)
+
+
+def test_clones_of_one_estimator_differ_only_with_the_ensembles_random_state():
+    one = member(max_steps=5, random_state=7)
+    kept = Seq2SeqEnsemble([one, one]).fit(X_TRAIN, Y_TRAIN).estimators_
+    assert [m.random_state for m in kept] == [7, 7]
+    seeded = Seq2SeqEnsemble([one, one], random_state=0).fit(X_TRAIN, Y_TRAIN).estimators_
+    weights = [next(m.module_.parameters()) for m in seeded]
+    assert not torch.equal(*weights)
+
+
+@pytest.mark.slow  # two loky workers each import torch: ~40 s on one shared core
+def test_members_fit_in_parallel_processes_as_in_one():
+    estimators = [member(max_steps=5, random_state=s) for s in (0, 1)]
+    serial = Seq2SeqEnsemble(estimators).fit(X_TRAIN, Y_TRAIN)
+    parallel = Seq2SeqEnsemble(estimators, n_jobs=2).fit(X_TRAIN, Y_TRAIN)
+    assert parallel.predict(FEW) == serial.predict(FEW)
+
+
+def test_frozen_members_survive_clone_and_refit(members, ensemble):
+    refit = clone(ensemble).fit(["x"], ["y"])  # frozen: the data is not read
+    assert all(a is b for a, b in zip(refit.estimators_, members, strict=True))
+    assert clone(ensemble).get_params()["estimators"] == ensemble.estimators
+
+
+def test_joblib_round_trip(ensemble, tmp_path):
+    joblib.dump(ensemble, tmp_path / "ensemble.joblib")
+    loaded = joblib.load(tmp_path / "ensemble.joblib")
+    assert loaded.predict(FEW) == ensemble.predict(FEW)
+    assert_same_attention(ensemble.predict_attention(FEW), loaded.predict_attention(FEW))
+    assert loaded.estimators_[0] is loaded.estimators[0].estimator  # each member stored once
+
+
+def test_score_and_the_metrics_scorers(ensemble):
+    X, y = FEW, [s[::-1] for s in FEW]
+    expected = exact_match(y, ensemble.predict(X))
+    assert ensemble.score(X, y) == SCORERS["exact_match"](ensemble, X, y) == expected
+    assert 0 < expected < 1
+
+
+def test_grid_search_over_prediction_settings_keeps_the_frozen_members(ensemble):
+    X, y = SOURCES[:60], [s[::-1] for s in SOURCES[:60]]
+    search = GridSearchCV(ensemble, {"beam_size": [1, 3]}, cv=2, scoring=SCORERS["exact_match"])
+    search = search.fit(X, y)
+    assert search.best_estimator_.estimators_[0] is ensemble.estimators_[0]
+    assert search.cv_results_["mean_test_score"].shape == (2,)
+
+
+# -- one artifact ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artifacts(members, tmp_path_factory):
+    """beam size -> (the ensemble, its exported artifact directory)."""
+    exported = {}
+    for beam_size in (1, 3):
+        ensemble = Seq2SeqEnsemble.from_fitted(members, beam_size=beam_size, temperature=0.9)
+        directory = tmp_path_factory.mktemp("ensemble") / f"beam{beam_size}"
+        exported[beam_size] = ensemble, ensemble.export_onnx(directory)
+    return exported
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_artifact_serves_the_ensembles_predictions(members, artifacts, beam_size):
+    ensemble, directory = artifacts[beam_size]
+    expected, maps = ensemble.predict(SOURCES), ensemble.predict_attention(SOURCES)
+    for decode_graph in (True, False):
+        runtime = load(directory, decode_graph=decode_graph)
+        assert runtime.decode_graph is decode_graph
+        assert runtime.predict(SOURCES) == expected
+        assert_same_attention(maps, runtime.predict_attention(SOURCES))
+    info = runtime.info
+    assert (info.decoder, info.attention) == (
+        "ensemble(bahdanau+luong+transformer+bahdanau)",
+        "global+local-m+global+none",
+    )
+    manifest = runtime.manifest
+    assert manifest.model["ensemble"] == [m.module_.config.to_dict() for m in members]
+    assert manifest.state_names == ensemble.module_.state_names
+    assert manifest.max_output_length == ensemble._output_limit()
+
+
+def test_an_ensemble_of_one_transformer_serves_as_that_model(members, tmp_path):
+    model = members[2]  # the growing key-value cache, under the ensemble's state names
+    alone = Seq2SeqEnsemble.from_fitted([model])
+    runtime = load(alone.export_onnx(tmp_path / "alone"))
+    assert runtime.manifest.state_names == ("m0_self_keys", "m0_self_values")
+    assert runtime.predict(SOURCES) == model.predict(SOURCES)
+    assert_same_attention(model.predict_attention(SOURCES), runtime.predict_attention(SOURCES))
+
+
+def test_the_server_and_the_explorer_listing_serve_the_ensemble(artifacts, serve):
+    ensemble, directory = artifacts[1]
+    runtime = load(directory)
+    server = serve(runtime)
+    sources = FEW[:6]
+    outputs = [{"name": name} for name in ("prediction", "attention", "attention_lengths")]
+    body = infer_body(sources, outputs=outputs)
+    response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=body, timeout=30)
+    answer = {o["name"]: o for o in response.json()["outputs"]}
+    assert answer["prediction"]["data"] == ensemble.predict(sources)
+    shapes = np.array(answer["attention_lengths"]["data"]).reshape(-1, 2)
+    served = np.array(answer["attention"]["data"], dtype=np.float32).reshape(
+        answer["attention"]["shape"]
+    )
+    for (rows, cols), want, got in zip(
+        shapes, ensemble.predict_attention(sources), served, strict=True
+    ):
+        np.testing.assert_allclose(got[:rows, :cols], want, atol=1e-4)
+    (listed,) = httpx.get(f"{server.url}/v2/models", timeout=10).json()
+    assert listed["decoder"] == "ensemble(bahdanau+luong+transformer+bahdanau)"
+
+
+# -- what cannot be combined -------------------------------------------------------------------
+
+
+def test_members_with_other_vocabularies_are_refused(members):
+    other = member(max_steps=2).fit(["ab", "xyz"], ["ba", "zyx"])
+    with pytest.raises(ValueError, match=r"estimators\[1\]\.source_vocab_ differs"):
+        Seq2SeqEnsemble.from_fitted([members[0], other])
+    spaced = member(max_steps=2, tokenizer="space").fit(X_TRAIN, Y_TRAIN)
+    with pytest.raises(ValueError, match=r"estimators\[1\] has tokenizer='space'"):
+        Seq2SeqEnsemble.from_fitted([members[0], spaced])
+    tokens = member(max_steps=2).fit(X_TRAIN, [list(y) for y in Y_TRAIN])
+    with pytest.raises(ValueError, match=r"output_kind_='tokens'"):
+        Seq2SeqEnsemble.from_fitted([members[0], tokens])
+
+
+@pytest.mark.parametrize(
+    "estimators, match",
+    [
+        ([], "estimators must be a non-empty list"),
+        ([Seq2Seq(), "model"], r"estimators\[1\] must be a Seq2Seq, got str"),
+    ],
+)
+def test_bad_estimators_are_refused_when_fitting(estimators, match):
+    with pytest.raises(ValueError, match=match):
+        Seq2SeqEnsemble(estimators).fit(X_TRAIN, Y_TRAIN)
+
+
+def test_bad_settings_and_unfitted_use_are_refused(members, ensemble):
+    with pytest.raises(ValueError, match=r"models\[0\] is not fitted"):
+        Seq2SeqEnsemble.from_fitted([Seq2Seq()])
+    with pytest.raises(ValueError, match="models must be a non-empty list"):
+        Seq2SeqEnsemble.from_fitted(members[0])
+    with pytest.raises(ValueError, match="beam_size"):
+        Seq2SeqEnsemble.from_fitted(members, beam_size=0)
+    with pytest.raises(ValueError, match="beam_size"):
+        clone(ensemble).set_params(beam_size=0).fit(X_TRAIN, Y_TRAIN)
+    bad = Seq2SeqEnsemble.from_fitted(members)
+    bad.temperature = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        bad.predict(FEW)
+    with pytest.raises(NotFittedError):
+        Seq2SeqEnsemble([Seq2Seq()]).predict(FEW)
