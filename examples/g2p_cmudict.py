@@ -56,7 +56,7 @@ import joblib
 import numpy as np
 import torch
 
-from skattn import Seq2Seq
+from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
 from skattn.metrics import phoneme_error_rate, word_error_rate
 
@@ -207,6 +207,45 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) -> tuple:
+    """The model to evaluate, its training seconds and what the results record of it: trained
+    here, continued from ``--continue-from`` (``warm_start``), or the ensemble of the saved
+    ``--ensemble`` members (their training seconds summed)."""
+    if args.ensemble:
+        members = [joblib.load(path) for path in args.ensemble]
+        model = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
+        seconds = sum(r["seconds"] for m in members for r in m.history_)
+        print(f"ensemble of {len(members)} saved members: {seconds / 60:.1f} min of training")
+        epochs = [m.n_iter_ for m in members]
+        return model, seconds, {"members": [str(p) for p in args.ensemble], "epochs": epochs}
+    if args.continue_from is not None:  # warm_start: go on from a saved model's weights
+        model = joblib.load(args.continue_from)
+        params = build_model(args).get_params()
+        model.set_params(**{k: v for k, v in params.items() if k not in MODEL_PARAMS})
+        model.set_params(warm_start=True)
+    else:
+        model = build_model(args)
+    print(model)
+    start = time.perf_counter()
+    model.fit(X, y)
+    seconds = time.perf_counter() - start
+    print(
+        f"trained in {seconds / 60:.1f} min: {model.n_iter_} epochs, {model.n_steps_} "
+        f"steps, best epoch {model.best_epoch_}"
+    )
+    return (
+        model,
+        seconds,
+        {
+            "model": {k: v for k, v in model.get_params().items() if k != "random_state"},
+            "epochs": model.n_iter_,
+            "steps": model.n_steps_,
+            "best_epoch": model.best_epoch_,
+            "history": model.history_,
+        },
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -231,6 +270,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--warmup-steps", type=int, default=0)
     add("--average-checkpoints", type=int, default=1, help="keep the mean of the last k epochs")
     add("--continue-from", type=Path, default=None, help="a joblib model to warm-start from")
+    add("--ensemble", type=Path, nargs="+", help="evaluate the ensemble of these saved models")
     add("--label-smoothing", type=float, default=0.0)
     add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
@@ -269,30 +309,11 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(set(data['dev'][0]))} dev words, {len(set(data['test'][0]))} test words"
     )
 
-    if args.continue_from is not None:  # warm_start: go on from a saved model's weights
-        model = joblib.load(args.continue_from)
-        params = build_model(args).get_params()
-        model.set_params(**{k: v for k, v in params.items() if k not in MODEL_PARAMS})
-        model.set_params(warm_start=True)
-    else:
-        model = build_model(args)
-    print(model)
-    start = time.perf_counter()
-    model.fit(X_train, y_train)
-    train_seconds = time.perf_counter() - start
-    print(
-        f"trained in {train_seconds / 60:.1f} min: {model.n_iter_} epochs, {model.n_steps_} "
-        f"steps, best epoch {model.best_epoch_}"
-    )
-
+    model, train_seconds, summary = train_or_load(args, X_train, y_train)
     results = {
-        "config": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
-        "model": {k: v for k, v in model.get_params().items() if k != "random_state"},
+        "config": {k: v for k, v in vars(args).items() if not isinstance(v, Path | list)},
         "train_seconds": train_seconds,
-        "epochs": model.n_iter_,
-        "steps": model.n_steps_,
-        "best_epoch": model.best_epoch_,
-        "history": model.history_,
+        **summary,
         "published": [{"system": s, "per": p, "wer": w} for s, p, w in PUBLISHED],
         "systems": {},
     }
@@ -305,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"WER {row['wer']:.2f}%, {row['words_per_second']:.0f} words/s"
         )
     name = f"skattn {args.decoder}/{args.scorer} bi-{args.cell.upper()} {args.hidden_size}"
+    if args.ensemble:
+        name = f"skattn ensemble of {len(args.ensemble)}"
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]
     if args.beam_size > 1:  # greedy too: g2p_en decodes greedily
         model.set_params(beam_size=1)  # a prediction-time setting: no refit
