@@ -3,8 +3,8 @@
 The layout and the manifest's fields are :mod:`skattn.core.manifest`'s (the contract the
 exporter writes). Loading checks, in order: the directory exists; ``manifest.json`` reads as
 UTF-8, parses and validates (:meth:`Manifest.from_json`: keys, types, bounds, format version,
-the manifest's own binding digest); both step graphs are listed (``decode.onnx`` may be);
-every listed graph exists and matches its SHA-256; and (format 2)
+the manifest's own binding digest); both step graphs are listed (``decode.onnx`` and
+``attention.onnx`` may be); every listed graph exists and matches its SHA-256; and (format 2)
 each graph's metadata names the same binding as the manifest, so a graph exported for another
 vocabulary or model is refused even when the checksums were updated. Any failure raises
 :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skattn.core.manifest import (
+    ATTENTION_FILE,
     BINDING_KEY,
     DECODE_FILE,
     DECODER_FILE,
@@ -44,8 +45,8 @@ class Artifact:
     manifest : Manifest
     encoder_path, decoder_path : Path
         The graphs, whose bytes matched the manifest's checksums when read.
-    decode_path : Path or None
-        ``decode.onnx`` when the manifest lists it (checked likewise).
+    decode_path, attention_path : Path or None
+        ``decode.onnx``, ``attention.onnx`` when the manifest lists them (checked likewise).
     """
 
     directory: Path
@@ -67,6 +68,11 @@ class Artifact:
     def decode_path(self) -> Path | None:
         """``decode.onnx`` (the whole search in one graph), or None: an artifact without it."""
         return self.directory / DECODE_FILE if DECODE_FILE in self.manifest.files else None
+
+    @property
+    def attention_path(self) -> Path | None:
+        """``attention.onnx`` (every layer's and head's maps), or None: an artifact without it."""
+        return self.directory / ATTENTION_FILE if ATTENTION_FILE in self.manifest.files else None
 
 
 def read_artifact(path: str | os.PathLike) -> Artifact:

@@ -18,6 +18,7 @@ class Queued(Protocol):
 
     source: str
     temperature: float | None
+    maps: tuple | None  # the (layer, head) of the attention maps asked for; None: default
     request: int  # which submit() call it came from (they count up)
 
 
@@ -27,8 +28,8 @@ Item = TypeVar("Item", bound=Queued)
 def choose_batch(
     pending: Sequence[Item], last_lead: int, max_batch_size: int, max_batch_chars: int
 ) -> tuple[list[Item], list[Item]]:
-    """A lead item, then the items of its temperature closest to it in length, within
-    ``max_batch_size`` items and ``max_batch_chars`` padded characters; and the rest.
+    """A lead item, then the items of its temperature and maps closest to it in length,
+    within ``max_batch_size`` items and ``max_batch_chars`` padded characters; and the rest.
 
     The lead is the oldest item of the first request after ``last_lead`` (the request that led
     the latest batch), else the oldest item: requests take turns, so a request of many long
@@ -36,7 +37,8 @@ def choose_batch(
     ``(chosen, remaining)``; ``chosen`` starts with the lead, ``remaining`` keeps queue order.
     """
     lead = next((i for i in pending if i.request > last_lead), pending[0])
-    same_key = [item for item in pending if item.temperature == lead.temperature]
+    key = (lead.temperature, lead.maps)  # one runtime call: one temperature, one map selection
+    same_key = [item for item in pending if (item.temperature, item.maps) == key]
     length = len(lead.source)
     same_key.sort(key=lambda item: abs(len(item.source) - length))  # stable: oldest first
     same_key.remove(lead)

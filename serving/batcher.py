@@ -2,9 +2,9 @@
 
 A queue of ``(item, future)`` pairs, filled by request handlers on the event loop and drained
 by one scheduling task. A batch is taken when ``max_batch_size`` items wait or the oldest has
-waited ``max_delay_ms``; it holds only items of its lead item's temperature (different
-temperatures never share a batch), chosen closest to the lead in source length (in
-characters, a proxy for tokens) to limit padding, within ``max_batch_size`` items and
+waited ``max_delay_ms``; it holds only items of its lead item's temperature and attention
+layer and head (different ones never share a batch), chosen closest to the lead in source
+length (in characters, a proxy for tokens) to limit padding, within ``max_batch_size`` items and
 ``max_batch_chars`` padded characters. Requests take turns at leading a batch, so that a
 request of many long items cannot hold the worker for everyone queued after it.
 
@@ -40,6 +40,9 @@ from serving.interface import Runtime
 from skattn.core.checks import check_int, check_real
 
 logger = logging.getLogger(__name__)
+
+#: The ``(layer, head)`` of the attention maps an item asks for; None: the default map.
+Maps = tuple[int | None, int | None] | None
 
 
 class BatchMetrics(Protocol):
@@ -82,6 +85,7 @@ class _Item:
     temperature: float | None
     with_attention: bool
     future: asyncio.Future
+    maps: Maps = None
     request: int = 0  # which submit() call it came from (they count up)
     enqueued: float = field(default_factory=time.monotonic)
 
@@ -92,7 +96,8 @@ class Batcher:
     Parameters
     ----------
     runtime : serving.interface.Runtime
-        Only its ``predict_batch(sources, temperature=None, with_attention=False)`` is called.
+        Only its ``predict_batch(sources, temperature=None, with_attention=False)`` is called
+        (with ``layer`` and ``head`` for items that name them).
     max_batch_size : int, default=64
         The most items in one runtime call.
     max_delay_ms : float, default=2.0
@@ -234,6 +239,8 @@ class Batcher:
         *,
         temperature: float | None = None,
         with_attention: bool = False,
+        layer: int | None = None,
+        head: int | None = None,
     ) -> list[asyncio.Future]:
         """Queue the sources of one request, all or none; call from the event loop.
 
@@ -245,6 +252,9 @@ class Batcher:
             The attention temperature; None means the model's own.
         with_attention : bool, default=False
             Whether the results should carry attention maps.
+        layer, head : int, optional
+            The maps' layer and head (checked before: ``ModelInfo.map_selection``); passed to
+            ``runtime.predict_batch`` only when one is set.
 
         Returns
         -------
@@ -269,8 +279,9 @@ class Batcher:
                 )
         loop = asyncio.get_running_loop()
         self._submits += 1
+        maps = (layer, head) if with_attention and (layer, head) != (None, None) else None
         items = [
-            _Item(source, temperature, with_attention, loop.create_future(), self._submits)
+            _Item(source, temperature, with_attention, loop.create_future(), maps, self._submits)
             for source in sources
         ]
         self._pending.extend(items)
@@ -386,12 +397,12 @@ class Batcher:
         Bounded: a batch of n items with one failing item costs at most 2 log2(n) more calls
         (12 for 64 items), and 2n - 2 when every item fails (a broken model fails fast).
         """
-        sources = [item.source for item in group]
+        sources, maps = [item.source for item in group], group[0].maps  # one maps per batch
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
             predictions, attentions = await loop.run_in_executor(
-                self._executor, self._predict, sources, temperature, with_attention
+                self._executor, self._predict, sources, temperature, with_attention, maps
             )
         except asyncio.CancelledError:
             self._fail(group, BatcherClosedError("the batcher stopped"))
@@ -422,11 +433,12 @@ class Batcher:
             item.future.set_result(ItemResult(predictions[i], attention))
 
     def _predict(
-        self, sources: list[str], temperature: float | None, with_attention: bool
+        self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps
     ) -> tuple[list[str], list[np.ndarray] | None]:
         """The runtime call (in the worker thread), with its answer checked: one per item."""
+        selected = {} if maps is None else dict(zip(("layer", "head"), maps, strict=True))
         predictions, attentions = self.runtime.predict_batch(
-            sources, temperature=temperature, with_attention=with_attention
+            sources, temperature=temperature, with_attention=with_attention, **selected
         )
         if len(predictions) != len(sources):
             raise RuntimeError(

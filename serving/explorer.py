@@ -8,12 +8,14 @@ reads one endpoint that the protocol does not define::
 
     GET /v2/models      [{"name", "ready", "decoder", "attention", "scorer", "tokenizer",
                           "temperature", "output_kind", "max_source_length",
-                          "vocabulary_id"}, ...]
+                          "vocabulary_id", "attention_layers", "attention_heads"}, ...]
 
 one entry per served model, in name order. ``attention`` is ``"none"`` for a model without
 attention, which the page offers to show side by side with an attention model of the same task:
 one with the same ``vocabulary_id`` (a digest of the source and target vocabularies), else the
-same tokenizer and output kind.
+same tokenizer and output kind. ``attention_layers`` and ``attention_heads`` (0 when the model
+has none) size the page's layer and head selectors, which send ``parameters.attention_layer``
+and ``attention_head``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ _SUMMARY_FIELDS = (
     "output_kind",
     "max_source_length",
     "vocabulary_id",
+    "attention_layers",
+    "attention_heads",
 )
 
 
@@ -64,8 +68,9 @@ def model_summary(name: str, info: ModelInfo, ready: bool) -> dict:
     -------
     dict
         ``name``, ``ready``, and from ``info``: ``decoder``, ``attention``, ``scorer``,
-        ``tokenizer``, ``temperature``, ``output_kind``, ``max_source_length`` and
-        ``vocabulary_id`` (equal for models trained on the same data).
+        ``tokenizer``, ``temperature``, ``output_kind``, ``max_source_length``,
+        ``vocabulary_id`` (equal for models trained on the same data), ``attention_layers``
+        and ``attention_heads``.
     """
     fields = asdict(info)
     summary: dict = {"name": name, "ready": bool(ready)}

@@ -146,6 +146,8 @@ class InferHandler:
                     parsed.sources,
                     temperature=parsed.temperature,
                     with_attention=parsed.wants_attention,
+                    layer=parsed.attention_layer,
+                    head=parsed.attention_head,
                 )
             results = await _until_disconnect(model.batcher, futures, receive)
             elements = output_elements(parsed, results)
@@ -267,6 +269,13 @@ def _parse(
         )
     except protocol.ProtocolError as exc:
         raise ApiError(exc.status, exc.message) from exc
+    names = tuple(f"parameters.{name}" for name in protocol.ATTENTION_PARAMETERS)
+    try:  # a layer or head this model has (ModelInfo.attention_layers, attention_heads)
+        model.info.map_selection(
+            parsed.attention_layer, parsed.attention_head, names=names, allow_all=False
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
     for i, source in enumerate(parsed.sources):
         try:
             model.runtime.check_source(source)

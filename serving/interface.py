@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from skattn.core.attention_maps import MapSelection, check_selection
+
 __all__ = ["ModelInfo", "Runtime", "vocabulary_id"]
 
 
@@ -48,6 +50,10 @@ class ModelInfo:
         model that cannot serve fails at start-up rather than in its first batches. Best: one
         of each source token, within ``max_source_length`` (every embedding row is then
         looked up once); the empty source exercises the graphs but not the vocabulary.
+    attention_layers, attention_heads : int, default=0
+        The decoder layers and heads whose cross-attention maps a request may select
+        (:meth:`map_selection`); 0 when the model has none (an RNN decoder, or a Transformer
+        artifact exported without ``attention.onnx``).
     """
 
     name: str
@@ -63,6 +69,32 @@ class ModelInfo:
     temperature: float
     vocabulary_id: str
     warmup_source: str = ""
+    attention_layers: int = 0
+    attention_heads: int = 0
+
+    def map_selection(
+        self,
+        layer: object,
+        head: object,
+        *,
+        names: tuple[str, str] = ("layer", "head"),
+        allow_all: bool = True,
+    ) -> MapSelection | None:
+        """Check a request for per-layer / per-head maps against this model; None when both are
+        None (the default map). ``ValueError`` names the parameter (``names``) and says why."""
+        if self.decoder == "transformer":
+            why = "the artifact has no attention.onnx (exported before them): re-export it"
+        else:
+            why = f"only the Transformer decoder has them; this model's decoder is {self.decoder!r}"
+        return check_selection(
+            layer,
+            head,
+            self.attention_layers,
+            self.attention_heads,
+            unavailable=f"per-layer and per-head attention maps are not available: {why}",
+            names=names,
+            allow_all=allow_all,
+        )
 
 
 def vocabulary_id(source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]) -> str:
@@ -96,6 +128,13 @@ class Runtime(Protocol):
         sources: Sequence[str],
         temperature: float | None = None,
         with_attention: bool = False,
+        *,
+        layer: int | None = None,
+        head: int | None = None,
     ) -> tuple[list[str] | list[list[str]], list[np.ndarray] | None]:
-        """Predictions for ``sources`` and, with ``with_attention``, their ``(T_y, T_x)`` maps."""
+        """Predictions for ``sources`` and, with ``with_attention``, their ``(T_y, T_x)`` maps:
+        layer ``layer``'s head ``head`` (None: the mean over heads) when either is set. The
+        batcher passes ``layer`` and ``head`` only when one is set, after
+        :meth:`ModelInfo.map_selection` accepted them, so a runtime whose ``info`` has no
+        ``attention_layers`` need not take them."""
         ...

@@ -8,6 +8,11 @@ A model served by skattn has one input and up to three outputs::
     output  attention          FP32   [N, max T_y, max T_x]  zero-padded attention maps
     output  attention_lengths  INT32  [N, 2]              (T_y, T_x) of each map
 
+Request ``parameters``: ``temperature`` (a positive number: the attention softmax temperature),
+``attention_layer`` and ``attention_head`` (integers: which decoder layer's and head's
+cross-attention the ``attention`` output holds, for models that have them; by default the last
+layer, averaged over heads), and ``binary_data_output``.
+
 Tensors travel either as JSON (``"data": [...]``, row-major and flattened) or with the binary
 tensor data extension: the body is a JSON header of ``Inference-Header-Content-Length`` bytes
 followed by the raw tensors in the order of the header. A BYTES tensor in binary form is a run of
@@ -38,6 +43,8 @@ from serving.responses import (  # the responses' half; its names stay importabl
 )
 
 INPUT_NAME = "source"
+#: Request parameters that select the attention maps' layer and head.
+ATTENTION_PARAMETERS = ("attention_layer", "attention_head")
 OUTPUT_NAMES = (PREDICTION, ATTENTION, ATTENTION_LENGTHS)
 
 _LENGTH = struct.Struct("<I")
@@ -74,12 +81,17 @@ class InferRequest:
         The outputs to return, in the order to return them.
     temperature : float or None
         The attention softmax temperature for this request; None means the model's own.
+    attention_layer, attention_head : int or None
+        Which layer's and head's maps the attention output holds (checked against the model
+        by the server); None: the last layer, the mean over heads.
     """
 
     id: str | None
     sources: list[str]
     outputs: tuple[RequestedOutput, ...]
     temperature: float | None
+    attention_layer: int | None = None
+    attention_head: int | None = None
 
     @property
     def wants_attention(self) -> bool:
@@ -213,7 +225,8 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_items: in
     sources = _source_texts(tensor, binary, max_items)
     outputs = _requested_outputs(header.get("outputs"), parameters)
     temperature = _temperature(parameters.get("temperature"))
-    return InferRequest(request_id, sources, outputs, temperature)
+    layer, head = (_integer(parameters.get(name), name) for name in ATTENTION_PARAMETERS)
+    return InferRequest(request_id, sources, outputs, temperature, layer, head)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
@@ -390,6 +403,12 @@ def _requested_outputs(outputs: object, parameters: dict) -> tuple[RequestedOutp
     return tuple(requested)
 
 
+def _integer(value: object, name: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ProtocolError(f"parameters.{name} must be an integer, got {value!r:.40}")
+    return value
+
+
 def _temperature(value: object) -> float | None:
     if value is None:
         return None
@@ -409,6 +428,7 @@ def _temperature(value: object) -> float | None:
 __all__ = [
     "ATTENTION",
     "ATTENTION_LENGTHS",
+    "ATTENTION_PARAMETERS",
     "HEADER_LENGTH",
     "INPUT_NAME",
     "JSON_CHUNK",

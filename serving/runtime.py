@@ -7,7 +7,9 @@ Data flow of one call::
 
 or, when the artifact holds ``decode.onnx`` (the default then), the same Translator with its
 search replaced by one ``session.run`` of that graph per chunk (:class:`GraphTranslator`):
-the encoder and every step run inside onnxruntime, with the GIL released.
+the encoder and every step run inside onnxruntime, with the GIL released. A request for a
+layer's or head's maps (Transformer decoder) adds one run of ``attention.onnx`` over the
+predicted tokens after the search (:mod:`skattn.core.attention_maps`).
 
 The inference glue (ids with the end-of-source marker, length-sorted chunks, greedy or beam
 search, output formatting, attention rows) is the core's :class:`~skattn.core.inference.Translator`,
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from serving.artifact import Artifact, ArtifactError, read_artifact
+from serving.attention_graph import AttentionGraph
 from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
 from serving.sessions import (
@@ -41,6 +44,7 @@ from serving.sessions import (
     session_options,
 )
 from serving.sessions import providers as providers_for
+from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import check_int, check_real
 from skattn.core.inference import DEFAULT_MAX_BATCH_SIZE, SearchSettings, Translator
 from skattn.core.manifest import DECODE_FILE, DECODER_FILE
@@ -84,6 +88,8 @@ class Runtime:
         ``"CUDAExecutionProvider"`` or ``"CPUExecutionProvider"``: where the graphs run.
     decode_graph : bool
         Whether predictions come from ``decode.onnx``.
+    attention_graph : serving.attention_graph.AttentionGraph or None
+        ``attention.onnx``, when the artifact holds it: per-layer and per-head maps.
     info : ModelInfo
     """
 
@@ -180,6 +186,11 @@ class Runtime:
                 manifest.decode_outputs(),
             )
             self.translator = GraphTranslator(session, manifest, *translator_args)
+        self.attention_graph = None  # attention.onnx: every layer's and head's maps
+        if artifact.attention_path is not None:
+            names = (manifest.attention_inputs(), manifest.attention_outputs())
+            session = open_graph(artifact.attention_path, options, providers, manifest, *names)
+            self.attention_graph = AttentionGraph(session, manifest, artifact.attention_path)
         self._check_graphs_run(artifact)
         logger.info(
             "serving model %r on %s (device=%r requested; io_binding=%s; decode_graph=%s; "
@@ -230,6 +241,8 @@ class Runtime:
                     f"{artifact.decode_path}: answered {len(hypothesis.tokens)} tokens and "
                     f"attention of shape {hypothesis.weights.shape} for one step"
                 )
+        if self.attention_graph is not None:
+            self.attention_graph.check(src)
 
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
@@ -238,7 +251,7 @@ class Runtime:
     def info(self) -> ModelInfo:
         """What clients may know about this model (see :class:`serving.interface.ModelInfo`);
         built once: nothing in it changes after loading."""
-        manifest = self.manifest
+        manifest, graph = self.manifest, self.attention_graph
         return ModelInfo(
             name=self.name,
             provider=self.provider,
@@ -253,6 +266,8 @@ class Runtime:
             temperature=manifest.temperature,
             vocabulary_id=vocabulary_id(manifest.source_vocabulary, manifest.target_vocabulary),
             warmup_source=self._warmup_source(),
+            attention_layers=0 if graph is None else graph.layers,
+            attention_heads=0 if graph is None else graph.heads,
         )
 
     def _warmup_source(self) -> str:
@@ -295,7 +310,13 @@ class Runtime:
     # -- prediction -------------------------------------------------------------------------
 
     def predict_batch(
-        self, sources: Sequence[str], temperature: float | None = None, with_attention: bool = False
+        self,
+        sources: Sequence[str],
+        temperature: float | None = None,
+        with_attention: bool = False,
+        *,
+        layer: int | str | None = None,
+        head: int | str | None = None,
     ) -> tuple[list, list[np.ndarray] | None]:
         """Translate a batch, optionally with the attention maps.
 
@@ -306,6 +327,11 @@ class Runtime:
         temperature : float, optional
             Softmax temperature of the attention; default: the manifest's.
         with_attention : bool, default=False
+        layer, head : int, "all" or None, default=None
+            Which cross-attention maps (Transformer decoder, ``info.attention_layers > 0``), as
+            ``Seq2Seq.predict_attention`` takes them: a layer (negative: from the last) or
+            ``"all"``; a head, ``"all"`` or None (the mean over heads). Both None: the last
+            layer's mean, the map the search collects. Other values raise ``ValueError``.
 
         Returns
         -------
@@ -313,7 +339,8 @@ class Runtime:
             One per source: a str (``output_kind="str"``) or a list of tokens (``"tokens"``).
         attentions : list of ndarray (T_y, T_x) or None
             ``T_y`` output tokens, ``T_x`` = source tokens + 1 (the end-of-source marker);
-            rows sum to 1. ``None`` unless ``with_attention``.
+            rows sum to 1. ``None`` unless ``with_attention``. Each ``"all"`` adds a leading
+            axis (layers before heads).
         """
         if isinstance(sources, str | bytes | dict) or not hasattr(sources, "__len__"):
             raise ValueError(f"sources must be a list of str, got {type(sources).__name__}")
@@ -321,18 +348,28 @@ class Runtime:
         for text in sources:
             self.check_source(text)
         settings = self._settings(temperature)
+        selection = self.info.map_selection(layer, head)
         token_lists = [tokenize(text, self.tokenizer) for text in sources]
-        return self.translator.translate(token_lists, settings, with_attention)
+        if selection is None or not with_attention:
+            return self.translator.translate(token_lists, settings, with_attention)
+        return translate_with_maps(
+            self.translator, token_lists, settings, selection, self.attention_graph
+        )
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:
         """Translate ``sources``; see :meth:`predict_batch`."""
         return self.predict_batch(sources, temperature)[0]
 
     def predict_attention(
-        self, sources: Sequence[str], temperature: float | None = None
+        self,
+        sources: Sequence[str],
+        temperature: float | None = None,
+        *,
+        layer: int | str | None = None,
+        head: int | str | None = None,
     ) -> list[np.ndarray]:
         """Attention maps ``(T_y, T_x)`` of the predictions; see :meth:`predict_batch`."""
-        return self.predict_batch(sources, temperature, with_attention=True)[1]
+        return self.predict_batch(sources, temperature, True, layer=layer, head=head)[1]
 
 
 def load(

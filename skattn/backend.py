@@ -3,16 +3,22 @@
 The estimator predicts through :class:`skattn.core.inference.Translator` with this backend, as
 ``serving.Runtime`` does with its onnxruntime backends: the same glue, the same search, the same
 results. The carry is ``(*state, memory, keys, mask)``, every tensor batch-first, so ``select``
-is one ``index_select`` along axis 0 of each.
+is one ``index_select`` along axis 0 of each. :meth:`TorchBackend.cross_attention` and
+:func:`translate` add the Transformer decoder's per-layer and per-head maps.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["TorchBackend"]
+from skattn.core.attention_maps import Index, MapSelection, check_selection, translate_with_maps
+from skattn.core.inference import SearchSettings, Translator
+
+__all__ = ["TorchBackend", "translate"]
 
 Carry = tuple[torch.Tensor, ...]
 
@@ -62,3 +68,55 @@ class TorchBackend:
         """Rows ``rows (M,)`` of every carried tensor (``index_select`` on axis 0)."""
         index = torch.from_numpy(rows).to(self.device)
         return tuple(t.index_select(0, index) for t in carry)
+
+    @torch.inference_mode()
+    def cross_attention(
+        self, src: np.ndarray, src_lengths: np.ndarray, tokens: np.ndarray, temperature: float
+    ) -> np.ndarray:
+        """Every layer's and head's weights while writing ``tokens (B, T_y)``:
+        ``(B, L, H, T_y, T)`` (``Seq2SeqModule.cross_attention``, what ``attention.onnx`` is)."""
+        device = self.device
+        weights = self.module.cross_attention(
+            torch.from_numpy(src).to(device),  # (B, T)
+            torch.from_numpy(src_lengths).to(device),  # (B,)
+            torch.from_numpy(tokens).to(device),  # (B, T_y)
+            torch.tensor(float(temperature), device=device),  # ()
+        )
+        return weights.float().cpu().numpy()
+
+    def map_selection(self, layer: Index, head: Index) -> MapSelection | None:
+        """``check_selection`` against this module's decoder (``ValueError`` naming ``layer`` or
+        ``head``); None when both are None: the maps the search collects."""
+        config = self.module.config
+        layers = config.num_layers if config.decoder == "transformer" else 0
+        return check_selection(
+            layer,
+            head,
+            layers,
+            config.num_heads,
+            unavailable="per-layer and per-head maps are the Transformer decoder's "
+            f"(decoder='transformer'); this model's decoder is {config.decoder!r}",
+        )
+
+
+def translate(
+    translator: Translator,
+    token_lists: Sequence[Sequence[str]],
+    settings: SearchSettings,
+    with_attention: bool = False,
+    layer: Index = None,
+    head: Index = None,
+) -> tuple[list, list[np.ndarray] | None]:
+    """``translator.translate`` over a :class:`TorchBackend`; with ``layer`` or ``head`` the
+    maps are the Transformer decoder's selected ones (:mod:`skattn.core.attention_maps`).
+
+    ``ValueError`` (naming ``layer`` or ``head``) before any decoding for a selection the
+    model does not have.
+    """
+    backend = translator.backend
+    selection = backend.map_selection(layer, head)
+    if selection is None or not with_attention:
+        return translator.translate(token_lists, settings, with_attention)
+    return translate_with_maps(
+        translator, token_lists, settings, selection, backend.cross_attention
+    )

@@ -22,10 +22,11 @@ dynamic; ``S`` = ``len(state_names)`` state tensors, each ``(B, ...)``)::
                  weights      (B, T) float32 attention weights; rows sum to 1, 0 on padding
 
 plus ``decode.onnx``, the whole search in one graph (:mod:`skattn.decode_graph`, verified
-against the NumPy search over the two graphs), and ``manifest.json``: a
-:class:`skattn.core.manifest.Manifest`, which also names the graphs'
-inputs and outputs. Each graph's metadata holds the manifest's ``binding`` digest (vocabularies,
-state names, model hyperparameters), which ``serving.load`` checks.
+against the NumPy search over the two graphs), for the Transformer decoder ``attention.onnx``,
+every layer's and head's maps (:mod:`skattn.attention_graph`), and ``manifest.json``: a
+:class:`skattn.core.manifest.Manifest`, which also names the graphs' inputs and outputs. Each
+graph's metadata holds the manifest's ``binding`` digest (vocabularies, state names, model
+hyperparameters), which ``serving.load`` checks.
 
 Exporter: the TorchScript-based ``torch.onnx.export(dynamo=False)``, opset 17. The dynamo
 exporter (torch 2.13's default) specialises the source length of the RNN encoder to the one seen
@@ -50,7 +51,9 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from skattn.attention_graph import build_attention_graph
 from skattn.core.manifest import (
+    ATTENTION_FILE,
     BINDING_KEY,
     DECODE_FILE,
     DECODER_FILE,
@@ -168,9 +171,15 @@ def _value_info(name: str, tensor: torch.Tensor, axes: dict[int, str]) -> onnx.V
 
 
 def _to_onnx(
-    module: nn.Module, args: tuple, input_names: list[str], output_names: list[str]
+    module: nn.Module,
+    args: tuple,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
 ) -> onnx.ModelProto:
     """Trace ``module`` with the TorchScript exporter; restore inputs the tracer pruned.
+
+    ``dynamic_axes`` default: :func:`_dynamic_axes` of the step graphs' names.
 
     The tracer drops graph inputs that the computation does not read (``position`` under global
     attention, ``keys`` without attention); they are put back, in order, so every artifact's
@@ -178,7 +187,8 @@ def _to_onnx(
     """
     with torch.no_grad():
         outputs = module(*args)
-    dynamic_axes = _dynamic_axes(input_names + output_names, (*args, *outputs))
+    if dynamic_axes is None:
+        dynamic_axes = _dynamic_axes(input_names + output_names, (*args, *outputs))
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         # The legacy-exporter notice, and a GRU/LSTM batch-size caution that does not apply:
@@ -274,7 +284,7 @@ def _prepare_directory(path: str | os.PathLike) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
     directory.mkdir(parents=True, exist_ok=True)
-    ours = {MANIFEST_FILE, *GRAPH_FILES, DECODE_FILE}
+    ours = {MANIFEST_FILE, *GRAPH_FILES, DECODE_FILE, ATTENTION_FILE}
     others = sorted(p.name for p in directory.iterdir() if p.name not in ours)
     if others:
         raise ValueError(
@@ -363,8 +373,14 @@ def export_module(
     verify_graphs(model, encoder, decoder, manifest)
     decode = build_decode_graph(encoder, decoder, manifest)  # the whole search, one graph
     verify_decode_graph(decode, encoder, decoder, manifest)
+    graphs = [(encoder, ENCODER_FILE), (decoder, DECODER_FILE), (decode, DECODE_FILE)]
+    if config.decoder == "transformer":  # every layer's and head's maps (attention_graph.py)
+        verified = _example_source(_VERIFY_LENGTHS, len(source_vocabulary), seed=1)
+        attention = build_attention_graph(model, manifest, _to_onnx, (src, src_lengths), verified)
+        graphs.append((attention, ATTENTION_FILE))
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
-    for graph, name in ((encoder, ENCODER_FILE), (decoder, DECODER_FILE), (decode, DECODE_FILE)):
+    (directory / ATTENTION_FILE).unlink(missing_ok=True)  # a previous artifact's
+    for graph, name in graphs:
         onnx.helper.set_model_props(graph, {BINDING_KEY: manifest.binding})
         onnx.save_model(graph, directory / name)
     manifest = manifest.with_files(directory)

@@ -490,7 +490,7 @@ def test_choose_batch_leads_with_the_next_request_and_keeps_the_limits():
     from serving.batch_policy import choose_batch
 
     def item(source, request, temperature=None):
-        return SimpleNamespace(source=source, temperature=temperature, request=request)
+        return SimpleNamespace(source=source, temperature=temperature, maps=None, request=request)
 
     long_ones = [item("x" * 100, 1) for _ in range(5)]
     short = item("ab", 2)

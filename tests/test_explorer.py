@@ -13,6 +13,7 @@ only where ``/usr/bin/chromium`` is absent (CI installs it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -249,6 +250,8 @@ def test_models_listing_describes_every_model(fake_server: ThreadedServer) -> No
         "temperature": 1.0,
         "output_kind": "str",
         "max_source_length": 12,
+        "attention_layers": 0,
+        "attention_heads": 0,
     }
     vocabulary_id = models[0]["vocabulary_id"]
     assert models == [
@@ -274,6 +277,8 @@ def test_model_summary_tells_tasks_apart() -> None:
         "output_kind": "str",
         "max_source_length": 12,
         "vocabulary_id": FakeRuntime("m").info.vocabulary_id,
+        "attention_layers": 0,
+        "attention_heads": 0,
     }
 
 
@@ -574,6 +579,60 @@ def test_no_attention_partner_only_for_the_same_task(browser) -> None:
         Select(page.find("#model")).select_by_value("reverse")
         assert page.find("#compare-field").is_displayed()
         assert "reverse-none" in page.find("#compare-label").text  # same vocabularies
+
+
+class LayeredRuntime(FakeRuntime):
+    """A Transformer decoder of 2 layers of 3 heads: layer ``l``, head ``h`` draws
+    ``reverse_attention`` at ``tau * map_scale(l, h)``, so every choice has its own map."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.manifest["decoder"] = "transformer"
+        self.maps: list[tuple] = []
+
+    @property
+    def info(self) -> ModelInfo:
+        return dataclasses.replace(super().info, attention_layers=2, attention_heads=3)
+
+    @staticmethod
+    def map_scale(layer: int | None, head: int | None) -> float:
+        """1 for the default map (the last layer's mean over heads)."""
+        return (2 if layer is None else layer + 1) / 2 * (1 if head is None else head + 2)
+
+    def predict_batch(
+        self, sources, temperature=None, with_attention=False, *, layer=None, head=None
+    ):
+        self.maps.append((layer, head))
+        predictions, maps = super().predict_batch(sources, temperature, with_attention)
+        if maps is not None:
+            tau = self.manifest["temperature"] if temperature is None else temperature
+            maps = [reverse_attention(s, tau * self.map_scale(layer, head)) for s in sources]
+        return predictions, maps
+
+
+def test_layer_and_head_selectors_only_for_models_that_have_them(browser) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    layered = LayeredRuntime("layered")
+    runtimes = {"layered": layered, "reverse": FakeRuntime("reverse")}
+    with ThreadedServer(explorer_app(runtimes)) as server:
+        page = Page(browser, server.url + "/?model=layered&source=abcd")
+        assert page.find("#maps-field").is_displayed()
+        assert page.texts("#layer option") == ["1", "2 (last)"]
+        assert page.texts("#head option") == ["mean of 3", "1", "2", "3"]
+        assert layered.maps[-1] == (None, None)  # the default map: no parameters sent
+        np.testing.assert_allclose(page.heatmap(), reverse_attention("abcd", 1.0), rtol=1e-6)
+        for control, value, maps in (("#layer", "0", (0, None)), ("#head", "2", (0, 2))):
+            page.after_update(lambda c=control, v=value: Select(page.find(c)).select_by_value(v))
+            assert layered.maps[-1] == maps
+            expected = reverse_attention("abcd", LayeredRuntime.map_scale(*maps))
+            np.testing.assert_allclose(page.heatmap(), expected, rtol=1e-6)
+        assert "layer 1 of 2, head 3 of 3" in page.find("#panel-main .note").text
+        page.after_update(lambda: Select(page.find("#model")).select_by_value("reverse"))
+        assert not page.find("#maps-field").is_displayed()  # an RNN decoder has no layers to pick
+        page = Page(browser, server.url + "/?model=layered&source=ab&layer=-2&head=1")
+        assert layered.maps[-1] == (0, 1)
+        assert page.severe_console_messages() == []
 
 
 def test_explorer_shows_bad_input_from_the_server(browser, fake_server: ThreadedServer) -> None:

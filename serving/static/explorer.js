@@ -4,7 +4,10 @@
 //   GET  v2/models               the served models (skattn's listing, see serving/explorer.py)
 //   POST v2/models/{name}/infer  BYTES "source" [1] -> "prediction", FP32 "attention"
 //                                [1, T_y, T_x] and INT32 "attention_lengths" [1, 2], with
-//                                parameters.temperature rescaling the attention scores.
+//                                parameters.temperature rescaling the attention scores and,
+//                                for a Transformer decoder (the listing's attention_layers and
+//                                attention_heads > 0), parameters.attention_layer and
+//                                attention_head choosing the cross-attention drawn.
 // Row i of a map is output step i; column j is source token j, the last column the
 // end-of-source marker </s>. Each row sums to 1: alpha_ij, and the context vector of step i is
 // c_i = sum_j alpha_ij h_j (h_j the encoder's annotation of source token j).
@@ -92,12 +95,18 @@ async function listModels() {
   return models;
 }
 
-/** One source through one model: {prediction, weights: T_y arrays of T_x numbers}. */
-async function infer(modelName, source, temperature) {
+/** One source through one model: {prediction, weights: T_y arrays of T_x numbers}.
+ *  maps: {layer, head} (head null: the mean over heads), or null for the model's default map. */
+async function infer(modelName, source, temperature, maps) {
+  const parameters = { temperature };
+  if (maps) {
+    parameters.attention_layer = maps.layer;
+    if (maps.head !== null) parameters.attention_head = maps.head;
+  }
   const body = {
     inputs: [{ name: "source", datatype: "BYTES", shape: [1], data: [source] }],
     outputs: [{ name: "prediction" }, { name: "attention" }, { name: "attention_lengths" }],
-    parameters: { temperature },
+    parameters,
   };
   const payload = await fetchJson(`v2/models/${encodeURIComponent(modelName)}/infer`, {
     method: "POST",
@@ -184,7 +193,7 @@ class Panel {
     this.root.hidden = !visible;
   }
 
-  /** Draw a result: {model, source, prediction, weights, rowLabels, colLabels}. */
+  /** Draw a result: {model, source, prediction, weights, rowLabels, colLabels, maps}. */
   render(result) {
     this.result = result;
     const attention = result.model.attention || "?";
@@ -194,7 +203,7 @@ class Panel {
       attention === "none"
         ? "No attention: the decoder only ever receives the final encoder state, so every row " +
           `puts all its weight on the last column (${EOS_LABEL}).`
-        : "";
+        : describeMaps(result.model, result.maps);
     this.drawHeatmap();
     this.readout.textContent = HOVER_HINT;
     const rows = result.weights.length;
@@ -343,6 +352,17 @@ function subscript(n) {
   return String(n).replace(/\d/g, (d) => SUBSCRIPTS[Number(d)]);
 }
 
+/** Which cross-attention a map is, for a model with layers and heads ("" otherwise). */
+function describeMaps(model, maps) {
+  const layers = model.attention_layers || 0;
+  const heads = model.attention_heads || 0;
+  if (layers === 0) return "";
+  const layer = maps ? maps.layer : layers - 1;
+  const head = maps ? maps.head : null;
+  const which = head === null ? `the mean of its ${heads} heads` : `head ${head + 1} of ${heads}`;
+  return `Cross-attention of decoder layer ${layer + 1} of ${layers}, ${which}.`;
+}
+
 function describeModel(model) {
   if (model.attention === "none") return `${model.decoder || "?"} decoder, no attention`;
   const parts = [model.decoder && `${model.decoder} decoder`, model.scorer && `${model.scorer} score`];
@@ -365,6 +385,9 @@ class Explorer {
     this.compareField = doc.getElementById("compare-field");
     this.compareBox = doc.getElementById("compare");
     this.compareLabel = doc.getElementById("compare-label");
+    this.mapsField = doc.getElementById("maps-field");
+    this.layerSelect = doc.getElementById("layer");
+    this.headSelect = doc.getElementById("head");
     this.error = doc.getElementById("error");
     this.main = new Panel(doc.getElementById("panel-main"));
     this.compare = new Panel(doc.getElementById("panel-compare"));
@@ -396,6 +419,8 @@ class Explorer {
       this.queryIfTyped();
     });
     this.compareBox.addEventListener("change", () => this.queryIfTyped());
+    this.layerSelect.addEventListener("change", () => this.queryIfTyped());
+    this.headSelect.addEventListener("change", () => this.queryIfTyped());
 
     try {
       this.models = await listModels();
@@ -418,6 +443,7 @@ class Explorer {
     this.modelSelect.value = (wanted || first).name;
     const tau = Number(params.get("temperature"));
     this.onModelChange(Number.isFinite(tau) && tau > 0 ? tau : null);
+    this.selectMaps(params.get("layer"), params.get("head"));
     if (params.get("compare") === "1") this.compareBox.checked = !this.compareField.hidden;
     if (params.has("source")) {
       this.source.value = params.get("source");
@@ -447,10 +473,51 @@ class Explorer {
     const model = this.currentModel();
     this.modelInfo.textContent = `${describeModel(model)}; ${model.tokenizer || "?"} tokens`;
     this.setTemperature(temperature ?? model.temperature ?? 1, true);
+    this.setMapOptions(model);
     const partner = this.partnerFor(model);
     this.compareField.hidden = partner === null;
     if (partner === null) this.compareBox.checked = false;
     else this.compareLabel.textContent = `side by side with ${partner.name} (no attention)`;
+  }
+
+  /** Layer and head selectors for a model that has them: layers 1..L (the last by default),
+   *  heads "mean" then 1..H. Hidden for models without (RNN decoders, older artifacts). */
+  setMapOptions(model) {
+    const layers = model.attention_layers || 0;
+    const heads = model.attention_heads || 0;
+    this.mapsField.hidden = layers === 0;
+    const layerOptions = Array.from({ length: layers }, (_, l) =>
+      new Option(l === layers - 1 ? `${l + 1} (last)` : String(l + 1), String(l)),
+    );
+    const headOptions = [new Option(`mean of ${heads}`, "")];
+    for (let h = 0; h < heads; h++) headOptions.push(new Option(String(h + 1), String(h)));
+    this.layerSelect.replaceChildren(...layerOptions);
+    this.headSelect.replaceChildren(...(layers === 0 ? [] : headOptions));
+    if (layers > 0) this.layerSelect.value = String(layers - 1);
+  }
+
+  /** Select a layer and head given as the server's indices (negative layers count from the
+   *  last), e.g. from the URL; values out of range are ignored. */
+  selectMaps(layer, head) {
+    const layers = this.layerSelect.options.length;
+    const l = Number(layer);
+    if (layer !== null && Number.isInteger(l) && l >= -layers && l < layers) {
+      this.layerSelect.value = String(((l % layers) + layers) % layers);
+    }
+    const h = Number(head);
+    if (head !== null && Number.isInteger(h) && h >= 0 && h < this.headSelect.options.length - 1) {
+      this.headSelect.value = String(h);
+    }
+  }
+
+  /** The chosen {layer, head}, or null for the default map (last layer, mean over heads),
+   *  which the server computes without the extra pass. */
+  currentMaps() {
+    if (this.mapsField.hidden) return null;
+    const layers = this.layerSelect.options.length;
+    const layer = Number(this.layerSelect.value);
+    const head = this.headSelect.value === "" ? null : Number(this.headSelect.value);
+    return layer === layers - 1 && head === null ? null : { layer, head };
   }
 
   setTemperature(tau, moveSlider) {
@@ -500,15 +567,17 @@ class Explorer {
     const source = this.source.value;
     const jobs = [[this.main, model]];
     if (partner) jobs.push([this.compare, partner]);
+    const maps = this.currentMaps(); // the partner (no attention) has none
     const outcomes = await Promise.allSettled(
-      jobs.map(([, m]) => infer(m.name, source, this.temperature)),
+      jobs.map(([, m]) => infer(m.name, source, this.temperature, m === model ? maps : null)),
     );
     this.compare.show(partner !== null);
     const errors = [];
     outcomes.forEach((outcome, k) => {
       const [panel, m] = jobs[k];
       if (outcome.status === "fulfilled") {
-        panel.render(this.annotate(m, source, outcome.value));
+        const result = this.annotate(m, source, outcome.value);
+        panel.render({ ...result, maps: m === model ? maps : null });
       } else {
         panel.clear("No result: see the message above.");
         errors.push(describeError(m.name, outcome.reason));

@@ -14,6 +14,9 @@ An artifact is a directory that ``Seq2Seq.export_onnx`` writes and ``serving.loa
                          temperature () float32
                          -> tokens (B, L) int64, lengths (B,) int64, attention (B, L, T),
                             scores (B,) float32
+      attention.onnx     (optional, Transformer decoder) every layer's and head's maps:
+                         src (B, T) int64, src_lengths (B,) int64, tokens (B, L) int64,
+                         temperature () float32 -> weights (B, layers, heads, L, T) float32
 
 :class:`Manifest` is the one record both halves share: the exporter builds it and calls
 :meth:`Manifest.to_json`; the server calls :meth:`Manifest.from_json`, which validates every
@@ -23,9 +26,9 @@ methods of the record, so the writer and the reader cannot disagree about them.
 Format versions: 1 (the first); 2 adds ``model`` (the model's hyperparameters) and ``binding``
 (a digest of the vocabularies and the model, also stored in each graph's metadata, so that a
 manifest whose vocabulary was edited, or a graph from another model, is refused at load).
-Version 1 artifacts still load, without that check. ``decode.onnx`` is optional in both
-versions: an artifact that lists it in ``files`` has its checksum and (format 2) binding
-checked like the step graphs'; one without it still loads.
+Version 1 artifacts still load, without that check. ``decode.onnx`` and ``attention.onnx``
+are optional in both versions: an artifact that lists one in ``files`` has its checksum and
+(format 2) binding checked like the step graphs'; one without it still loads.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
 
 __all__ = [
+    "ATTENTION_FILE",
     "BINDING_KEY",
     "DECODER_FILE",
     "DECODE_FILE",
@@ -64,7 +68,9 @@ DECODER_FILE = "decoder_step.onnx"
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE)
 #: The whole search in one graph (optional: artifacts written before it still load).
 DECODE_FILE = "decode.onnx"
-OPTIONAL_GRAPH_FILES = (DECODE_FILE,)
+#: Every layer's and head's cross-attention maps of the Transformer decoder (optional too).
+ATTENTION_FILE = "attention.onnx"
+OPTIONAL_GRAPH_FILES = (DECODE_FILE, ATTENTION_FILE)
 #: The key of the graphs' ``metadata_props`` entry that holds :attr:`Manifest.binding`.
 BINDING_KEY = "skattn.binding"
 
@@ -106,9 +112,10 @@ class Manifest:
         What a prediction is.
     files : mapping of str to str
         Graph file name -> SHA-256 of its bytes (empty until :meth:`with_files`; an artifact
-        must list both step graphs, and may list ``decode.onnx``).
+        must list both step graphs, and may list ``decode.onnx`` and ``attention.onnx``).
     model : mapping
-        The model's hyperparameters (format 2; empty in format 1).
+        The model's hyperparameters (format 2; empty in format 1): ``ModelConfig.to_dict()``,
+        or for an ensemble ``{"ensemble": [each member's], "combination": ...}``.
     format_version : int
     writer : mapping
         Who wrote it (``opset``, ``torch_version``); informative only.
@@ -162,6 +169,16 @@ class Manifest:
     def decode_outputs() -> list[str]:
         """Outputs of ``decode.onnx``, in order."""
         return ["tokens", "lengths", "attention", "scores"]
+
+    @staticmethod
+    def attention_inputs() -> list[str]:
+        """Inputs of ``attention.onnx``, in order."""
+        return ["src", "src_lengths", "tokens", "temperature"]
+
+    @staticmethod
+    def attention_outputs() -> list[str]:
+        """Outputs of ``attention.onnx``: ``weights (B, layers, heads, L, T)``."""
+        return ["weights"]
 
     def carry_names(self) -> list[str]:
         """What the search carries between steps: the state, then the encoder's outputs."""
@@ -259,7 +276,7 @@ class Manifest:
 
     def with_files(self, directory: str | os.PathLike) -> Manifest:
         """A copy whose ``files`` hold the SHA-256 of the graphs now in ``directory``
-        (the step graphs, and ``decode.onnx`` when it is there)."""
+        (the step graphs, and the optional ones that are there)."""
         directory = Path(directory)
         names = [*GRAPH_FILES, *(n for n in OPTIONAL_GRAPH_FILES if (directory / n).is_file())]
         digests = {name: sha256_file(directory / name) for name in names}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from skattn.attention import Attention
+from skattn.core.text import BOS
 from skattn.models.config import ModelConfig
 from skattn.models.decoders import BahdanauDecoder, FinalStateContext, LuongDecoder, step_loop
 from skattn.models.encoder import BiRNNEncoder
@@ -190,6 +191,43 @@ class Seq2SeqModule(nn.Module):
         """
         memory, keys, mask, state = self.encode(src, src_lengths)
         return self.decoder(tgt_in, state, memory, keys, mask)
+
+    def cross_attention(
+        self,
+        src: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        temperature: float | torch.Tensor = 1.0,
+    ) -> torch.Tensor:
+        """The Transformer decoder's cross-attention weights while writing ``tokens``.
+
+        What ``attention.onnx`` computes: one teacher-forced pass whose row ``i`` is the step
+        that wrote ``tokens[:, i]`` (decoder input ``[BOS] + tokens[:, :i]``, position ``i``).
+
+        Parameters
+        ----------
+        src : Tensor (B, T) int64
+        src_lengths : Tensor (B,) int64
+        tokens : Tensor (B, T_y) int64
+            Output tokens (no BOS, no EOS), 0-padded after each item's end.
+        temperature : float or Tensor ()
+            The attention temperature the tokens were decoded at.
+
+        Returns
+        -------
+        weights : Tensor (B, num_layers, num_heads, T_y, T)
+            Rows sum to 1 over real source positions; rows past an item's end read padding
+            tokens and mean nothing.
+        """
+        if self.config.decoder != "transformer":
+            raise ValueError(
+                "per-layer and per-head maps exist for decoder='transformer' only, "
+                f"not {self.config.decoder!r}"
+            )
+        _, keys, mask, state = self.encode(src, src_lengths)
+        bos = torch.full_like(tokens[:, :1], BOS)  # (B, 1)
+        tgt_in = torch.cat([bos, tokens], dim=1)[:, : tokens.shape[1]]  # (B, T_y)
+        return self.decoder.cross_attention(tgt_in, state, keys, mask, temperature)
 
     def forward_stepwise(
         self, src: torch.Tensor, src_lengths: torch.Tensor, tgt_in: torch.Tensor

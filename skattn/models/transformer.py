@@ -47,7 +47,9 @@ self-attention, two batch-first tensors (``state_names = ("self_keys", "self_val
 with ``t = 0`` initially; each ``step`` appends one row per layer (``t -> t + 1``), so a step costs
 ``O(t)`` and beam search reorders the cache with one ``index_select`` on axis 0, like every other
 carried tensor. ``kv_dim = num_kv_heads * D / num_heads``. Attention maps are the last layer's
-cross-attention weights averaged over heads (rows sum to 1 over real source positions).
+cross-attention weights averaged over heads (rows sum to 1 over real source positions); every
+layer's and head's, ``(B, L, h, T_y, T)``, come from one teacher-forced pass after decoding
+(:meth:`TransformerDecoder.cross_attention`, :mod:`skattn.core.attention_maps`).
 """
 
 from __future__ import annotations
@@ -274,20 +276,22 @@ class TransformerDecoder(_Stack):
         keys: Tensor,
         mask: Tensor,
         temperature: float | Tensor,
+        every_layer: bool = False,
     ) -> tuple[Tensor, State, Tensor]:
         """Run the blocks over ``tgt (B, T_y)`` at positions ``start ..`` after the cache.
 
         Returns logits ``(B, T_y, V)``, the cache extended by ``T_y`` rows and the last layer's
-        cross-attention weights averaged over heads ``(B, T_y, T)``.
+        cross-attention weights averaged over heads ``(B, T_y, T)``, or with ``every_layer``
+        every layer's and head's weights ``(B, L, h, T_y, T)``.
         """
         past_k, past_v = state  # (B, L, t, kv) each
         y = self.embed(tgt, start)  # (B, T_y, D)
         cross = keys.unflatten(-1, (self.num_layers, 2, self.kv_dim))  # (B, T, L, 2, kv)
         src_mask = mask.unsqueeze(1)  # (B, 1, T)
-        new_k, new_v = [], []
+        new_k, new_v, weights = [], [], []
         for layer, block in enumerate(self.blocks):
-            last = layer == self.num_layers - 1
-            y, k, v, weights = block(
+            need_weights = every_layer or layer == self.num_layers - 1
+            y, k, v, w = block(
                 y,
                 past_k[:, layer],
                 past_v[:, layer],
@@ -296,13 +300,17 @@ class TransformerDecoder(_Stack):
                 cross[:, :, layer, 1],
                 src_mask,
                 temperature,
-                last,
+                need_weights,
             )
             new_k.append(k)  # (B, t + T_y, kv)
             new_v.append(v)
+            if need_weights:
+                weights.append(w)  # (B, h, T_y, T)
         logits = self.output(self.ln_f(y))  # (B, T_y, V)
         state = (torch.stack(new_k, dim=1), torch.stack(new_v, dim=1))  # (B, L, t + T_y, kv)
-        return logits, state, weights.mean(dim=1)  # weights: (B, h, T_y, T) -> (B, T_y, T)
+        if every_layer:
+            return logits, state, torch.stack(weights, dim=1)  # (B, L, h, T_y, T)
+        return logits, state, weights[-1].mean(dim=1)  # (B, h, T_y, T) -> (B, T_y, T)
 
     def step(
         self,
@@ -338,9 +346,35 @@ class TransformerDecoder(_Stack):
         Target padding needs no mask: it follows every real position, and the causal mask
         already hides what follows. Returns logits ``(B, T_y, V)`` and weights ``(B, T_y, T)``.
         """
-        t, T_y = state[0].shape[2], tgt_in.shape[1]
-        i = torch.arange(T_y, device=tgt_in.device).unsqueeze(1)  # (T_y, 1)
-        j = torch.arange(t + T_y, device=tgt_in.device).unsqueeze(0)  # (1, t + T_y)
-        causal = (j <= t + i).unsqueeze(0)  # (1, T_y, t + T_y)
+        t = state[0].shape[2]
+        causal = _causal_mask(t, tgt_in)
         logits, _, weights = self._decode(tgt_in, state, t, causal, keys, mask, temperature)
         return logits, weights
+
+    def cross_attention(
+        self,
+        tgt_in: Tensor,
+        state: State,
+        keys: Tensor,
+        mask: Tensor,
+        temperature: float | Tensor = 1.0,
+    ) -> Tensor:
+        """Every layer's and head's cross-attention weights, teacher-forced over ``tgt_in``.
+
+        ``alpha[b, l, h, i, j]``: how much head ``h`` of layer ``l`` reads source position ``j``
+        at target position ``i``. The decoder is causal, so row ``i`` reads the prefix
+        ``tgt_in[:, :i + 1]`` only: it equals the weights that :meth:`step` computes at position
+        ``i`` after the same prefix (the mean over heads of the last layer is what ``step``
+        returns). Returns ``(B, L, h, T_y, T)``; rows sum to 1 over real source positions.
+        """
+        t = state[0].shape[2]
+        causal = _causal_mask(t, tgt_in)
+        return self._decode(tgt_in, state, t, causal, keys, mask, temperature, True)[2]
+
+
+def _causal_mask(t: int, tgt_in: Tensor) -> Tensor:
+    """``(1, T_y, t + T_y)``: target position ``i`` after ``t`` cached ones reads ``j <= t + i``."""
+    T_y = tgt_in.shape[1]
+    i = torch.arange(T_y, device=tgt_in.device).unsqueeze(1)  # (T_y, 1)
+    j = torch.arange(t + T_y, device=tgt_in.device).unsqueeze(0)  # (1, t + T_y)
+    return (j <= t + i).unsqueeze(0)  # (1, T_y, t + T_y)
