@@ -225,6 +225,11 @@ def test_joblib_round_trip(ensemble, tmp_path):
     assert loaded.predict(FEW) == ensemble.predict(FEW)
     assert_same_attention(ensemble.predict_attention(FEW), loaded.predict_attention(FEW))
     assert loaded.estimators_[0] is loaded.estimators[0].estimator  # each member stored once
+    for i, model in enumerate(ensemble.estimators_):  # members dumped by separate runs
+        joblib.dump(model, tmp_path / f"member{i}.joblib")
+    paths = [tmp_path / f"member{i}.joblib" for i in range(len(ensemble.estimators_))]
+    rebuilt = Seq2SeqEnsemble.from_fitted([joblib.load(path) for path in paths])
+    assert rebuilt.predict(FEW) == ensemble.predict(FEW)
 
 
 def test_score_and_the_metrics_scorers(ensemble):
