@@ -1,0 +1,83 @@
+"""Tests for the packaged models: ``serving.packaged_models``, ``--model NAME`` and the shipped
+English G2P model (``cmudict-g2p``), which must do what its recorded figures say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import serving
+from serving import packaged
+from serving.__main__ import build_parser, main
+
+
+@pytest.fixture
+def fake_root(tmp_path, monkeypatch, fitted_reversal):
+    """A packaged-models folder holding one exported reversal model, ``rev``."""
+    fitted_reversal.export_onnx(tmp_path / "rev")
+    (tmp_path / "not-a-model").mkdir()  # folders without a manifest are not models
+    monkeypatch.setattr(packaged, "_root", lambda: tmp_path)
+    return tmp_path
+
+
+def test_packaged_models_lists_the_artifacts_and_names_them(fake_root, fitted_reversal):
+    assert serving.packaged_models() == ["rev"]
+    runtime = serving.load(serving.packaged_model_dir("rev"))
+    assert runtime.predict(["123", "4567"]) == fitted_reversal.predict(["123", "4567"])
+    with pytest.raises(
+        ValueError, match=r"model='nope' is not a packaged model; packaged: \['rev'\]"
+    ):
+        serving.packaged_model_dir("nope")
+
+
+def test_the_command_line_serves_a_packaged_model_beside_a_model_dir(fake_root):
+    args = build_parser().parse_args(["--model", "rev", "--model-dir", "x"])
+    assert args.model == [("rev", fake_root / "rev")]
+    assert args.model_dir == [(None, Path("x"))]
+
+
+def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "nope"])
+    assert "is not a packaged model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
+    assert "--model-dir DIR (an export) or --model NAME" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the shipped G2P model
+
+G2P = "cmudict-g2p"
+
+
+@pytest.fixture(scope="module")
+def g2p_dir():
+    if G2P not in serving.packaged_models():
+        pytest.skip(f"{G2P} is not in this install")
+    return serving.packaged_model_dir(G2P)
+
+
+def test_the_g2p_model_ships_with_its_recipe_figures_and_license(g2p_dir):
+    size = sum(p.stat().st_size for p in g2p_dir.iterdir())
+    assert size <= 16 * 2**20  # "at most about 15 MB"
+    assert "CMUdict" in (g2p_dir / "LICENSE").read_text()
+    figures = json.loads((g2p_dir / "figures.json").read_text())
+    assert {"test_wer", "test_per", "train_seconds"} <= set(figures)
+    assert (g2p_dir / "RECIPE.md").read_text().strip()
+
+
+@pytest.mark.slow
+def test_the_g2p_model_reaches_its_recorded_test_figures_on_a_sample(g2p_dir):
+    from skattn.datasets import group_pronunciations, load_cmudict
+    from skattn.metrics import phoneme_error_rate, word_error_rate
+
+    words, references = group_pronunciations(*load_cmudict("test"))
+    sample = slice(0, len(words), 12)  # 1,000 of the 11,994 test words, spread over the list
+    words, references = words[sample], references[sample]
+    predictions = serving.load(g2p_dir, intra_op_num_threads=1).predict(words)
+    figures = json.loads((g2p_dir / "figures.json").read_text())
+    # A 1,000-word sample of a WER near 25 % has a standard error of about 1.4 points.
+    assert 100 * word_error_rate(references, predictions) <= figures["test_wer"] + 5.0
+    assert 100 * phoneme_error_rate(references, predictions) <= figures["test_per"] + 2.0
