@@ -9,7 +9,11 @@ one (6), so positions and the cache go past anything seen in training.
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -286,3 +290,21 @@ def test_items_asking_for_other_maps_never_share_a_batch():
     assert chosen == [items[0], items[2]]
     chosen, _ = choose_batch(remaining, last_lead=0, max_batch_size=8, max_batch_chars=100)
     assert chosen == [items[1], items[3]]
+
+
+@pytest.mark.slow
+def test_bench_attention_maps_quick_prints_both_comparisons():
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention_maps.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    gap = float(done.stdout.split("max |difference| ")[1].split()[0])
+    assert gap < 1e-4  # the runtime's maps are the estimator's
+    rows = [line for line in done.stdout.splitlines() if line.endswith("x |")]
+    assert len(rows) == 2 + 2 + 2  # two chunk sizes, two step batches, two beam sizes

@@ -125,20 +125,14 @@ def check_selection(
     if num_layers == 0:
         name = names[0] if layer is not None else names[1]
         raise ValueError(f"{name}: {unavailable or 'this model has no per-layer attention maps'}")
-    checked = [
-        _index(value, size, name, what, allow_all)
-        for value, size, name, what in (
-            (layer, num_layers, names[0], "layers"),
-            (head, num_heads, names[1], "heads"),
-        )
-    ]
-    return MapSelection(
-        -1 % num_layers if checked[0] is None else checked[0], checked[1], num_layers, num_heads
-    )
+    layer = _index(layer, num_layers, names[0], "layers", allow_all)
+    head = _index(head, num_heads, names[1], "heads", allow_all)
+    last = num_layers - 1  # no layer named: the last, as the search's own maps
+    return MapSelection(last if layer is None else layer, head, num_layers, num_heads)
 
 
 def _index(value: object, size: int, name: str, what: str, allow_all: bool) -> int | str | None:
-    if value is None or (allow_all and value == ALL):
+    if value is None or (allow_all and isinstance(value, str) and value == ALL):
         return value  # type: ignore[return-value]
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         kinds = f"an int, {ALL!r} or None" if allow_all else "an integer"
