@@ -273,18 +273,27 @@ class Seq2SeqEnsemble(BaseEstimator):
         """
         return self._translate(X, with_attention=False)[0]
 
-    def predict_attention(self, X: Sequence) -> list[np.ndarray]:
+    def predict_attention(self, X: Sequence, layer: None = None, head: None = None) -> list:
         """Attention maps of the ensemble's predictions: the attending members' mean.
 
         Parameters
         ----------
         X : sequence of str or of token lists
+        layer, head : None
+            Only None: one Transformer layer's or head's map is a single model's (a member's
+            ``predict_attention(X, layer=..., head=...)``), not the ensemble's.
 
         Returns
         -------
         list of ndarray of shape (n_output_tokens, n_source_tokens + 1)
             Rows sum to 1.
         """
+        for name, value in (("layer", layer), ("head", head)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r}: an ensemble reports its mean attention map only; ask a "
+                    f"member (ensemble.estimators_[i].predict_attention(X, {name}=...))"
+                )
         return self._translate(X, with_attention=True)[1]
 
     def score(self, X: Sequence, y: Sequence) -> float:

@@ -288,6 +288,9 @@ def test_an_ensemble_of_one_transformer_serves_as_that_model(members, tmp_path):
     assert runtime.manifest.state_names == ("m0_self_keys", "m0_self_values")
     assert runtime.predict(SOURCES) == model.predict(SOURCES)
     assert_same_attention(model.predict_attention(SOURCES), runtime.predict_attention(SOURCES))
+    assert runtime.info.attention_layers == 0  # a single model's maps, not an ensemble's
+    with pytest.raises(ValueError, match="decoder is 'ensemble.transformer.'"):
+        runtime.predict_attention(SOURCES[:2], layer=0)
 
 
 def test_the_server_and_the_explorer_listing_serve_the_ensemble(artifacts, serve):
@@ -352,5 +355,7 @@ def test_bad_settings_and_unfitted_use_are_refused(members, ensemble):
     bad.temperature = -1.0
     with pytest.raises(ValueError, match="temperature"):
         bad.predict(FEW)
+    with pytest.raises(ValueError, match="layer=0: an ensemble reports its mean"):
+        ensemble.predict_attention(FEW, layer=0)
     with pytest.raises(NotFittedError):
         Seq2SeqEnsemble([Seq2Seq()]).predict(FEW)
