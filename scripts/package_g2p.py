@@ -1,0 +1,157 @@
+"""Package the English G2P model that ships in ``serving/models/cmudict-g2p``.
+
+Takes the saved models of ``examples/g2p_cmudict.py --save`` (one, or the members of an
+ensemble) and the results JSON of the run that evaluated them (``--out``, from the same
+command with ``--ensemble`` for an ensemble), exports them as one artifact, and writes beside
+it what a user needs to trust it: ``RECIPE.md`` (how it was trained and chosen), ``figures.json``
+(its measured dev and test figures) and ``LICENSE`` (CMUdict's, whose words it learned from)::
+
+    python scripts/package_g2p.py --model runs/g2p/member0.joblib runs/g2p/member1.joblib \\
+        --results runs/g2p/ensemble.json --out serving/models/cmudict-g2p
+
+The package budget is about 15 MB (``--max-mb``). An artifact holds each member's weights in
+its step graphs and again in ``decode.onnx``; when the whole is over the budget,
+``decode.onnx`` (optional in an artifact: the runtime then decodes over the step graphs, with
+the same results) is left out, and ``RECIPE.md`` says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import joblib
+
+from skattn import Seq2SeqEnsemble
+from skattn.core.manifest import DECODE_FILE, MANIFEST_FILE, Manifest
+
+DATA_README = Path(__file__).resolve().parents[1] / "skattn" / "data" / "README.md"
+
+
+def cmudict_license() -> str:
+    """The CMUdict section of the packaged data's README: source, copyright and license."""
+    text = DATA_README.read_text(encoding="utf-8")
+    start = text.index("Source: the Carnegie Mellon University Pronouncing Dictionary")
+    return (
+        "The model in this folder was trained on the CMU Pronouncing Dictionary (CMUdict) 0.7b,\n"
+        "standard G2P training split. Its license:\n\n" + text[start:].strip() + "\n"
+    )
+
+
+def directory_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.iterdir()) / 2**20
+
+
+def drop_decode_graph(directory: Path) -> None:
+    """Remove ``decode.onnx`` and rewrite the manifest's checksums without it."""
+    (directory / DECODE_FILE).unlink()
+    manifest = Manifest.from_json((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+    (directory / MANIFEST_FILE).write_text(manifest.with_files(directory).to_json())
+
+
+def figures(results: dict, members: list) -> dict:
+    """What ``figures.json`` records: test and dev PER/WER, speeds, training time."""
+    test, dev = results["skattn_test"], results["skattn_dev"]
+    greedy = results.get("skattn_test_greedy", {})
+    return {
+        "test_per": round(test["per"], 2),
+        "test_wer": round(test["wer"], 2),
+        "dev_per": round(dev["per"], 2),
+        "dev_wer": round(dev["wer"], 2),
+        "test_words": test["words"],
+        "beam_size": results["config"]["beam_size"],
+        "greedy_test_wer": round(greedy["wer"], 2) if greedy else None,
+        "train_seconds": round(results["train_seconds"], 1),
+        "members": len(members),
+        "member_epochs": [m.n_iter_ for m in members],
+    }
+
+
+def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str:
+    config = member.get_params()
+    minutes = (config["max_time"] or 0) / 60
+    members = "\n".join(f"- `{p.name}`" for p in args.model)
+    lines = [
+        "# cmudict-g2p: English grapheme-to-phoneme (CMUdict ARPAbet, stress removed)",
+        "",
+        "Serve it: `python -m serving --model cmudict-g2p`; in Python:",
+        '`serving.load(serving.packaged_model_dir("cmudict-g2p")).predict(["hello"])`',
+        "(upper- or lower-case letters as CMUdict spells them; one list of phonemes per word).",
+        "",
+        "## How it was made",
+        "",
+        f"{record['members']} model(s) trained by `examples/g2p_cmudict.py` with "
+        f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and its defaults "
+        f"(Bahdanau decoder, additive attention, bi-{config['cell'].upper()} "
+        f"{config['hidden_size']}, embedding {config['embedding_dim']}, dropout "
+        f"{config['dropout']}, batch {config['batch_size']}, Adam {config['learning_rate']} on a "
+        "cosine over the budget, the epoch with the best validation exact match kept), one "
+        "random state each (`--model-seed`), on the 103,794 training words left after a "
+        "3,000-word development set; chosen on the development set only.",
+        members,
+        "",
+        "Combined as `skattn.Seq2SeqEnsemble.from_fitted(members, beam_size="
+        f"{record['beam_size']})` (the mean of the members' log-probabilities at every step) "
+        "and exported with `export_onnx`."
+        if record["members"] > 1
+        else "Exported with `export_onnx`.",
+        "",
+        f"Training: {record['train_seconds'] / 60:.1f} minutes in all (epochs per member: "
+        f"{record['member_epochs']}), {member.n_threads_} CPU thread(s) each.",
+        "",
+        "## Figures (CMUdict 0.7b standard test split, 11,994 words)",
+        "",
+        f"- test: PER {record['test_per']} %, WER {record['test_wer']} % (beam "
+        f"{record['beam_size']}); greedy WER {record['greedy_test_wer']} %",
+        f"- development set: PER {record['dev_per']} %, WER {record['dev_wer']} %",
+        "",
+        "WER is the share of words whose prediction matches none of their pronunciations; PER the",
+        "edit distance to the closest one over the reference lengths.",
+    ]
+    if dropped:
+        lines += [
+            "",
+            "`decode.onnx` (the whole search in one graph) is left out to keep the package near",
+            "15 MB: the runtime and the server decode over `encoder.onnx` and `decoder_step.onnx`,",
+            "with the same results. Re-export the members to get it.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, nargs="+", required=True, help="joblib models")
+    parser.add_argument("--results", type=Path, required=True, help="their evaluation JSON")
+    parser.add_argument("--out", type=Path, required=True, help="the package folder to write")
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--max-mb", type=float, default=15.5)
+    args = parser.parse_args(argv)
+    members = [joblib.load(path) for path in args.model]
+    if len(members) == 1:
+        model = members[0].set_params(beam_size=args.beam_size)
+    else:
+        model = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
+    results = json.loads(args.results.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = model.export_onnx(Path(tmp) / "artifact")
+        dropped = directory_mb(staged) > args.max_mb
+        if dropped:
+            drop_decode_graph(staged)
+        record = figures(results, members)
+        (staged / "figures.json").write_text(json.dumps(record, indent=2) + "\n")
+        (staged / "RECIPE.md").write_text(recipe(args, members[0], record, dropped))
+        (staged / "LICENSE").write_text(cmudict_license())
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        shutil.copytree(staged, args.out)
+    print(
+        f"{args.out}: {directory_mb(args.out):.1f} MB, {sorted(p.name for p in args.out.iterdir())}"
+    )
+    return args.out
+
+
+if __name__ == "__main__":
+    main()
