@@ -4,7 +4,8 @@
 2. The seeds' experiment: digit reversal with and without attention (``reversal_attention.py``).
 3. The attention model exported to ONNX and served by ``python -m serving`` on loopback.
 4. Queried over the Open Inference Protocol (KServe v2), checked against the estimator, and shut
-   down with SIGTERM.
+   down with SIGTERM. The same server serves the English G2P model that ships in the package
+   (``--model cmudict-g2p``), asked for test words it never saw, beside their CMUdict entries.
 
     python examples/demo.py            # the full demo (a few minutes on 2 CPU cores)
     python examples/demo.py --quick    # a smoke run (its PNG goes to a temporary folder)
@@ -27,7 +28,11 @@ import numpy as np
 import torch
 from reversal_attention import format_table, run_experiment, save_heatmap
 
+import serving
 from skattn import reference
+from skattn.datasets import load_cmudict
+
+G2P = "cmudict-g2p"
 
 
 def seeds_worked_examples() -> None:
@@ -60,9 +65,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: Test words of CMUdict's standard split (never trained on) for the packaged G2P model.
+G2P_WORDS = ["PARAPHRASE", "BIBLIOGRAPHY", "PTOLEMY", "REFRIGERATORS", "MASSACRE", "EIGHTIES"]
+
+
 def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
-    """Start the server on ``model_dir``, query it, compare with ``model``, stop it."""
+    """Start the server on ``model_dir`` (and the packaged G2P model), query it, compare with
+    ``model``, stop it."""
     port = free_port()
+    g2p = G2P in serving.packaged_models()
     server = subprocess.Popen(
         [
             sys.executable,
@@ -76,6 +87,7 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
             str(port),
             "--log-level",
             "warning",
+            *(["--model", G2P] if g2p else []),
         ],
     )
     base = f"http://127.0.0.1:{port}"
@@ -126,10 +138,35 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
             line for line in metrics.splitlines() if line.startswith("skattn_requests_total")
         ]
         print("\n" + "\n".join(served_lines))
+        if g2p:
+            query_g2p(base)
+        else:
+            print(f"\n(no packaged {G2P} model in this install)")
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=30)
         print(f"\nserver stopped with SIGTERM, exit code {code}")
+
+
+def query_g2p(base: str) -> None:
+    """Ask the packaged G2P model for ``G2P_WORDS`` and set its answers beside CMUdict's."""
+    words, pronunciations = load_cmudict("test")
+    references: dict[str, list[str]] = {}
+    for word, pronunciation in zip(words, pronunciations, strict=True):
+        references.setdefault(word, []).append(" ".join(pronunciation))
+    request = {
+        "inputs": [
+            {"name": "source", "shape": [len(G2P_WORDS)], "datatype": "BYTES", "data": G2P_WORDS}
+        ]
+    }
+    reply = httpx.post(f"{base}/v2/models/{G2P}/infer", json=request, timeout=60)
+    reply.raise_for_status()
+    served = reply.json()["outputs"][0]["data"]
+    print(f"\nPOST {base}/v2/models/{G2P}/infer (the packaged English G2P model, test words)")
+    for word, phonemes in zip(G2P_WORDS, served, strict=True):
+        known = references.get(word, [])
+        verdict = "right" if phonemes in known else f"CMUdict: {' / '.join(known) or '-'}"
+        print(f"  {word:<12} -> {phonemes:<28} {verdict}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,10 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import serving
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
+import demo  # noqa: E402
 import g2p_cmudict  # noqa: E402
 import grid_search  # noqa: E402
 import serve_and_query  # noqa: E402
@@ -113,6 +116,10 @@ def test_demo_quick(tmp_path):
         assert verdict == ("right" if served == source[::-1] else "WRONG")
     assert "exit code 0" in out
     assert_png(tmp_path / "reversal_attention.png")
+    if "cmudict-g2p" in serving.packaged_models():  # served beside the reversal model
+        g2p = re.findall(r"^  ([A-Z]+)\s+-> ([A-Z ]+?)\s+(right|CMUdict: .+)$", out, re.MULTILINE)
+        assert [word for word, _, _ in g2p] == demo.G2P_WORDS
+        assert sum(verdict == "right" for _, _, verdict in g2p) >= 3
 
 
 @pytest.mark.slow
