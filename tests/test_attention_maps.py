@@ -182,10 +182,18 @@ def test_the_artifact_holds_attention_onnx_and_the_runtime_reports_its_axes(arti
     assert (info.attention_layers, info.attention_heads) == (LAYERS, HEADS)
 
 
-@pytest.mark.parametrize("max_batch_size", [1, 7, 256])
-@pytest.mark.parametrize("decode_graph", [True, False])
-def test_runtime_maps_equal_the_estimators(fitted, artifact, max_batch_size, decode_graph):
-    runtime = load(artifact, max_batch_size=max_batch_size, decode_graph=decode_graph)
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_batch_size=1),
+        dict(max_batch_size=7, decode_graph=False),
+        dict(max_batch_size=256),
+        dict(max_batch_size=256, decode_graph=False, io_binding=True),
+    ],
+    ids=["graph-1", "steps-7", "graph-256", "io-binding-256"],
+)
+def test_runtime_maps_equal_the_estimators(fitted, artifact, options):
+    runtime = load(artifact, **options)
     for layer, head in ((0, 2), (-1, None), ("all", "all")):
         expected = fitted.predict_attention(SOURCES, layer=layer, head=head)
         assert_maps_equal(expected, runtime.predict_attention(SOURCES, layer=layer, head=head))
