@@ -125,9 +125,11 @@ def phonetisaurus_rows(data: dict, args: argparse.Namespace, workdir: Path) -> d
     else:
         recipe = ps.Phonetisaurus(DEFAULT_OPTIONS, workdir / "recipe").fit(*data["train"])
         fitted, dev, chosen = {DEFAULT_OPTIONS.label: recipe}, [], DEV_CHOSEN.label
-        if chosen not in fitted:
-            model = ps.Phonetisaurus(DEV_CHOSEN, workdir / "chosen").fit(*data["train"])
-            fitted[chosen] = model
+        aligned_alike = dataclasses.replace(DEV_CHOSEN, order=DEFAULT_OPTIONS.order)
+        if chosen not in fitted and aligned_alike == DEFAULT_OPTIONS:  # reuse the alignment
+            fitted[chosen] = recipe.with_order(DEV_CHOSEN.order)
+        elif chosen not in fitted:
+            fitted[chosen] = ps.Phonetisaurus(DEV_CHOSEN, workdir / "chosen").fit(*data["train"])
     rows = []
     labels = dict.fromkeys((DEFAULT_OPTIONS.label, chosen))  # one row if the recipe won
     for label in labels:
@@ -156,12 +158,14 @@ def load_skattn(path: Path):
     model = joblib.load(path)
     if not hasattr(model, "predict") or not hasattr(model, "export_onnx"):
         raise ValueError(f"--skattn {path}: a {type(model).__name__}, not a fitted skattn model")
+    members = getattr(model, "estimators_", [model])  # an ensemble: its members one after another
+    threads = sorted({getattr(m, "n_threads_", None) for m in members} - {None})
+    fitted_with = f"; fit with {'/'.join(map(str, threads))} torch thread(s)" if threads else ""
     results = path.with_suffix(".json")
     if results.is_file() and "train_seconds" in (meta := json.loads(results.read_text())):
-        return model, meta["train_seconds"], f"training time from {results.name}"
-    members = getattr(model, "estimators_", [model])  # an ensemble: its members one after another
+        return model, meta["train_seconds"], f"training time from {results.name}{fitted_with}"
     seconds = sum(r["seconds"] for m in members for r in getattr(m, "history_", []))
-    return model, (seconds or None), "training time: the sum of history_'s epoch seconds"
+    return model, (seconds or None), f"training time: history_'s epoch seconds{fitted_with}"
 
 
 def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, args) -> list[dict]:

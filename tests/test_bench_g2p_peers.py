@@ -87,7 +87,10 @@ def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path
         seconds == pytest.approx(sum(r["seconds"] for r in model.history_)) and "history_" in note
     )
     saved.with_suffix(".json").write_text(json.dumps({"train_seconds": 123.0}))
-    assert bench_g2p_peers.load_skattn(saved)[1:] == (123.0, "training time from model.json")
+    assert bench_g2p_peers.load_skattn(saved)[1:] == (
+        123.0,
+        f"training time from model.json; fit with {model.n_threads_} torch thread(s)",
+    )
 
     argv = ["--quick", "--no-phonetisaurus", "--no-g2p-en", "--serving-threads", "1"]
     results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}", "--skattn", f"a={artifact}"])
