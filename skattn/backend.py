@@ -87,13 +87,13 @@ class TorchBackend:
     def map_selection(self, layer: Index, head: Index) -> MapSelection | None:
         """``check_selection`` against this module's decoder (``ValueError`` naming ``layer`` or
         ``head``); None when both are None: the maps the search collects."""
-        config = self.module.config
-        layers = config.num_layers if config.decoder == "transformer" else 0
+        config = self.module.config  # ModelConfig, or an ensemble's config (no num_heads)
+        transformer = config.decoder == "transformer"
         return check_selection(
             layer,
             head,
-            layers,
-            config.num_heads,
+            config.num_layers if transformer else 0,
+            config.num_heads if transformer else 0,
             unavailable="per-layer and per-head maps are the Transformer decoder's "
             f"(decoder='transformer'); this model's decoder is {config.decoder!r}",
         )
