@@ -30,64 +30,32 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
+from serving.batch_items import (
+    BatcherClosedError,
+    BatchError,
+    BatchMetrics,
+    ItemResult,
+    Maps,
+    QueuedItem,
+    QueueFullError,
+)
 from serving.batch_policy import choose_batch
 from serving.interface import Runtime
 from skattn.core.checks import check_int, check_real
 
+__all__ = [
+    "BatchError",
+    "BatchMetrics",
+    "Batcher",
+    "BatcherClosedError",
+    "ItemResult",
+    "QueueFullError",
+]
+
 logger = logging.getLogger(__name__)
-
-#: The ``(layer, head)`` of the attention maps an item asks for; None: the default map.
-Maps = tuple[int | None, int | None] | None
-
-
-class BatchMetrics(Protocol):
-    """What the batcher records (``serving.metrics.ModelMetrics`` implements it)."""
-
-    def batch(self, size: int, seconds: float, failed: bool) -> None: ...
-
-    def queue_wait(self, seconds: float) -> None: ...
-
-    def queue_depth(self, depth: int) -> None: ...
-
-
-class QueueFullError(Exception):
-    """The queue cannot take the items of a request now; the client should retry later."""
-
-
-class BatcherClosedError(Exception):
-    """The batcher is not running (not started yet, or stopping)."""
-
-
-class BatchError(Exception):
-    """The runtime call of an item's batch raised; the original error is ``__cause__``."""
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    """The answer for one source: its prediction and, when asked for, its attention map.
-
-    ``prediction`` is a str, or a list of tokens for a model with ``output_kind="tokens"``;
-    ``attention`` is ``(T_y, T_x)``.
-    """
-
-    prediction: str | list[str]
-    attention: np.ndarray | None = None
-
-
-@dataclass(eq=False)
-class _Item:
-    source: str
-    temperature: float | None
-    with_attention: bool
-    future: asyncio.Future
-    maps: Maps = None
-    request: int = 0  # which submit() call it came from (they count up)
-    enqueued: float = field(default_factory=time.monotonic)
 
 
 class Batcher:
@@ -155,7 +123,7 @@ class Batcher:
         self._own_executor = executor is None
         self._executor = executor
         self._metrics = metrics
-        self._pending: list[_Item] = []  # arrival order
+        self._pending: list[QueuedItem] = []  # arrival order
         self._submits = 0  # submit() calls so far
         self._last_lead = 0  # the request whose item led the latest batch
         self._wakeup: asyncio.Event | None = None
@@ -281,7 +249,9 @@ class Batcher:
         self._submits += 1
         maps = (layer, head) if with_attention and (layer, head) != (None, None) else None
         items = [
-            _Item(source, temperature, with_attention, loop.create_future(), maps, self._submits)
+            QueuedItem(
+                source, temperature, with_attention, loop.create_future(), maps, self._submits
+            )
             for source in sources
         ]
         self._pending.extend(items)
@@ -343,7 +313,7 @@ class Batcher:
             self._pending.clear()
             self._report_depth()
 
-    async def _next_batch(self) -> list[_Item] | None:
+    async def _next_batch(self) -> list[QueuedItem] | None:
         """Wait until a batch is due (full, or its oldest item has waited max_delay)."""
         max_delay = self.max_delay_ms / 1000
         while True:
@@ -366,7 +336,7 @@ class Batcher:
             await self._wakeup.wait()  # a new item, stop(), or the oldest item's deadline
             timer.cancel()
 
-    def _take_batch(self) -> list[_Item]:
+    def _take_batch(self) -> list[QueuedItem]:
         """The next batch (:func:`serving.batch_policy.choose_batch`), out of the queue."""
         chosen, self._pending = choose_batch(
             self._pending, self._last_lead, self.max_batch_size, self.max_batch_chars
@@ -376,7 +346,7 @@ class Batcher:
         chosen.sort(key=lambda item: len(item.source))
         return chosen
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[QueuedItem]) -> None:
         """Run one batch in the worker thread and resolve every item's future."""
         batch = [item for item in batch if not item.future.cancelled()]
         if not batch:
@@ -389,7 +359,7 @@ class Batcher:
         await self._run_group(batch, batch[0].temperature, with_attention)
 
     async def _run_group(
-        self, group: list[_Item], temperature: float | None, with_attention: bool
+        self, group: list[QueuedItem], temperature: float | None, with_attention: bool
     ) -> None:
         """One runtime call for ``group``; if it raises, its halves are run apart (bisection),
         so that only the items that fail on their own get the error.
@@ -456,7 +426,7 @@ class Batcher:
             self._report_depth()
 
     @staticmethod
-    def _fail(items: list[_Item], error: Exception) -> None:
+    def _fail(items: list[QueuedItem], error: Exception) -> None:
         for item in items:
             if not item.future.done():
                 item.future.set_exception(error)

@@ -321,12 +321,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
 
     def _search_settings(self, beam_size: int | None = None) -> SearchSettings:
         """Prediction-time settings, read at every call (``set_params`` after ``fit`` applies)."""
-        return SearchSettings(
-            beam_size=self.beam_size if beam_size is None else beam_size,
-            length_penalty=self.length_penalty,
-            max_length=self._output_limit(),
-            temperature=self.temperature,
-        )
+        beams = self.beam_size if beam_size is None else beam_size
+        return SearchSettings(beams, self.length_penalty, self._output_limit(), self.temperature)
 
     def _greedy_tokens(self, id_lists: list[list[int]]) -> list[list[int]]:
         """Greedy output ids of source id lists: the trainer's validation exact match."""
