@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import joblib
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,3 +121,22 @@ def test_phonetisaurus_options_are_checked_and_labelled_as_flags():
     assert options.label == "-o 6 --seq1_max 3 --seq1_del"
     with pytest.raises(ValueError, match="order"):
         phonetisaurus_g2p.Options(order=0)
+
+
+@pytest.mark.skipif(
+    phonetisaurus_g2p.unavailable_reason() is not None,
+    reason=str(phonetisaurus_g2p.unavailable_reason()),
+)
+def test_phonetisaurus_learns_a_lexicon_and_estimates_other_orders_from_one_alignment(tmp_path):
+    rng = np.random.default_rng(0)
+    phones = {"A": "AA", "B": "B", "C": "K", "D": "D"}
+    X = sorted({"".join(rng.choice(list(phones), size=rng.integers(3, 7))) for _ in range(400)})
+    y = [[phones[c] for c in w] for w in X]
+    model = phonetisaurus_g2p.Phonetisaurus(phonetisaurus_g2p.Options(order=3), tmp_path)
+    model.fit(X[:300], y[:300])
+    assert model.predict(X[300:]) == y[300:]  # unseen words of a one-to-one spelling
+
+    other = model.with_order(2)
+    assert other.options.label == "-o 2 --seq2_del" and other.align_cost_ == model.align_cost_
+    assert other.train_cost_.cpu_seconds > model.align_cost_.cpu_seconds > 0
+    assert other.predict(["ABCD"]) == [["AA", "B", "K", "D"]]
