@@ -68,7 +68,6 @@ import warnings
 from pathlib import Path
 
 import joblib
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
@@ -385,17 +384,11 @@ def main(argv: list[str] | None = None) -> dict:
     for system, reason in skipped.items():
         print(f"- {system}: not measured ({reason})")
     if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=2, default=_json_default))
+        args.out.write_text(json.dumps(results, indent=2, default=g2p_cmudict._json_default))
         print(f"results: {args.out}")
     if args.table is not None:
         args.table.write_text(table + "\n")
     return results
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Large-batch training: does a larger batch, with its learning rate scaled and warmed up, hold
 the accuracy of the default batch for the same number of training examples, in less time?
 
-The seeds' experiment (``bench_defaults.py``: a bi-GRU of 128 units, Bahdanau attention, digit
+The seeds' experiment (``bench_defaults.run``: a bi-GRU of 128 units, Bahdanau attention, digit
 strings of lengths 1-12, every other hyperparameter at the estimator's default) trained on the
 same number of examples (``--examples``, one pass over fresh strings) at batch 64, the default,
 and at larger batches with the rate kept, scaled by the square root of the batch ratio, or
@@ -34,15 +34,10 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
+import bench_defaults
 import torch
 
-from skattn import Seq2Seq
-from skattn.datasets import make_reversal
-from skattn.metrics import exact_match
-
-EXPERIMENT = dict(hidden_size=128, decoder="bahdanau", device="cpu")
 BASE_BATCH, BASE_LR = 64, 3e-3
 
 #: (label, batch size, learning rate, warmup as a share of the steps)
@@ -58,23 +53,10 @@ ROWS = (
 def run(batch: int, lr: float, warmup: float, examples: int, random_state: int) -> tuple:
     """Exact match at length 8 and 12, and the training seconds, of one fit."""
     steps = math.ceil(examples / batch)
-    X, y = make_reversal(examples, min_length=1, max_length=12, random_state=random_state)
-    model = Seq2Seq(
-        **EXPERIMENT,
-        batch_size=batch,
-        learning_rate=lr,
-        warmup_steps=round(warmup * steps),
-        max_steps=steps,
-        random_state=random_state,
+    params = dict(batch_size=batch, learning_rate=lr, max_steps=steps)
+    return bench_defaults.run(
+        params | {"warmup_steps": round(warmup * steps)}, random_state, examples
     )
-    start = time.perf_counter()
-    model.fit(X, y)
-    seconds = time.perf_counter() - start
-    scores = []
-    for length in (8, 12):
-        X_test, y_test = make_reversal(500, length, length, random_state=1000 + length)
-        scores.append(exact_match(y_test, model.predict(X_test)))
-    return scores[0], scores[1], seconds
 
 
 def main(argv: list[str] | None = None) -> None:
