@@ -3,7 +3,8 @@
 A fresh virtual environment gets the project (built from a copy of its sources, as pip builds any
 source tree) with only the ``serve`` and ``cpu`` extras. Neither torch nor scikit-learn may be
 installed there, and ``python -m serving`` run from it must answer an inference request on an
-artifact that this (full) environment exported exactly as ``serving.load(...).predict`` does here.
+artifact that this (full) environment exported exactly as ``serving.load(...).predict`` does here,
+and it must hold the packaged models (``serving/models``) that this tree holds.
 """
 
 import json
@@ -32,6 +33,7 @@ print(json.dumps({
     "loaded": sorted({m.split(".")[0] for m in sys.modules} & {"torch", "sklearn"}),
     "serving": serving.__file__,
     "skattn": skattn.core.text.__file__,
+    "packaged": serving.packaged_models(),
 }))
 """
 
@@ -105,6 +107,7 @@ def test_server_only_install_has_no_torch_or_sklearn_and_serves_an_export(
     assert report["loaded"] == [], report
     for package in ("serving", "skattn"):
         assert Path(report[package]).is_relative_to(venv), report
+    assert report["packaged"] == serving.packaged_models()  # the packaged models install too
 
     # 4. the installed server answers as the runtime does here
     port = free_port()
