@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -59,6 +60,7 @@ import torch
 from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
 from skattn.metrics import phoneme_error_rate, word_error_rate
+from skattn.models import ModelConfig
 
 #: Published single-split figures on this test set: (system, PER %, WER %).
 PUBLISHED = [
@@ -97,9 +99,9 @@ def subsample_words(
 
 # ---------------------------------------------------------------- model
 
-#: The parameters that make the model's architecture: a continued run keeps the saved ones.
-MODEL_PARAMS = {"decoder", "scorer", "input_feeding", "cell", "embedding_dim", "hidden_size"}
-MODEL_PARAMS |= {"num_layers", "dropout"}
+#: The parameters of the model itself (its ModelConfig) and its tokenizer: a continued run
+#: (``--continue-from``, ``warm_start``) keeps the saved model's.
+MODEL_PARAMS = {field.name for field in dataclasses.fields(ModelConfig)} | {"tokenizer"}
 
 
 def build_model(args: argparse.Namespace) -> Seq2Seq:

@@ -9,6 +9,8 @@ it what a user needs to trust it: ``RECIPE.md`` (how it was trained and chosen),
     python scripts/package_g2p.py --model runs/g2p/member0.joblib runs/g2p/member1.joblib \\
         --results runs/g2p/ensemble.json --out serving/models/cmudict-g2p
 
+The artifact searches with the beam its figures were measured at (the results' ``beam_size``).
+
 The package budget is about 15 MB (``--max-mb``). An artifact holds each member's weights in
 its step graphs and again in ``decode.onnx``; when the whole is over the budget,
 ``decode.onnx`` (optional in an artifact: the runtime then decodes over the step graphs, with
@@ -62,9 +64,11 @@ def figures(results: dict, members: list) -> dict:
         "dev_per": round(dev["per"], 2),
         "dev_wer": round(dev["wer"], 2),
         "test_words": test["words"],
+        "dev_words": dev["words"],
         "beam_size": results["config"]["beam_size"],
         "greedy_test_wer": round(greedy["wer"], 2) if greedy else None,
-        "train_seconds": round(results["train_seconds"], 1),
+        # every epoch of every member, a continued run's earlier epochs too (warm_start)
+        "train_seconds": round(sum(r["seconds"] for m in members for r in m.history_), 1),
         "members": len(members),
         "member_epochs": [m.n_iter_ for m in members],
     }
@@ -85,13 +89,16 @@ def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str
         "",
         f"{record['members']} model(s) trained by `examples/g2p_cmudict.py` with "
         f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and its defaults "
-        f"(Bahdanau decoder, additive attention, bi-{config['cell'].upper()} "
+        f"({config['decoder'].capitalize()} decoder, {config['scorer']} attention, "
+        f"{config['encoder']} encoder, bi-{config['cell'].upper()} "
         f"{config['hidden_size']}, embedding {config['embedding_dim']}, dropout "
         f"{config['dropout']}, batch {config['batch_size']}, Adam {config['learning_rate']} on a "
-        "cosine over the budget, the epoch with the best validation exact match kept), one "
-        "random state each (`--model-seed`), on the 103,794 training words left after a "
-        "3,000-word development set; chosen on the development set only.",
+        f"{config['lr_schedule']} schedule, the epoch with the best validation "
+        f"{config['early_stopping_metric'].replace('_', ' ')} kept), one "
+        f"random state each (`--model-seed`), on the training words left after a "
+        f"{record['dev_words']:,}-word development set; chosen on it only.",
         members,
+        *([f"\n{args.note}"] if args.note else []),
         "",
         "Combined as `skattn.Seq2SeqEnsemble.from_fitted(members, beam_size="
         f"{record['beam_size']})` (the mean of the members' log-probabilities at every step) "
@@ -102,7 +109,7 @@ def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str
         f"Training: {record['train_seconds'] / 60:.1f} minutes in all (epochs per member: "
         f"{record['member_epochs']}), {member.n_threads_} CPU thread(s) each.",
         "",
-        "## Figures (CMUdict 0.7b standard test split, 11,994 words)",
+        f"## Figures (CMUdict 0.7b standard test split, {record['test_words']:,} words)",
         "",
         f"- test: PER {record['test_per']} %, WER {record['test_wer']} % (beam "
         f"{record['beam_size']}); greedy WER {record['greedy_test_wer']} %",
@@ -126,15 +133,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--model", type=Path, nargs="+", required=True, help="joblib models")
     parser.add_argument("--results", type=Path, required=True, help="their evaluation JSON")
     parser.add_argument("--out", type=Path, required=True, help="the package folder to write")
-    parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--max-mb", type=float, default=15.5)
+    parser.add_argument("--note", default="", help="more of how it was made, for RECIPE.md")
     args = parser.parse_args(argv)
     members = [joblib.load(path) for path in args.model]
-    if len(members) == 1:
-        model = members[0].set_params(beam_size=args.beam_size)
-    else:
-        model = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
     results = json.loads(args.results.read_text())
+    beam_size = results["config"]["beam_size"]  # the beam its figures were measured at
+    if len(members) == 1:
+        model = members[0].set_params(beam_size=beam_size)
+    else:
+        model = Seq2SeqEnsemble.from_fitted(members, beam_size=beam_size)
     with tempfile.TemporaryDirectory() as tmp:
         staged = model.export_onnx(Path(tmp) / "artifact")
         dropped = directory_mb(staged) > args.max_mb

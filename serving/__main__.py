@@ -290,22 +290,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("name a model to serve: --model-dir DIR (an export) or --model NAME")
     if args.model_name is not None:
         if len(args.model_dir) != 1 or args.model_dir[0][0] is not None:
-            parser.error("--model-name names a single --model-dir DIR; use NAME=DIR for several")
+            parser.error(
+                "--model-name names a single --model-dir DIR (packaged --model NAMEs keep "
+                "their names); use NAME=DIR for several"
+            )
         args.model_dir = [(args.model_name, args.model_dir[0][1])]
-    args.model_dir = [*args.model_dir, *args.model]
     for name, _ in args.model_dir:  # checked before any model loads
         if name is not None:
             try:
                 check_model_name(name)
             except ValueError as exc:
                 parser.error(str(exc))
+    named = [name for name, _ in args.model_dir if name is not None]
+    for name, _ in args.model:
+        if name in named:
+            parser.error(f"--model {name}: another model is served under that name too")
+        named.append(name)
+    args.model_dir = [*args.model_dir, *args.model]
     runtimes = {}
     for name, model_dir in args.model_dir:
         runtime = _load(model_dir, args.device, name, args.intra_op_threads)
         if runtime is None:
             return 2
         if runtime.info.name in runtimes:
-            parser.error(f"--model-dir: two models are named {runtime.info.name!r}; use NAME=DIR")
+            parser.error(
+                f"two models are named {runtime.info.name!r}; name them with "
+                "--model-dir NAME=DIR (packaged --model NAMEs keep their names)"
+            )
         runtimes[runtime.info.name] = runtime
         logger.info(
             "model loaded",

@@ -344,6 +344,8 @@ def _check_agrees(first: Seq2Seq, member: Seq2Seq, i: int) -> None:
     """Refuse a member that cannot share a search with the first (ValueError naming it)."""
     for what in ("tokenizer", "output_kind_", "device_"):
         a, b = getattr(first, what), getattr(member, what)
+        if what == "device_":  # torch.device("cuda") != torch.device("cuda:0"): compare both
+            a, b = (a.type, a.index or 0), (b.type, b.index or 0)
         if a != b:
             raise ValueError(
                 f"estimators[{i}] has {what}={b!r} but estimators[0] has {a!r}: the members of "

@@ -103,7 +103,7 @@ def check_warm_start(
     ]
     if changed:
         raise ValueError(
-            "warm_start=True continues the fitted model, whose architecture cannot change: "
+            "warm_start=True continues the fitted model, whose parameters cannot change: "
             f"{', '.join(changed)}; set them back, or fit with warm_start=False"
         )
     unknown = sorted({t for target in targets for t in target if t not in target_vocab})

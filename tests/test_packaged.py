@@ -81,3 +81,12 @@ def test_the_g2p_model_reaches_its_recorded_test_figures_on_a_sample(g2p_dir):
     # A 1,000-word sample of a WER near 25 % has a standard error of about 1.4 points.
     assert 100 * word_error_rate(references, predictions) <= figures["test_wer"] + 5.0
     assert 100 * phoneme_error_rate(references, predictions) <= figures["test_per"] + 2.0
+
+
+def test_two_models_under_one_name_are_refused_before_loading(fake_root, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "rev", "--model", "rev"])
+    assert "--model rev: another model is served under that name too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "rev", "--model-name", "x"])
+    assert "packaged --model NAMEs keep their names" in capsys.readouterr().err

@@ -187,3 +187,11 @@ def test_a_warm_started_model_pickles_and_continues_after_loading(data, tmp_path
     loaded = joblib.load(tmp_path / "m.joblib")
     assert loaded.fit(X, y).n_iter_ == 2
     assert len(loaded.predict(X[:4])) == 4
+
+
+def test_warm_start_never_shrinks_the_output_and_source_limits(data):
+    X, y = data
+    model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)
+    limits = model.max_source_length_, model.max_output_length_
+    model.fit(["12"] * 8, ["21"] * 8)  # shorter items than the first fit's
+    assert (model.max_source_length_, model.max_output_length_) == limits
