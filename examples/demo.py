@@ -30,7 +30,7 @@ from reversal_attention import format_table, run_experiment, save_heatmap
 
 import serving
 from skattn import reference
-from skattn.datasets import load_cmudict
+from skattn.datasets import group_pronunciations, load_cmudict
 
 G2P = "cmudict-g2p"
 
@@ -150,10 +150,8 @@ def serve_and_query(model, model_dir: Path, sources: list[str]) -> None:
 
 def query_g2p(base: str) -> None:
     """Ask the packaged G2P model for ``G2P_WORDS`` and set its answers beside CMUdict's."""
-    words, pronunciations = load_cmudict("test")
-    references: dict[str, list[str]] = {}
-    for word, pronunciation in zip(words, pronunciations, strict=True):
-        references.setdefault(word, []).append(" ".join(pronunciation))
+    words, pronunciations = group_pronunciations(*load_cmudict("test"))
+    references = {w: [" ".join(p) for p in ps] for w, ps in zip(words, pronunciations, strict=True)}
     request = {
         "inputs": [
             {"name": "source", "shape": [len(G2P_WORDS)], "datatype": "BYTES", "data": G2P_WORDS}
