@@ -59,6 +59,7 @@ import torch
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
+from skattn.distillation import teacher_targets
 from skattn.metrics import phoneme_error_rate, word_error_rate
 from skattn.models import ModelConfig
 
@@ -248,6 +249,35 @@ def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) ->
     )
 
 
+def distilled_pairs(args: argparse.Namespace, X: list[str], y: list[list[str]]) -> tuple:
+    """The training pairs of a distilled student (``--distill-from``): each distinct training
+    word with the pronunciation the teacher (the ensemble of the saved members, at
+    ``--beam-size``) ranks first, plus the references with ``--distill-references``; and what
+    the results record of the teacher (its members' training seconds, the labelling seconds)."""
+    members = [joblib.load(path) for path in args.distill_from]
+    teacher = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
+    start = time.perf_counter()
+    X_taught, y_taught = teacher_targets(teacher, X, tokenizer=members[0].tokenizer)
+    label_seconds = time.perf_counter() - start
+    teacher_seconds = sum(r["seconds"] for m in members for r in m.history_)
+    references = dict(zip(*group_pronunciations(X, y), strict=True))
+    agree = float(np.mean([p in references[w] for w, p in zip(X_taught, y_taught, strict=True)]))
+    print(
+        f"teacher ({len(members)} members, {teacher_seconds / 60:.1f} min of training) labelled "
+        f"{len(X_taught)} words in {label_seconds / 60:.1f} min; {100 * agree:.2f} % match a "
+        "reference"
+    )
+    if args.distill_references:
+        X_taught, y_taught = X_taught + list(X), y_taught + list(y)
+    summary = {
+        "teacher": [str(p) for p in args.distill_from],
+        "teacher_seconds": teacher_seconds,
+        "label_seconds": label_seconds,
+        "teacher_train_agreement": agree,
+    }
+    return X_taught, y_taught, summary
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -273,6 +303,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--average-checkpoints", type=int, default=1, help="keep the mean of the last k epochs")
     add("--continue-from", type=Path, default=None, help="a joblib model to warm-start from")
     add("--ensemble", type=Path, nargs="+", help="evaluate the ensemble of these saved models")
+    add(
+        "--distill-from",
+        type=Path,
+        nargs="+",
+        help="train on the pronunciations the ensemble of these saved models gives the words",
+    )
+    add("--distill-references", action="store_true", help="with --distill-from: keep CMUdict's")
     add("--label-smoothing", type=float, default=0.0)
     add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
@@ -311,11 +348,15 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(set(data['dev'][0]))} dev words, {len(set(data['test'][0]))} test words"
     )
 
+    distilled = {}
+    if args.distill_from:  # sequence-level distillation: the teacher's outputs are the targets
+        X_train, y_train, distilled = distilled_pairs(args, X_train, y_train)
     model, train_seconds, summary = train_or_load(args, X_train, y_train)
     results = {
         "config": {k: v for k, v in vars(args).items() if not isinstance(v, Path | list)},
         "train_seconds": train_seconds,
         **summary,
+        **distilled,
         "published": [{"system": s, "per": p, "wer": w} for s, p, w in PUBLISHED],
         "systems": {},
     }

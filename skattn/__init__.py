@@ -6,7 +6,7 @@ modules (`skattn.core.text`, `skattn.core.search`, `skattn.reference`) stay ligh
 
 __version__ = "0.1.0"
 
-__all__ = ["Seq2Seq", "Seq2SeqEnsemble", "__version__"]
+__all__ = ["Seq2Seq", "Seq2SeqEnsemble", "__version__", "distill"]
 
 
 def __getattr__(name):
@@ -18,4 +18,8 @@ def __getattr__(name):
         from skattn.ensemble import Seq2SeqEnsemble
 
         return Seq2SeqEnsemble
+    if name == "distill":
+        from skattn.distillation import distill
+
+        return distill
     raise AttributeError(f"module 'skattn' has no attribute {name!r}")

@@ -179,6 +179,18 @@ def test_g2p_cmudict_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_g2p_cmudict_quick_distils_a_saved_teacher(tmp_path):
+    teacher, results_path = tmp_path / "teacher.joblib", tmp_path / "student.json"
+    run_example("g2p_cmudict.py", "--no-g2p-en", "--save", str(teacher))
+    args = ["--no-g2p-en", "--distill-from", str(teacher), "--out", str(results_path)]
+    run_example("g2p_cmudict.py", *args)
+    results = json.loads(results_path.read_text())
+    assert results["teacher"] == [str(teacher)] and results["teacher_seconds"] > 0
+    assert results["label_seconds"] > 0 and 0.0 <= results["teacher_train_agreement"] <= 1.0
+    assert results["skattn_test"]["words"] == 100
+
+
+@pytest.mark.slow
 def test_serve_and_query_quick(tmp_path):
     out = run_example("serve_and_query.py", "--out", str(tmp_path))
     answers = re.findall(r"^\s+'(\d+)' -> '(\d*)'\s+ok$", out, flags=re.MULTILINE)
