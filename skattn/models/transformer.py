@@ -286,18 +286,19 @@ class TransformerDecoder(_Stack):
         """
         past_k, past_v = state  # (B, L, t, kv) each
         y = self.embed(tgt, start)  # (B, T_y, D)
-        cross = keys.unflatten(-1, (self.num_layers, 2, self.kv_dim))  # (B, T, L, 2, kv)
+        cross = keys.split(self.kv_dim, dim=-1)  # 2L x (B, T, kv): K_0, V_0, K_1, ...
+        past_ks, past_vs = past_k.unbind(1), past_v.unbind(1)  # L x (B, t, kv) each
         src_mask = mask.unsqueeze(1)  # (B, 1, T)
         new_k, new_v, weights = [], [], []
         for layer, block in enumerate(self.blocks):
             need_weights = every_layer or layer == self.num_layers - 1
             y, k, v, w = block(
                 y,
-                past_k[:, layer],
-                past_v[:, layer],
+                past_ks[layer],
+                past_vs[layer],
                 self_mask,
-                cross[:, :, layer, 0],
-                cross[:, :, layer, 1],
+                cross[2 * layer],
+                cross[2 * layer + 1],
                 src_mask,
                 temperature,
                 need_weights,
