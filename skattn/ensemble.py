@@ -231,8 +231,19 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     @property
     def module_(self) -> EnsembleModule:
+        """The members behind one seam, built once (and again if a member's module changed)."""
         check_is_fitted(self)
-        return EnsembleModule([m.module_ for m in self.estimators_])
+        modules = [m.module_ for m in self.estimators_]
+        cached = self.__dict__.get("_module")
+        if cached is None or any(a is not b for a, b in zip(cached.members, modules, strict=True)):
+            cached = self.__dict__["_module"] = EnsembleModule(modules)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """A pickle holds each member once: the cached ensemble module is left out."""
+        state = dict(super().__getstate__())
+        state.pop("_module", None)
+        return state
 
     # ------------------------------------------------------------ predict
 

@@ -232,6 +232,17 @@ def test_joblib_round_trip(ensemble, tmp_path):
     assert rebuilt.predict(FEW) == ensemble.predict(FEW)
 
 
+def test_the_ensemble_module_is_built_once_and_again_when_a_member_changes(members):
+    models = [copy.deepcopy(m) for m in members[:2]]
+    ensemble = Seq2SeqEnsemble.from_fitted(models)
+    module = ensemble.module_
+    ensemble.predict(FEW[:3])
+    assert ensemble.module_ is module
+    assert "_module" not in ensemble.__getstate__()  # pickles hold each member once
+    models[1].set_params(max_steps=2).fit(X_TRAIN, Y_TRAIN)  # a new module for member 1
+    assert ensemble.module_ is not module and ensemble.module_.members[1] is models[1].module_
+
+
 def test_score_and_the_metrics_scorers(ensemble):
     X, y = FEW, [s[::-1] for s in FEW]
     expected = exact_match(y, ensemble.predict(X))
