@@ -1,0 +1,216 @@
+"""Where a served request's time goes, batched against unbatched: py-spy inside the server.
+
+Issue 17's question: with a Python client (one process, many coroutines) the batched server
+answered fewer requests per second than the unbatched one. This script serves one artifact
+twice (``--max-batch-size`` N, then 1), confined to one core, drives it from the other core with
+``bench_server``'s Python client (or ``wrk``) at one concurrency, and records for the measured
+window:
+
+- req/s, p50 / p99, errors and wrong answers (every answer checked);
+- the server's CPU time per request and the **client's** CPU time per request (this process,
+  ``os.times``), and how busy each was (CPU seconds / wall seconds): a side at ~100 % is the
+  bottleneck, and a busy client caps what any server can show;
+- batches and items from the server's ``/metrics``: mean batch size and the share of batches
+  of one item, the runtime's seconds, and the mean queue wait;
+- py-spy (``py-spy record --nonblocking``, 100 Hz) on the server: per thread, the share of
+  samples in which it ran and in which it held the GIL, and the functions that took most of
+  the samples (own time).
+
+    python benchmarks/profile_server.py                         # reversal model, c=64, 8 s
+    python benchmarks/profile_server.py --model-dir DIR --concurrency 8 --client wrk
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+from bench_server import (
+    CLIENT_LOOP,
+    MIXES,
+    MODEL,
+    SOURCE_COUNT,
+    choose_cpus,
+    expected_predictions,
+    prepare,
+    random_sources,
+    running_server,
+)
+from load_clients import drive_python, drive_wrk
+
+METRICS = re.compile(r"^(skattn_\w+?)(?:_(sum|count))?\{([^}]*)\}\s+([0-9.e+-]+)$")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, help="an artifact (default: a reversal model)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--client", choices=("python", "wrk"), default="python")
+    parser.add_argument("--mix", choices=tuple(MIXES), default="fixed")
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=8, help="functions listed per thread")
+    parser.add_argument("--no-py-spy", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.no_pin, args.device, args.intra_op_threads, args.g2p_steps = False, "cpu", None, 600
+    return args
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The server's series: ``{name: value}``, histograms as ``name_sum`` / ``name_count``,
+    and ``batch_ones``: the batches of one item (the batch-size histogram's first bucket)."""
+    values: dict[str, float] = collections.defaultdict(float)
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if match := METRICS.match(line):
+            name, part, labels, value = match.groups()
+            values[f"{name}_{part}" if part else name] += float(value)
+            if name == "skattn_batch_size_bucket" and 'le="1.0"' in labels:
+                values["batch_ones"] += float(value)
+    return values
+
+
+def start_py_spy(pid: int, args: argparse.Namespace, out: Path, gil: bool) -> subprocess.Popen:
+    command = [
+        shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
+        "--threads", "--nonblocking", "--rate", str(args.rate), "--output", str(out),
+        "--duration", str(int(args.duration + args.warmup)),
+    ] + (["--gil"] if gil else [])  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def read_stacks(path: Path) -> dict[str, collections.Counter]:
+    """Samples per thread: ``{thread: Counter({leaf function: samples})}``, plus a total."""
+    threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    if not path.exists():
+        return threads
+    for line in path.read_text().splitlines():  # "thread (12): name;f (a.py:1);g (b.py:2) 49"
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        head = re.match(r"thread \((\w+)\)(?::\s*(.+))?$", frames[0])  # "thread (12): name"
+        thread = (head.group(2) or f"thread {head.group(1)}") if head else frames[0]
+        leaf = re.sub(r"\s*\(.*?\)", "", frames[-1])  # "fn (file.py:12)" -> "fn"
+        where = re.search(r"\(([^:()]+)", frames[-1])
+        name = f"{leaf} ({Path(where.group(1)).name})" if where else leaf
+        threads[thread][name] += int(count)
+    return threads
+
+
+def run_mode(mode, batch, model_dir, sources, expected, args, scratch) -> dict:
+    with running_server(model_dir, batch, args) as (url, pid):
+        spies = []
+        if not args.no_py_spy:
+            spies = [
+                start_py_spy(pid, args, scratch / f"{mode}-{kind}.txt", kind == "gil")
+                for kind in ("all", "gil")
+            ]
+        before, client_before = metrics(url), os.times()
+        if args.client == "wrk":
+            path = f"/v2/models/{MODEL}/infer"
+            window = drive_wrk(
+                url, path, sources, args.concurrency, args.duration, args.warmup, pid
+            )
+        else:
+            level = drive_python(
+                f"{url}/v2/models/{MODEL}/infer", sources, expected, args.concurrency,
+                args.duration, args.warmup, pid,
+            )  # fmt: skip
+            with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
+                window = runner.run(level)
+        client_after, after = os.times(), metrics(url)
+        for spy in spies:
+            spy.wait(timeout=args.duration + args.warmup + 30)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    seconds = args.warmup + window.seconds  # the client's CPU covers the warm-up too
+    client_cpu = sum(client_after[:2]) - sum(client_before[:2])
+    batches = delta.get("skattn_batch_size_count", 0.0)
+    items = delta.get("skattn_batch_size_sum", 0.0)
+    return dict(
+        mode=mode,
+        requests=window.requests,
+        errors=window.errors + window.mismatches,
+        req_s=window.requests / window.seconds,
+        p50=window.p50_ms,
+        p99=window.p99_ms,
+        server_ms=1000 * window.server_cpu_s / max(window.requests, 1),
+        server_busy=window.server_cpu_s / window.seconds,
+        client_ms=1000 * client_cpu / max(window.requests * seconds / window.seconds, 1),
+        client_busy=client_cpu / seconds,
+        batches=batches,
+        mean_batch=items / batches if batches else float("nan"),
+        ones=delta.get("batch_ones", 0.0),
+        runtime_s=delta.get("skattn_inference_seconds_sum", 0.0),
+        wait_ms=1000 * delta.get("skattn_queue_wait_seconds_sum", 0.0) / max(items, 1),
+        stacks={k: read_stacks(scratch / f"{mode}-{k}.txt") for k in ("all", "gil")},
+    )
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> None:
+    print(
+        "\n| mode | req/s | p50 ms | p99 ms | server CPU ms/req | server busy | client CPU "
+        "ms/req | client busy | batches | of one item | mean batch | runtime s | queue wait ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['mode']} | {r['req_s']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+            f"{r['server_ms']:.2f} | {r['server_busy']:.0%} | {r['client_ms']:.2f} | "
+            f"{r['client_busy']:.0%} | {r['batches']:.0f} | {r['ones']:.0f} | "
+            f"{r['mean_batch']:.2f} | {r['runtime_s']:.2f} | {r['wait_ms']:.2f} |"
+        )
+    batched, unbatched = rows
+    print(
+        f"\nbatched / unbatched: req/s {batched['req_s'] / unbatched['req_s']:.2f}x, server CPU "
+        f"per request {batched['server_ms'] / unbatched['server_ms']:.2f}x, client CPU per "
+        f"request {batched['client_ms'] / unbatched['client_ms']:.2f}x; errors + wrong "
+        f"answers {batched['errors'] + unbatched['errors']}"
+    )
+    if args.no_py_spy:
+        return
+    samples = args.rate * (args.duration + args.warmup)
+    for r in rows:
+        print(f"\n## py-spy, {r['mode']} server ({samples:.0f} samples per thread at most)")
+        every, gil = r["stacks"]["all"], r["stacks"]["gil"]
+        for thread, counter in sorted(every.items(), key=lambda kv: -sum(kv[1].values())):
+            ran, held = sum(counter.values()), sum(gil.get(thread, {}).values())
+            print(f"- {thread}: ran {ran / samples:.0%}, held the GIL {held / samples:.0%}")
+            for name, count in counter.most_common(args.top):
+                print(f"    {count / samples:6.1%}  {name}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    choose_cpus(args)
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        model_dir = args.model_dir or prepare("reversal", scratch, args)[0]
+        sources = random_sources(model_dir, SOURCE_COUNT, MIXES[args.mix], args.seed)
+        expected = expected_predictions(model_dir, sources, args.device)
+        os.sched_setaffinity(0, args.client_cpus)
+        rows = [
+            run_mode(mode, batch, model_dir, sources, expected, args, scratch)
+            for mode, batch in (("batched", args.max_batch_size), ("unbatched", 1))
+        ]
+    print(
+        f"# {args.client} client, concurrency {args.concurrency}, {args.mix} sources, "
+        f"{args.duration:g} s; server on cpu {sorted(args.server_cpus)}, client and py-spy on "
+        f"{sorted(args.client_cpus)}"
+    )
+    report(rows, args)
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
