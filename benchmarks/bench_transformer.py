@@ -14,6 +14,7 @@
 
     python benchmarks/bench_transformer.py            # full run (a few minutes)
     python benchmarks/bench_transformer.py --quick    # seconds, tiny sizes
+    python benchmarks/bench_transformer.py --sections 2 --batch-size 32 --length 40
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--prefixes", type=int, nargs="+", default=[5, 20, 50])
     parser.add_argument("--threads", type=int, default=1, help="torch and onnxruntime threads")
+    parser.add_argument("--sections", type=int, nargs="+", choices=(1, 2, 3, 4),
+                        default=[1, 2, 3, 4], help="which of the four tables")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.batch_size, args.length, args.hidden_size, args.num_heads = 8, 6, 16, 2
@@ -82,29 +85,39 @@ def equal_size_transformer_encoder(args, target: int, decoder: dict) -> tuple[di
 
 
 def training_rows(args) -> None:
+    """Tables 1 and 2 (as ``--sections`` names them)."""
     batch = reversal_batch(args.batch_size, args.length, args.vocab_size, torch.Generator())
     timing = dict(steps=args.steps, repeats=args.repeats)
     luong = dict(decoder="luong", input_feeding=False, scorer="general")
     gru = build(args, **luong)
     options, count = equal_size_transformer_encoder(args, n_parameters(gru), luong)
     transformer = build(args, **options, **luong)
-    print(f"\n## 1. training tokens/s, batch {args.batch_size}, target length {args.length + 1}")
-    print("| encoder (Luong decoder, no input feeding) | parameters | tokens/s |")
-    print("|---|---:|---:|")
-    rates = {}
-    for label, model in (
-        ("bi-GRU", gru),
-        (f"Transformer (ffn {options['ffn_size']})", transformer),
-    ):
-        rates[label] = tokens_per_second(model, batch, **timing)
-        print(f"| {label} | {n_parameters(model):,} | {rates[label]:,.0f} |")
-    gru_rate, transformer_rate = rates.values()
-    size_ratio = count / n_parameters(gru)
-    print(
-        f"Transformer / bi-GRU: {transformer_rate / gru_rate:.2f}x (parameters {size_ratio:.3f}x)"
-    )
+    if 1 in args.sections:
+        print(
+            f"\n## 1. training tokens/s, batch {args.batch_size}, target length {args.length + 1}"
+        )
+        print("| encoder (Luong decoder, no input feeding) | parameters | tokens/s |")
+        print("|---|---:|---:|")
+        rates = {}
+        for label, model in (
+            ("bi-GRU", gru),
+            (f"Transformer (ffn {options['ffn_size']})", transformer),
+        ):
+            rates[label] = tokens_per_second(model, batch, **timing)
+            print(f"| {label} | {n_parameters(model):,} | {rates[label]:,.0f} |")
+        gru_rate, transformer_rate = rates.values()
+        size_ratio = count / n_parameters(gru)
+        print(
+            f"Transformer / bi-GRU: {transformer_rate / gru_rate:.2f}x "
+            f"(parameters {size_ratio:.3f}x)"
+        )
+    if 2 not in args.sections:
+        return
 
-    print("\n## 2. parallel teacher forcing against the step loop")
+    print(
+        f"\n## 2. parallel teacher forcing against the step loop, batch {args.batch_size}, "
+        f"target length {args.length + 1}"
+    )
     print(
         "| model | parallel tokens/s | stepwise tokens/s | speed-up | decoder alone speed-up "
         "| encoder share (parallel) | ceiling |"
@@ -136,11 +149,10 @@ def training_rows(args) -> None:
         )
 
 
-def decode_rows(args) -> Seq2Seq:
+def fitted_transformer(args) -> Seq2Seq:
+    """A Transformer (encoder and decoder, 2 layers) fitted briefly on reversal of 4-16 chars."""
     X, y = make_reversal(2000, 4, 16, random_state=0)
-    sources, _ = make_reversal(args.n_inputs, 4, 16, random_state=1)
-    start = time.perf_counter()
-    estimator = Seq2Seq(
+    return Seq2Seq(
         **TRANSFORMER,
         hidden_size=args.hidden_size,
         num_heads=args.num_heads,
@@ -151,6 +163,13 @@ def decode_rows(args) -> Seq2Seq:
         device="cpu",
         random_state=0,
     ).fit(X, y)
+
+
+def decode_rows(args) -> Seq2Seq:
+    """Table 3; returns the fitted model (table 4 steps it)."""
+    sources, _ = make_reversal(args.n_inputs, 4, 16, random_state=1)
+    start = time.perf_counter()
+    estimator = fitted_transformer(args)
     fit_seconds = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as directory:
         path = estimator.export_onnx(os.path.join(directory, "model"))
@@ -212,9 +231,12 @@ def main(argv: list[str] | None = None) -> None:
         f"# torch {torch.__version__}, {args.threads} thread(s); d_model = hidden_size = "
         f"{args.hidden_size}; median (training) or best (decode) of {args.repeats}"
     )
-    training_rows(args)
-    estimator = decode_rows(args)
-    step_rows(args, estimator.module_)
+    if {1, 2} & set(args.sections):
+        training_rows(args)
+    if {3, 4} & set(args.sections):
+        estimator = decode_rows(args) if 3 in args.sections else None
+        if 4 in args.sections:
+            step_rows(args, (estimator or fitted_transformer(args)).module_)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,16 @@ FAMILIES = {
     "transformer": dict(encoder="transformer", decoder="transformer"),
     "luong": dict(encoder="transformer", decoder="luong", input_feeding=False),
     "bahdanau": dict(encoder="transformer", decoder="bahdanau"),
+    # the other scorers, local attention and LSTM cells over the Transformer encoder
+    "luong-dot": dict(encoder="transformer", decoder="luong", input_feeding=False, scorer="dot"),
+    "luong-dot-feeding": dict(encoder="transformer", decoder="luong", scorer="dot"),
+    "luong-concat": dict(encoder="transformer", decoder="luong", scorer="additive"),
+    "luong-scaled-dot": dict(encoder="transformer", decoder="luong", scorer="scaled_dot"),
+    "luong-local-p": dict(encoder="transformer", decoder="luong", attention="local-p"),
+    "luong-local-m-lstm": dict(
+        encoder="transformer", decoder="luong", attention="local-m", cell="lstm"
+    ),
+    "bahdanau-lstm-dot": dict(encoder="transformer", decoder="bahdanau", cell="lstm", scorer="dot"),
 }
 RUNS = {
     **{
