@@ -82,9 +82,18 @@ def metrics(url: str) -> dict[str, float]:
     return values
 
 
+def py_spy() -> str:
+    """The py-spy executable: beside this Python (a virtual environment's), else on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("py-spy is not installed (pip install py-spy), or pass --no-py-spy")
+    return found
+
+
 def start_py_spy(pid: int, args: argparse.Namespace, out: Path, gil: bool) -> subprocess.Popen:
     command = [
-        shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
+        py_spy(), "record", "--pid", str(pid), "--format", "raw",
         "--threads", "--nonblocking", "--rate", str(args.rate), "--output", str(out),
         "--duration", str(int(args.duration + args.warmup)),
     ] + (["--gil"] if gil else [])  # fmt: skip
@@ -198,15 +207,19 @@ def main(argv=None) -> int:
         model_dir = args.model_dir or prepare("reversal", scratch, args)[0]
         sources = random_sources(model_dir, SOURCE_COUNT, MIXES[args.mix], args.seed)
         expected = expected_predictions(model_dir, sources, args.device)
-        os.sched_setaffinity(0, args.client_cpus)
+        if not args.no_pin:  # one usable core: the server and the client share it
+            os.sched_setaffinity(0, args.client_cpus)
         rows = [
             run_mode(mode, batch, model_dir, sources, expected, args, scratch)
             for mode, batch in (("batched", args.max_batch_size), ("unbatched", 1))
         ]
+    where = "server, client and py-spy share the cores" if args.no_pin else (
+        f"server on cpu {sorted(args.server_cpus)}, client and py-spy on "
+        f"{sorted(args.client_cpus)}"
+    )  # fmt: skip
     print(
         f"# {args.client} client, concurrency {args.concurrency}, {args.mix} sources, "
-        f"{args.duration:g} s; server on cpu {sorted(args.server_cpus)}, client and py-spy on "
-        f"{sorted(args.client_cpus)}"
+        f"{args.duration:g} s; {where}"
     )
     report(rows, args)
     return 1 if any(r["errors"] for r in rows) else 0
