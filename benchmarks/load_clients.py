@@ -66,10 +66,13 @@ async def drive_python(
     duration: float,
     warmup: float,
     pid: int | None = None,
+    stock: bool = False,
 ) -> Window:
     """``concurrency`` coroutines in this process, each with its own connection; every answer
     checked against ``expected``. ``pid``: the server process whose CPU time to measure (None:
-    not measured, ``server_cpu_s`` is NaN)."""
+    not measured, ``server_cpu_s`` is NaN). ``stock``: post through one shared
+    ``httpx.AsyncClient`` (what a user's script does, and costlier per request) instead of one
+    transport per coroutine."""
     latencies: list[float] = []
     errors = mismatches = 0
     measure_from = time.monotonic() + warmup
@@ -83,19 +86,23 @@ async def drive_python(
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
         cpu["start"] = server_cpu_seconds()
 
+    async def post(transport: httpx.AsyncHTTPTransport, body: bytes) -> tuple[int, bytes]:
+        if stock:
+            response = await shared.post(infer_url, content=body, headers=JSON_HEADERS)
+            return response.status_code, response.content
+        request = httpx.Request("POST", infer_url, content=body, headers=JSON_HEADERS)
+        response = await transport.handle_async_request(request)
+        return response.status_code, await response.aread()
+
     async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
         nonlocal errors, mismatches
         i = index
         while (now := time.monotonic()) < stop_at:
             source = sources[i % len(sources)]
             i += concurrency
-            request = httpx.Request(
-                "POST", infer_url, content=request_body(source), headers=JSON_HEADERS
-            )
             try:
-                response = await transport.handle_async_request(request)
-                content = await response.aread()
-                ok = response.status_code == 200
+                status, content = await post(transport, request_body(source))
+                ok = status == 200
                 answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
             except httpx.HTTPError:
                 ok, answer = False, None
@@ -114,6 +121,8 @@ async def drive_python(
     # several ms per request in its pool.)
     ssl_context = ssl.create_default_context()  # made once: one per transport costs ~10 ms each
     transports = [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)]
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    shared = httpx.AsyncClient(limits=limits, timeout=60.0, verify=ssl_context)
     try:
         sampler = asyncio.create_task(sample_cpu())
         await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
@@ -122,6 +131,7 @@ async def drive_python(
     finally:
         for transport in transports:
             await transport.aclose()
+        await shared.aclose()
     lat_ms = np.array(latencies) * 1000
     return Window(
         requests=len(latencies),

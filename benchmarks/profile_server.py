@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="an artifact (default: a reversal model)")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--client", choices=("python", "wrk"), default="python")
+    parser.add_argument("--client", choices=("python", "httpx", "wrk"), default="python",
+                        help="python: bench_server's client; httpx: one AsyncClient")  # fmt: skip
     parser.add_argument("--mix", choices=tuple(MIXES), default="fixed")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=1.0)
@@ -134,7 +135,7 @@ def run_mode(mode, batch, model_dir, sources, expected, args, scratch) -> dict:
         else:
             level = drive_python(
                 f"{url}/v2/models/{MODEL}/infer", sources, expected, args.concurrency,
-                args.duration, args.warmup, pid,
+                args.duration, args.warmup, pid, stock=args.client == "httpx",
             )  # fmt: skip
             with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
                 window = runner.run(level)
