@@ -1,7 +1,8 @@
 """Load test of the server as deployed: dynamic batching against ``--max-batch-size 1``.
 
-Starts ``python -m serving`` as a subprocess, once with dynamic batching and once without, and
-drives each with one-item requests at several concurrencies (default 1, 8, 64 and 256). The
+Starts ``python -m serving`` twice as subprocesses, with dynamic batching and without, both up
+at once, and drives each in turn with one-item requests at several concurrencies (default 1, 8,
+64 and 256), the two modes of a level back to back and taking turns at going first. The
 server is confined to one core and the load generator to another (``os.sched_setaffinity``;
 ``--no-pin`` turns it off), so that the figures are the server's and not the client's. For each
 level: throughput, p50 and p99 latency, errors, and the server's own CPU time per request
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -117,6 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="reversal only, concurrency 1 8 64, 2 s per level")  # fmt: skip
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    parser.add_argument("--server-warmup", type=float, default=3.0,
+                        help="seconds of unmeasured load on each new server")  # fmt: skip
     parser.add_argument("--max-batch-size", type=int, default=64, help="of the batching server")
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
@@ -126,6 +130,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.concurrency, args.duration, args.warmup = ["reversal"], [1, 8, 64], 2, 1
+        args.server_warmup = 1.0
     if "wrk" in args.clients and not wrk_available():
         print("wrk is not installed: the Python client only", file=sys.stderr)
         args.clients = [c for c in args.clients if c != "wrk"]
@@ -326,8 +331,20 @@ def run_level(client, url, pid, sources, expected, concurrency, args) -> Window:
         return runner.run(level)
 
 
+def warm_up(url, pid, sources, expected, args) -> None:
+    """Unmeasured load on a new server (8 clients for ``--server-warmup`` s): its first seconds
+    (allocator arenas growing, first calls of each code path) are not a deployment's steady
+    state, and would otherwise fall on the first measured level alone (concurrency 1 of the
+    batched server ran at 0.75-0.91x of the unbatched one's that way, and 0.99x in a longer
+    window)."""
+    if args.server_warmup > 0:
+        run_level("python", url, pid, sources, expected, 8, argparse.Namespace(
+            duration=args.server_warmup, warmup=0.0))  # fmt: skip
+
+
 def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[LevelResult]:
-    """Both servers (batched, then unbatched), every mix, client and concurrency."""
+    """Both servers (batched and unbatched, both up, on the same core), every mix, client and
+    concurrency; at each level the two are measured back to back."""
     mixes = {}
     for mix in args.mixes:
         sources = random_sources(model_dir, SOURCE_COUNT, MIXES[mix], args.seed)
@@ -337,11 +354,23 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         mixes[mix] = sources, expected
     results = []
     print(HEADER)
-    for mode, batch_size in (("batched", args.max_batch_size), ("unbatched", 1)):
-        with running_server(model_dir, batch_size, args) as (url, pid):
-            for mix, (sources, expected) in mixes.items():
-                for client in args.clients:
-                    for concurrency in args.concurrency:
+    modes = {"batched": args.max_batch_size, "unbatched": 1}
+    with contextlib.ExitStack() as stack:  # both servers up at once, driven one at a time
+        servers = {
+            m: stack.enter_context(running_server(model_dir, b, args)) for m, b in modes.items()
+        }
+        for url, pid in servers.values():
+            warm_up(url, pid, *next(iter(mixes.values())), args)
+        level = 0
+        for mix, (sources, expected) in mixes.items():
+            for client in args.clients:
+                for concurrency in args.concurrency:
+                    # the two modes of a level back to back, taking turns at going first, so
+                    # that neither always meets the machine in the state the other left it in
+                    order = list(modes) if level % 2 == 0 else list(modes)[::-1]
+                    level += 1
+                    for mode in order:
+                        url, pid = servers[mode]
                         window = run_level(client, url, pid, sources, expected, concurrency, args)
                         labels = dict(model=name, mode=mode, client=client, mix=mix)
                         results.append(LevelResult.of(window, concurrency=concurrency, **labels))
