@@ -320,12 +320,14 @@ def print_table(results: list[LevelResult], header: bool = True) -> None:
 
 
 def run_level(client, url, pid, sources, expected, concurrency, args) -> Window:
+    """One measured window: ``client`` is ``"wrk"``, ``"python"`` (one transport per
+    coroutine) or ``"httpx"`` (one shared ``httpx.AsyncClient``, as a user's script has it)."""
     if client == "wrk":
         path = f"/v2/models/{MODEL}/infer"
         return drive_wrk(url, path, sources, concurrency, args.duration, args.warmup, pid)
     level = drive_python(
         f"{url}/v2/models/{MODEL}/infer", sources, expected, concurrency, args.duration,
-        args.warmup, pid,
+        args.warmup, pid, stock=client == "httpx",
     )  # fmt: skip
     with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
         return runner.run(level)
@@ -361,14 +363,15 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         }
         for url, pid in servers.values():
             warm_up(url, pid, *next(iter(mixes.values())), args)
-        level = 0
+        turns = dict.fromkeys(args.concurrency, 0)  # per concurrency: mixes x clients turns
         for mix, (sources, expected) in mixes.items():
             for client in args.clients:
                 for concurrency in args.concurrency:
-                    # the two modes of a level back to back, taking turns at going first, so
-                    # that neither always meets the machine in the state the other left it in
-                    order = list(modes) if level % 2 == 0 else list(modes)[::-1]
-                    level += 1
+                    # the two modes of a level back to back, taking turns at going first at
+                    # each concurrency, so that neither always meets the machine in the state
+                    # the other left it in
+                    order = list(modes) if turns[concurrency] % 2 == 0 else list(modes)[::-1]
+                    turns[concurrency] += 1
                     for mode in order:
                         url, pid = servers[mode]
                         window = run_level(client, url, pid, sources, expected, concurrency, args)

@@ -71,8 +71,8 @@ async def drive_python(
     """``concurrency`` coroutines in this process, each with its own connection; every answer
     checked against ``expected``. ``pid``: the server process whose CPU time to measure (None:
     not measured, ``server_cpu_s`` is NaN). ``stock``: post through one shared
-    ``httpx.AsyncClient`` (what a user's script does, and costlier per request) instead of one
-    transport per coroutine."""
+    ``httpx.AsyncClient`` with httpx's default limits (what a user's script does, and costlier
+    per request) instead of one transport per coroutine."""
     latencies: list[float] = []
     errors = mismatches = 0
     measure_from = time.monotonic() + warmup
@@ -86,15 +86,15 @@ async def drive_python(
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
         cpu["start"] = server_cpu_seconds()
 
-    async def post(transport: httpx.AsyncHTTPTransport, body: bytes) -> tuple[int, bytes]:
-        if stock:
+    async def post(transport: httpx.AsyncHTTPTransport | None, body: bytes) -> tuple[int, bytes]:
+        if transport is None:  # stock
             response = await shared.post(infer_url, content=body, headers=JSON_HEADERS)
             return response.status_code, response.content
         request = httpx.Request("POST", infer_url, content=body, headers=JSON_HEADERS)
         response = await transport.handle_async_request(request)
         return response.status_code, await response.aread()
 
-    async def client(index: int, transport: httpx.AsyncHTTPTransport) -> None:
+    async def client(index: int, transport: httpx.AsyncHTTPTransport | None) -> None:
         nonlocal errors, mismatches
         i = index
         while (now := time.monotonic()) < stop_at:
@@ -120,9 +120,11 @@ async def drive_python(
     # against 0.68 ms for the transport alone. (One AsyncClient shared by 64 tasks costs
     # several ms per request in its pool.)
     ssl_context = ssl.create_default_context()  # made once: one per transport costs ~10 ms each
-    transports = [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)]
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    shared = httpx.AsyncClient(limits=limits, timeout=60.0, verify=ssl_context)
+    if stock:  # httpx's defaults (100 connections, 20 kept alive, 5 s timeouts)
+        shared, transports = httpx.AsyncClient(verify=ssl_context), [None] * concurrency
+    else:
+        shared = None
+        transports = [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)]
     try:
         sampler = asyncio.create_task(sample_cpu())
         await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
@@ -130,8 +132,10 @@ async def drive_python(
         server_cpu = server_cpu_seconds() - cpu["start"]
     finally:
         for transport in transports:
-            await transport.aclose()
-        await shared.aclose()
+            if transport is not None:
+                await transport.aclose()
+        if shared is not None:
+            await shared.aclose()
     lat_ms = np.array(latencies) * 1000
     return Window(
         requests=len(latencies),

@@ -3,10 +3,11 @@
 Issue 17's question: with a Python client (one process, many coroutines) the batched server
 answered fewer requests per second than the unbatched one. This script serves one artifact
 twice (``--max-batch-size`` N, then 1), confined to one core, drives it from the other core with
-``bench_server``'s Python client (or ``wrk``) at one concurrency, and records for the measured
-window:
+``bench_server``'s Python client (or a stock ``httpx.AsyncClient``, or ``wrk``) at one
+concurrency after 3 s of unmeasured load, and records for the measured window:
 
-- req/s, p50 / p99, errors and wrong answers (every answer checked);
+- req/s, p50 / p99, errors and wrong answers (the Python clients check every answer; wrk
+  counts errors only);
 - the server's CPU time per request and the **client's** CPU time per request (this process,
   ``os.times``), and how busy each was (CPU seconds / wall seconds): a side at ~100 % is the
   bottleneck, and a busy client caps what any server can show;
@@ -23,7 +24,6 @@ window:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import os
 import re
@@ -35,17 +35,16 @@ from pathlib import Path
 
 import httpx
 from bench_server import (
-    CLIENT_LOOP,
     MIXES,
-    MODEL,
     SOURCE_COUNT,
     choose_cpus,
     expected_predictions,
     prepare,
     random_sources,
+    run_level,
     running_server,
+    warm_up,
 )
-from load_clients import drive_python, drive_wrk
 
 METRICS = re.compile(r"^(skattn_\w+?)(?:_(sum|count))?\{([^}]*)\}\s+([0-9.e+-]+)$")
 
@@ -67,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.no_pin, args.device, args.intra_op_threads, args.g2p_steps = False, "cpu", None, 600
+    args.server_warmup = 3.0  # unmeasured load on each new server (bench_server.warm_up)
     return args
 
 
@@ -98,7 +98,7 @@ def start_py_spy(pid: int, args: argparse.Namespace, out: Path, gil: bool) -> su
         "--threads", "--nonblocking", "--rate", str(args.rate), "--output", str(out),
         "--duration", str(int(args.duration + args.warmup)),
     ] + (["--gil"] if gil else [])  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def read_stacks(path: Path) -> dict[str, collections.Counter]:
@@ -120,6 +120,7 @@ def read_stacks(path: Path) -> dict[str, collections.Counter]:
 
 def run_mode(mode, batch, model_dir, sources, expected, args, scratch) -> dict:
     with running_server(model_dir, batch, args) as (url, pid):
+        warm_up(url, pid, sources, expected, args)  # a new server's first seconds
         spies = []
         if not args.no_py_spy:
             spies = [
@@ -127,24 +128,22 @@ def run_mode(mode, batch, model_dir, sources, expected, args, scratch) -> dict:
                 for kind in ("all", "gil")
             ]
         before, client_before = metrics(url), os.times()
-        if args.client == "wrk":
-            path = f"/v2/models/{MODEL}/infer"
-            window = drive_wrk(
-                url, path, sources, args.concurrency, args.duration, args.warmup, pid
-            )
-        else:
-            level = drive_python(
-                f"{url}/v2/models/{MODEL}/infer", sources, expected, args.concurrency,
-                args.duration, args.warmup, pid, stock=args.client == "httpx",
-            )  # fmt: skip
-            with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
-                window = runner.run(level)
+        window = run_level(
+            args.client, url, pid, sources, expected, args.concurrency, args
+        )  # fmt: skip
         client_after, after = os.times(), metrics(url)
         for spy in spies:
-            spy.wait(timeout=args.duration + args.warmup + 30)
+            try:
+                _, err = spy.communicate(timeout=args.duration + args.warmup + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                _, err = spy.communicate()
+            if spy.returncode != 0:  # e.g. no ptrace permission: say so, not empty tables
+                print(f"py-spy failed ({spy.returncode}): {err.strip()[-300:]}", file=sys.stderr)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     seconds = args.warmup + window.seconds  # the client's CPU covers the warm-up too
-    client_cpu = sum(client_after[:2]) - sum(client_before[:2])
+    # this process's user + system time, and wrk's (a child, waited for by then)
+    client_cpu = sum(client_after[:4]) - sum(client_before[:4])
     batches = delta.get("skattn_batch_size_count", 0.0)
     items = delta.get("skattn_batch_size_sum", 0.0)
     return dict(
@@ -181,10 +180,13 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
             f"{r['mean_batch']:.2f} | {r['runtime_s']:.2f} | {r['wait_ms']:.2f} |"
         )
     batched, unbatched = rows
+
+    def ratio(key: str) -> str:
+        return f"{batched[key] / unbatched[key]:.2f}x" if unbatched[key] else "n/a"
+
     print(
-        f"\nbatched / unbatched: req/s {batched['req_s'] / unbatched['req_s']:.2f}x, server CPU "
-        f"per request {batched['server_ms'] / unbatched['server_ms']:.2f}x, client CPU per "
-        f"request {batched['client_ms'] / unbatched['client_ms']:.2f}x; errors + wrong "
+        f"\nbatched / unbatched: req/s {ratio('req_s')}, server CPU per request "
+        f"{ratio('server_ms')}, client CPU per request {ratio('client_ms')}; errors + wrong "
         f"answers {batched['errors'] + unbatched['errors']}"
     )
     if args.no_py_spy:
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
         model_dir = args.model_dir or prepare("reversal", scratch, args)[0]
         sources = random_sources(model_dir, SOURCE_COUNT, MIXES[args.mix], args.seed)
         expected = expected_predictions(model_dir, sources, args.device)
-        if not args.no_pin:  # one usable core: the server and the client share it
+        if not args.no_pin:  # the client (and wrk, py-spy) on the core the server does not use
             os.sched_setaffinity(0, args.client_cpus)
         rows = [
             run_mode(mode, batch, model_dir, sources, expected, args, scratch)

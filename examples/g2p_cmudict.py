@@ -210,14 +210,20 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def load_ensemble(paths: list[Path], beam_size: int) -> tuple[list, Seq2SeqEnsemble, float]:
+    """The saved members, their ensemble at ``beam_size`` and their training seconds in all
+    (every epoch of every member, a continued run's earlier ones too)."""
+    members = [joblib.load(path) for path in paths]
+    ensemble = Seq2SeqEnsemble.from_fitted(members, beam_size=beam_size)
+    return members, ensemble, sum(r["seconds"] for m in members for r in m.history_)
+
+
 def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) -> tuple:
     """The model to evaluate, its training seconds and what the results record of it: trained
     here, continued from ``--continue-from`` (``warm_start``), or the ensemble of the saved
     ``--ensemble`` members (their training seconds summed)."""
     if args.ensemble:
-        members = [joblib.load(path) for path in args.ensemble]
-        model = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
-        seconds = sum(r["seconds"] for m in members for r in m.history_)
+        members, model, seconds = load_ensemble(args.ensemble, args.beam_size)
         print(f"ensemble of {len(members)} saved members: {seconds / 60:.1f} min of training")
         epochs = [m.n_iter_ for m in members]
         return model, seconds, {"members": [str(p) for p in args.ensemble], "epochs": epochs}
@@ -254,12 +260,10 @@ def distilled_pairs(args: argparse.Namespace, X: list[str], y: list[list[str]]) 
     word with the pronunciation the teacher (the ensemble of the saved members, at
     ``--beam-size``) ranks first, plus the references with ``--distill-references``; and what
     the results record of the teacher (its members' training seconds, the labelling seconds)."""
-    members = [joblib.load(path) for path in args.distill_from]
-    teacher = Seq2SeqEnsemble.from_fitted(members, beam_size=args.beam_size)
+    members, teacher, teacher_seconds = load_ensemble(args.distill_from, args.beam_size)
     start = time.perf_counter()
     X_taught, y_taught = teacher_targets(teacher, X, tokenizer=members[0].tokenizer)
     label_seconds = time.perf_counter() - start
-    teacher_seconds = sum(r["seconds"] for m in members for r in m.history_)
     references = dict(zip(*group_pronunciations(X, y), strict=True))
     agree = float(np.mean([p in references[w] for w, p in zip(X_taught, y_taught, strict=True)]))
     print(
@@ -327,6 +331,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("dev_words", "hidden_size", "batch_size", "beam_size", "max_epochs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.distill_from and args.ensemble:
+        parser.error("--distill-from trains a student; --ensemble evaluates saved models: not both")
+    if args.distill_references and not args.distill_from:
+        parser.error("--distill-references needs --distill-from")
     if args.max_minutes < 0:
         parser.error("--max-minutes must be >= 0 (0: no time budget, only --max-epochs)")
     if args.quick:

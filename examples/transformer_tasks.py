@@ -1,15 +1,17 @@
 """The Transformer families on the seeds' tasks: digit reversal (lengths 1-12) and German number
 words, each run bounded by ``max_time``; exact match on new items and the training time.
 
-    python examples/transformer_tasks.py                 # every run, --max-time s (480) each
+    python examples/transformer_tasks.py                 # all 20 runs, --max-time s (480) each
     python examples/transformer_tasks.py --only reversal:transformer
     python examples/transformer_tasks.py --quick         # seconds: a smoke run of each
 
 Settings (what the README's table reports). Reversal: 20,000 random digit strings of length
 1-12, 2 layers, 4 heads, d_model 64, dropout 0.1, learning rate 2e-3 on a cosine schedule,
 exact-match early stopping on a 5 % split. Number words: 5,000 numbers in 0-9999
-(``lang="de"``), the estimator's defaults for everything but ``encoder`` / ``decoder``. Test
-items are drawn apart from the training ones; every run stops at ``--max-time``.
+(``lang="de"``), the estimator's defaults for everything but the family's options
+(``FAMILIES``: ``encoder`` / ``decoder``, and for the other scorers, local attention and LSTM
+cells the option each names). Test items are drawn apart from the training ones; every run stops
+at ``--max-time``.
 """
 
 from __future__ import annotations

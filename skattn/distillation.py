@@ -40,9 +40,9 @@ def teacher_targets(teacher, X: Sequence, *, tokenizer: str = "char") -> tuple[l
     X : sequence of str or of token lists
         Sources. Repeats are labelled once (the teacher gives them one output), in first-seen order.
     tokenizer : {"char", "space"}, default="char"
-        How the student reads string outputs; teacher outputs that hold a reserved token once read
-        this way (``<unk>`` when the teacher emitted an unknown id) are dropped, since a student
-        could never be fitted on them.
+        How the student reads string outputs. Outputs that spell a reserved token once read this
+        way are dropped, since ``fit`` refuses them (skattn's own teachers never emit one: their
+        decoding drops special ids; a custom teacher with ``"space"`` strings may).
 
     Returns
     -------
@@ -94,13 +94,23 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
     if not callable(getattr(student, "fit", None)):
         raise ValueError(f"student must have a fit method, got {type(student).__name__}")
     tokenizer = getattr(student, "tokenizer", "char")
-    as_token_lists(X, "X", tokenizer)  # a clear error before the teacher runs
-    if y is not None and len(y) != len(X):
-        raise ValueError(f"y must hold one reference per source of X, got {len(y)} for {len(X)}")
+    n_sources = len(as_token_lists(X, "X", tokenizer)[0])  # clear errors before the teacher runs
+    if y is not None:
+        references, kind = as_token_lists(y, "y", tokenizer)
+        if len(references) != n_sources:
+            raise ValueError(
+                f"y must hold one reference per source of X, got {len(references)} for {n_sources}"
+            )
     sources, outputs = teacher_targets(teacher, X, tokenizer=tokenizer)
     if not sources:
         raise ValueError("the teacher gave no usable output for X (each held a reserved token)")
     if y is not None:
+        _, taught = as_token_lists(outputs, "teacher outputs", tokenizer)
+        if taught != kind:
+            names = {"str": "strings", "tokens": "token lists"}
+            raise ValueError(
+                f"y must be of the kind the teacher outputs ({names[taught]}), got {names[kind]}"
+            )
         sources, outputs = sources + list(X), outputs + list(y)
     return student.fit(sources, outputs)
 

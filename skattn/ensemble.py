@@ -208,6 +208,7 @@ class Seq2SeqEnsemble(BaseEstimator):
         for i, member in enumerate(members[1:], start=1):
             _check_agrees(first, member, i)
         self.estimators_ = members
+        self.__dict__.pop("_module", None)  # built again from these members when needed
         self.source_vocab_, self.target_vocab_ = first.source_vocab_, first.target_vocab_
         self.output_kind_ = first.output_kind_
         self.max_output_length_ = max(m._output_limit() for m in members)
@@ -235,7 +236,11 @@ class Seq2SeqEnsemble(BaseEstimator):
         check_is_fitted(self)
         modules = [m.module_ for m in self.estimators_]
         cached = self.__dict__.get("_module")
-        if cached is None or any(a is not b for a, b in zip(cached.members, modules, strict=True)):
+        if (
+            cached is None
+            or len(cached.members) != len(modules)
+            or any(a is not b for a, b in zip(cached.members, modules, strict=True))
+        ):
             cached = self.__dict__["_module"] = EnsembleModule(modules)
         return cached
 

@@ -95,5 +95,9 @@ def test_bad_arguments_get_a_clear_error(fitted_reversal):
         distill(fitted_reversal, Recorder(), [])
     with pytest.raises(ValueError, match="y must hold one reference per source"):
         distill(fitted_reversal, Recorder(), ["12", "34"], ["21"])
+    with pytest.raises(ValueError, match="y must be a sequence of str or of token lists"):
+        distill(fitted_reversal, Recorder(), ["12", "34"], "21")  # a str is not references
+    with pytest.raises(ValueError, match=r"y must be of the kind the teacher outputs \(strings\)"):
+        distill(fitted_reversal, Recorder(), ["12", "34"], [["2", "1"], ["4", "3"]])
     with pytest.raises(ValueError, match="returned 0 outputs for 1 sources"):
         distill(Silent(), Recorder(), ["ab"])

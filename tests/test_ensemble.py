@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.base import clone
+from sklearn.frozen import FrozenEstimator
 from sklearn.model_selection import GridSearchCV
 from sklearn.utils.validation import NotFittedError
 from test_runtime import FIT_PARAMS, SOURCES, X_TRAIN, Y_TRAIN, assert_same_attention, load
@@ -241,6 +242,9 @@ def test_the_ensemble_module_is_built_once_and_again_when_a_member_changes(membe
     assert "_module" not in ensemble.__getstate__()  # pickles hold each member once
     models[1].set_params(max_steps=2).fit(X_TRAIN, Y_TRAIN)  # a new module for member 1
     assert ensemble.module_ is not module and ensemble.module_.members[1] is models[1].module_
+    more = [*models, copy.deepcopy(members[2])]  # refitted with one member more
+    ensemble.set_params(estimators=[FrozenEstimator(m) for m in more]).fit(X_TRAIN, Y_TRAIN)
+    assert len(ensemble.module_.members) == 3
 
 
 def test_score_and_the_metrics_scorers(ensemble):
