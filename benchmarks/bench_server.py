@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -363,21 +364,19 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         }
         for url, pid in servers.values():
             warm_up(url, pid, *next(iter(mixes.values())), args)
-        turns = dict.fromkeys(args.concurrency, 0)  # per concurrency: mixes x clients turns
-        for mix, (sources, expected) in mixes.items():
-            for client in args.clients:
-                for concurrency in args.concurrency:
-                    # the two modes of a level back to back, taking turns at going first at
-                    # each concurrency, so that neither always meets the machine in the state
-                    # the other left it in
-                    order = list(modes) if turns[concurrency] % 2 == 0 else list(modes)[::-1]
-                    turns[concurrency] += 1
-                    for mode in order:
-                        url, pid = servers[mode]
-                        window = run_level(client, url, pid, sources, expected, concurrency, args)
-                        labels = dict(model=name, mode=mode, client=client, mix=mix)
-                        results.append(LevelResult.of(window, concurrency=concurrency, **labels))
-                        print_table([results[-1]], header=False)
+        # The two modes of a level run back to back; at each concurrency they take turns at
+        # going first (turn = which mix and client), so that neither always meets the machine
+        # in the state the other left it in.
+        for turn, (mix, client) in enumerate(itertools.product(mixes, args.clients)):
+            sources, expected = mixes[mix]
+            order = list(modes) if turn % 2 == 0 else list(modes)[::-1]
+            for concurrency in args.concurrency:
+                for mode in order:
+                    url, pid = servers[mode]
+                    window = run_level(client, url, pid, sources, expected, concurrency, args)
+                    labels = dict(model=name, mode=mode, client=client, mix=mix)
+                    results.append(LevelResult.of(window, concurrency=concurrency, **labels))
+                    print_table([results[-1]], header=False)
     return results
 
 

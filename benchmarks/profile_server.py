@@ -102,7 +102,8 @@ def start_py_spy(pid: int, args: argparse.Namespace, out: Path, gil: bool) -> su
 
 
 def read_stacks(path: Path) -> dict[str, collections.Counter]:
-    """Samples per thread: ``{thread: Counter({leaf function: samples})}``, plus a total."""
+    """Samples per thread: ``{thread: Counter({leaf function: samples})}`` (empty without the
+    file: py-spy did not run)."""
     threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     if not path.exists():
         return threads

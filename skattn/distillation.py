@@ -49,6 +49,13 @@ def teacher_targets(teacher, X: Sequence, *, tokenizer: str = "char") -> tuple[l
     sources, outputs : lists of equal length
         ``outputs[i]`` is ``teacher.predict([sources[i]])[0]``, of the kind the teacher returns.
     """
+    sources, outputs, _ = _labelled(teacher, X, tokenizer)
+    return sources, outputs
+
+
+def _labelled(teacher, X: Sequence, tokenizer: str) -> tuple[list, list, str]:
+    """:func:`teacher_targets`, and the kind of the teacher's outputs (``"str"`` or
+    ``"tokens"``, as :func:`~skattn.core.text.as_token_lists` names it)."""
     if not callable(getattr(teacher, "predict", None)):
         raise ValueError(f"teacher must have a predict method, got {type(teacher).__name__}")
     if isinstance(teacher, BaseEstimator):
@@ -63,9 +70,9 @@ def teacher_targets(teacher, X: Sequence, *, tokenizer: str = "char") -> tuple[l
         raise ValueError(
             f"teacher.predict returned {len(outputs)} outputs for {len(sources)} sources"
         )
-    tokens, _ = as_token_lists(outputs, "teacher outputs", tokenizer)
+    tokens, kind = as_token_lists(outputs, "teacher outputs", tokenizer)
     keep = [i for i, t in enumerate(tokens) if not set(SPECIAL_TOKENS).intersection(t)]
-    return [sources[i] for i in keep], [outputs[i] for i in keep]
+    return [sources[i] for i in keep], [outputs[i] for i in keep], kind
 
 
 def distill(teacher, student, X: Sequence, y: Sequence | None = None):
@@ -101,11 +108,10 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
             raise ValueError(
                 f"y must hold one reference per source of X, got {len(references)} for {n_sources}"
             )
-    sources, outputs = teacher_targets(teacher, X, tokenizer=tokenizer)
+    sources, outputs, taught = _labelled(teacher, X, tokenizer)
     if not sources:
         raise ValueError("the teacher gave no usable output for X (each held a reserved token)")
     if y is not None:
-        _, taught = as_token_lists(outputs, "teacher outputs", tokenizer)
         if taught != kind:
             names = {"str": "strings", "tokens": "token lists"}
             raise ValueError(

@@ -236,11 +236,7 @@ class Seq2SeqEnsemble(BaseEstimator):
         check_is_fitted(self)
         modules = [m.module_ for m in self.estimators_]
         cached = self.__dict__.get("_module")
-        if (
-            cached is None
-            or len(cached.members) != len(modules)
-            or any(a is not b for a, b in zip(cached.members, modules, strict=True))
-        ):
+        if cached is None or list(cached.members) != modules:  # modules compare by identity
             cached = self.__dict__["_module"] = EnsembleModule(modules)
         return cached
 
