@@ -107,12 +107,19 @@ MODEL_PARAMS = {field.name for field in dataclasses.fields(ModelConfig)} | {"tok
 
 def build_model(args: argparse.Namespace) -> Seq2Seq:
     """The estimator from the command line's hyperparameters."""
-    return Seq2Seq(
-        decoder=args.decoder,
+    # Each family takes only its own options: the others refuse a value set on purpose.
+    transformer = dict(num_heads=args.num_heads, ffn_size=args.ffn_size, positions=args.positions)
+    rnn_decoder = dict(
         scorer=args.scorer,
         input_feeding=args.input_feeding,
         cell=args.cell,
         embedding_dim=args.embedding_dim,
+    )
+    return Seq2Seq(
+        encoder=args.encoder,
+        **(transformer if args.encoder == "transformer" else {}),
+        decoder=args.decoder,
+        **(rnn_decoder if args.decoder != "transformer" else {}),
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
         dropout=args.dropout,
@@ -290,13 +297,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--eval", choices=["dev", "test"], default="test", help="where to score (tune on dev)")
     add("--dev-words", type=int, default=3000, help="training words held out as dev set")
     add("--train-words", type=int, default=None, help="train on a subset of this many words")
-    add("--decoder", choices=["bahdanau", "luong"], default="bahdanau")
+    add("--encoder", choices=["rnn", "transformer"], default="rnn")
+    add("--decoder", choices=["bahdanau", "luong", "transformer"], default="bahdanau")
     add("--scorer", choices=["dot", "general", "additive", "scaled_dot"], default="additive")
     add("--input-feeding", action=argparse.BooleanOptionalAction, default=False)
     add("--cell", choices=["gru", "lstm"], default="gru")
     add("--embedding-dim", type=int, default=64)
     add("--hidden-size", type=int, default=256)
     add("--num-layers", type=int, default=1)
+    add("--num-heads", type=int, default=4, help="with --encoder transformer")
+    add("--ffn-size", type=int, default=None, help="with --encoder transformer (default 4 d)")
+    add("--positions", choices=["sinusoidal", "learned"], default="sinusoidal")
     add("--dropout", type=float, default=0.3)
     add("--batch-size", type=int, default=64)
     add("--learning-rate", type=float, default=1e-3)
@@ -331,6 +342,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("dev_words", "hidden_size", "batch_size", "beam_size", "max_epochs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.decoder == "transformer" and args.encoder != "transformer":
+        parser.error("--decoder transformer needs --encoder transformer")
     if args.distill_from and args.ensemble:
         parser.error("--distill-from trains a student; --ensemble evaluates saved models: not both")
     if args.distill_references and not args.distill_from:
@@ -377,6 +390,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"WER {row['wer']:.2f}%, {row['words_per_second']:.0f} words/s"
         )
     name = f"skattn {args.decoder}/{args.scorer} bi-{args.cell.upper()} {args.hidden_size}"
+    if args.encoder == "transformer":
+        layers = f"{args.num_layers} x {args.hidden_size}, {args.num_heads} heads"
+        name = f"skattn Transformer encoder ({layers}) / {args.decoder}"
     if args.ensemble:
         name = f"skattn ensemble of {len(args.ensemble)}"
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]

@@ -1,7 +1,7 @@
 """The Transformer families on the seeds' tasks: digit reversal (lengths 1-12) and German number
 words, each run bounded by ``max_time``; exact match on new items and the training time.
 
-    python examples/transformer_tasks.py                 # all 20 runs, --max-time s (480) each
+    python examples/transformer_tasks.py                 # all 24 runs, --max-time s (480) each
     python examples/transformer_tasks.py --only reversal:transformer
     python examples/transformer_tasks.py --quick         # seconds: a smoke run of each
 
@@ -48,6 +48,8 @@ FAMILIES = {
         encoder="transformer", decoder="luong", attention="local-m", cell="lstm"
     ),
     "bahdanau-lstm-dot": dict(encoder="transformer", decoder="bahdanau", cell="lstm", scorer="dot"),
+    "bahdanau-general": dict(encoder="transformer", decoder="bahdanau", scorer="general"),
+    "bahdanau-scaled-dot": dict(encoder="transformer", decoder="bahdanau", scorer="scaled_dot"),
 }
 RUNS = {
     **{

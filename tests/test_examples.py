@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import serving
+from skattn import Seq2Seq
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -224,6 +225,25 @@ def test_g2p_budget_becomes_max_time():
     model = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--max-minutes", "12.5"]))
     assert model.max_time == 750.0 and model.max_steps is None
     assert g2p_cmudict.build_model(g2p_cmudict.parse_args(["--quick"])).max_time is None
+
+
+def test_g2p_transformer_options_reach_the_estimator():
+    args = ["--encoder", "transformer", "--decoder", "transformer", "--num-heads", "2"]
+    model = g2p_cmudict.build_model(g2p_cmudict.parse_args([*args, "--ffn-size", "96"]))
+    assert (model.encoder, model.decoder, model.num_heads, model.ffn_size) == (
+        "transformer",
+        "transformer",
+        2,
+        96,
+    )
+    # the RNN-only options are left at the estimator's defaults, which the family ignores
+    assert model.embedding_dim == Seq2Seq().embedding_dim
+    hybrid = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--encoder", "transformer"]))
+    assert (hybrid.decoder, hybrid.scorer, hybrid.num_heads) == ("bahdanau", "additive", 4)
+    rnn = g2p_cmudict.build_model(g2p_cmudict.parse_args([]))
+    assert rnn.encoder == "rnn" and rnn.num_heads == Seq2Seq().num_heads  # not the example's 4
+    with pytest.raises(SystemExit):  # the Transformer decoder needs the Transformer encoder
+        g2p_cmudict.parse_args(["--decoder", "transformer"])
 
 
 def test_g2p_evaluate_counts_any_reference_and_closest_per():

@@ -78,6 +78,9 @@ def test_decode_rejects_out_of_range_ids():
         v.decode([4, 6])
     with pytest.raises(ValueError, match="ids"):
         v.decode([-1])
+    with pytest.raises(ValueError, match="got 9"):
+        v.decode([4, 9, 5])
+    assert v.decode([4, EOS, 99]) == ["a"]  # nothing past the first EOS is read
 
 
 def test_encode_decode_round_trip():
