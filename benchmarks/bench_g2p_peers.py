@@ -233,7 +233,7 @@ def train_skattn(data: dict, args: argparse.Namespace):
     wall, cpu = time.perf_counter(), time.process_time()
     model.fit(*data["train"])
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    name = f"skattn {config.decoder}/{config.scorer} bi-{config.cell.upper()} {config.hidden_size}"
+    name = g2p_cmudict.system_name(config)
     note = f"trained here: {model.n_iter_} epochs, {model.n_steps_} steps"
     note += f", {model.n_threads_} torch thread(s)"
     return f"{name} (trained here)", model, wall, cpu, note

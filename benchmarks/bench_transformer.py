@@ -5,7 +5,8 @@
    (no input feeding), the Transformer's ``ffn_size`` chosen to match the GRU model's count.
 2. The Luong decoder without input feeding over a Transformer encoder: the parallel
    teacher-forced path (``forward``) against the same model one step at a time
-   (``forward_stepwise``), whole model; and the same for the Transformer decoder.
+   (``forward_stepwise``), whole model, with GRU and with LSTM cells (torch runs a whole LSTM
+   sequence through oneDNN, a GRU step by step); and the same for the Transformer decoder.
 3. Decode items/s of a briefly fitted Transformer (encoder and decoder, key-value cache):
    ``Seq2Seq.predict`` (torch) against ``serving.load(...).predict`` (onnxruntime) at batch 1,
    16, 64 and 256; both must give identical predictions.
@@ -126,6 +127,7 @@ def training_rows(args) -> None:
     tokens = batch[3].numel()
     for label, model in (
         ("Transformer encoder + Luong (no input feeding)", transformer),
+        ("the same with LSTM cells", build(args, **options, **luong, cell="lstm")),
         ("bi-GRU encoder + Luong (no input feeding)", gru),
         ("Transformer encoder + decoder", build(args, **TRANSFORMER, num_heads=args.num_heads)),
     ):

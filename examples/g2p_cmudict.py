@@ -33,6 +33,11 @@ idle 2-core machine two torch threads train this model 1.7x faster than one (``-
 when anything else runs on the cores, use ``--threads 1`` (two threads then slow down many
 times over).
 
+``--encoder transformer`` puts a Transformer encoder under the recurrent decoders, and with
+``--decoder transformer`` the whole model is a Transformer (``--num-layers`` blocks on each side
+of ``--hidden-size`` = d_model, ``--num-heads``, ``--ffn-size``, ``--positions``); each family is
+given only the options it reads. The README's G2P section gives the Transformer run's figures.
+
 ``--max-minutes`` becomes the estimator's ``max_time``: training stops when the budget is spent
 (the epoch under way is still validated), and the cosine schedule reaches 0 there, however the
 machine's speed varies meanwhile. (An earlier version turned the budget into ``max_steps`` from
@@ -139,6 +144,18 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         random_state=args.seed if args.model_seed is None else args.model_seed,
         verbose=True,
     )
+
+
+def system_name(args: argparse.Namespace) -> str:
+    """The results table's name of the model the command line trains (or ensembles)."""
+    if args.ensemble:
+        return f"skattn ensemble of {len(args.ensemble)}"
+    if args.encoder == "rnn":
+        return f"skattn {args.decoder}/{args.scorer} bi-{args.cell.upper()} {args.hidden_size}"
+    layers = f"{args.num_layers} x {args.hidden_size}, {args.num_heads} heads"
+    if args.decoder == "transformer":
+        return f"skattn Transformer ({layers})"
+    return f"skattn Transformer encoder ({layers}) / {args.decoder}/{args.scorer}"
 
 
 # ---------------------------------------------------------------- evaluation
@@ -389,12 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"skattn on {split} words (beam {args.beam_size}): PER {row['per']:.2f}%, "
             f"WER {row['wer']:.2f}%, {row['words_per_second']:.0f} words/s"
         )
-    name = f"skattn {args.decoder}/{args.scorer} bi-{args.cell.upper()} {args.hidden_size}"
-    if args.encoder == "transformer":
-        layers = f"{args.num_layers} x {args.hidden_size}, {args.num_heads} heads"
-        name = f"skattn Transformer encoder ({layers}) / {args.decoder}"
-    if args.ensemble:
-        name = f"skattn ensemble of {len(args.ensemble)}"
+    name = system_name(args)
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]
     if args.beam_size > 1:  # greedy too: g2p_en decodes greedily
         model.set_params(beam_size=1)  # a prediction-time setting: no refit

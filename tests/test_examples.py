@@ -244,6 +244,16 @@ def test_g2p_transformer_options_reach_the_estimator():
     assert rnn.encoder == "rnn" and rnn.num_heads == Seq2Seq().num_heads  # not the example's 4
     with pytest.raises(SystemExit):  # the Transformer decoder needs the Transformer encoder
         g2p_cmudict.parse_args(["--decoder", "transformer"])
+    names = [
+        g2p_cmudict.system_name(g2p_cmudict.parse_args(argv))
+        for argv in ([], ["--encoder", "transformer"], args, ["--ensemble", "a", "b"])
+    ]
+    assert names == [
+        "skattn bahdanau/additive bi-GRU 256",
+        "skattn Transformer encoder (1 x 256, 4 heads) / bahdanau/additive",
+        "skattn Transformer (1 x 256, 2 heads)",
+        "skattn ensemble of 2",
+    ]
 
 
 def test_g2p_evaluate_counts_any_reference_and_closest_per():
