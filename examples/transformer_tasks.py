@@ -11,8 +11,8 @@ exact-match early stopping on a 5 % split. Number words: 5,000 numbers in 0-9999
 (``lang="de"``), the estimator's defaults for everything but the family's options
 (``FAMILIES``: ``encoder`` / ``decoder``, and for the other scorers, local attention and LSTM
 cells the option each names; ``NUMBER_WORDS``: a lower learning rate and a longer patience for
-the dot score without input feeding). Test items are drawn apart from the training ones; every run stops
-at ``--max-time``.
+the dot score without input feeding). Test items are drawn apart from the training ones; every
+run stops at ``--max-time``.
 """
 
 from __future__ import annotations
