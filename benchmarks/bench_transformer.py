@@ -3,10 +3,11 @@
 1. Training tokens/s (forward + backward + Adam, the whole model) of a Transformer encoder
    against the bi-GRU encoder at equal parameter count: both under the same Luong decoder
    (no input feeding), the Transformer's ``ffn_size`` chosen to match the GRU model's count.
-2. The Luong decoder without input feeding over a Transformer encoder: the parallel
-   teacher-forced path (``forward``) against the same model one step at a time
+2. The Luong decoder (general score) without input feeding over a Transformer encoder: the
+   parallel teacher-forced path (``forward``) against the same model one step at a time
    (``forward_stepwise``), whole model, with GRU and with LSTM cells (torch runs a whole LSTM
-   sequence through oneDNN, a GRU step by step); and the same for the Transformer decoder.
+   sequence through oneDNN, a GRU step by step); the same decoder over the bi-GRU encoder; and
+   the Transformer decoder over the Transformer encoder.
 3. Decode items/s of a briefly fitted Transformer (encoder and decoder, key-value cache):
    ``Seq2Seq.predict`` (torch) against ``serving.load(...).predict`` (onnxruntime) at batch 1,
    16, 64 and 256; both must give identical predictions.

@@ -112,7 +112,8 @@ MODEL_PARAMS = {field.name for field in dataclasses.fields(ModelConfig)} | {"tok
 
 def build_model(args: argparse.Namespace) -> Seq2Seq:
     """The estimator from the command line's hyperparameters."""
-    # Each family takes only its own options: the others refuse a value set on purpose.
+    # Each family gets only its own options: a Transformer refuses RNN options set on purpose,
+    # and over the RNN encoder num_heads would mean the scorer's heads.
     transformer = dict(num_heads=args.num_heads, ffn_size=args.ffn_size, positions=args.positions)
     rnn_decoder = dict(
         scorer=args.scorer,
@@ -146,16 +147,19 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
     )
 
 
-def system_name(args: argparse.Namespace) -> str:
-    """The results table's name of the model the command line trains (or ensembles)."""
+def system_name(args: argparse.Namespace, model=None) -> str:
+    """The results table's name of the model the command line trains (or ensembles); with
+    ``model``, of its own configuration (a run continued with ``--continue-from`` keeps the
+    saved model's)."""
     if args.ensemble:
         return f"skattn ensemble of {len(args.ensemble)}"
-    if args.encoder == "rnn":
-        return f"skattn {args.decoder}/{args.scorer} bi-{args.cell.upper()} {args.hidden_size}"
-    layers = f"{args.num_layers} x {args.hidden_size}, {args.num_heads} heads"
-    if args.decoder == "transformer":
+    p = SimpleNamespace(**(model.get_params() if model is not None else vars(args)))
+    if p.encoder == "rnn":
+        return f"skattn {p.decoder}/{p.scorer} bi-{p.cell.upper()} {p.hidden_size}"
+    layers = f"{p.num_layers} x {p.hidden_size}, {p.num_heads} heads"
+    if p.decoder == "transformer":
         return f"skattn Transformer ({layers})"
-    return f"skattn Transformer encoder ({layers}) / {args.decoder}/{args.scorer}"
+    return f"skattn Transformer encoder ({layers}) / {p.decoder}/{p.scorer} {p.cell.upper()}"
 
 
 # ---------------------------------------------------------------- evaluation
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"skattn on {split} words (beam {args.beam_size}): PER {row['per']:.2f}%, "
             f"WER {row['wer']:.2f}%, {row['words_per_second']:.0f} words/s"
         )
-    name = system_name(args)
+    name = system_name(args, None if args.ensemble else model)
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]
     if args.beam_size > 1:  # greedy too: g2p_en decodes greedily
         model.set_params(beam_size=1)  # a prediction-time setting: no refit

@@ -228,20 +228,39 @@ def test_g2p_budget_becomes_max_time():
 
 
 def test_g2p_transformer_options_reach_the_estimator():
+    from skattn.models import ModelConfig
+
+    def config(model):  # what fit builds: raises ValueError for options the family refuses
+        return ModelConfig.from_params(
+            model.get_params(), source_vocab_size=10, target_vocab_size=10
+        )
+
     args = ["--encoder", "transformer", "--decoder", "transformer", "--num-heads", "2"]
-    model = g2p_cmudict.build_model(g2p_cmudict.parse_args([*args, "--ffn-size", "96"]))
+    rnn_options = ["--embedding-dim", "32", "--cell", "lstm", "--scorer", "dot"]
+    argv = [*args, "--ffn-size", "96", *rnn_options]
+    model = g2p_cmudict.build_model(g2p_cmudict.parse_args(argv))
     assert (model.encoder, model.decoder, model.num_heads, model.ffn_size) == (
         "transformer",
         "transformer",
         2,
         96,
     )
-    # the RNN-only options are left at the estimator's defaults, which the family ignores
-    assert model.embedding_dim == Seq2Seq().embedding_dim
+    # the RNN-only options are not passed: the estimator's defaults, which the family accepts
+    default = Seq2Seq()
+    assert (model.embedding_dim, model.cell, model.scorer, model.input_feeding) == (
+        default.embedding_dim,
+        default.cell,
+        default.scorer,
+        default.input_feeding,  # True, where the example's own default is False
+    )
+    config(model)
     hybrid = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--encoder", "transformer"]))
     assert (hybrid.decoder, hybrid.scorer, hybrid.num_heads) == ("bahdanau", "additive", 4)
-    rnn = g2p_cmudict.build_model(g2p_cmudict.parse_args([]))
-    assert rnn.encoder == "rnn" and rnn.num_heads == Seq2Seq().num_heads  # not the example's 4
+    config(hybrid)
+    rnn = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--ffn-size", "96"]))
+    assert rnn.encoder == "rnn" and rnn.num_heads == default.num_heads  # not the example's 4
+    assert rnn.ffn_size is None
+    config(rnn)
     with pytest.raises(SystemExit):  # the Transformer decoder needs the Transformer encoder
         g2p_cmudict.parse_args(["--decoder", "transformer"])
     names = [
@@ -250,10 +269,14 @@ def test_g2p_transformer_options_reach_the_estimator():
     ]
     assert names == [
         "skattn bahdanau/additive bi-GRU 256",
-        "skattn Transformer encoder (1 x 256, 4 heads) / bahdanau/additive",
+        "skattn Transformer encoder (1 x 256, 4 heads) / bahdanau/additive GRU",
         "skattn Transformer (1 x 256, 2 heads)",
         "skattn ensemble of 2",
     ]
+    # a continued run is named after the saved model, not the command line's defaults
+    assert g2p_cmudict.system_name(g2p_cmudict.parse_args([]), model) == (
+        "skattn Transformer (1 x 256, 2 heads)"
+    )
 
 
 def test_g2p_evaluate_counts_any_reference_and_closest_per():
