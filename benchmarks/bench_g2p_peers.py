@@ -183,7 +183,7 @@ def load_skattn(path: Path):
     results = path.with_suffix(".json")
     if results.is_file() and "train_seconds" in (meta := json.loads(results.read_text())):
         return model, meta["train_seconds"], f"training time from {results.name}{fitted_with}"
-    seconds = sum(r["seconds"] for m in members for r in getattr(m, "history_", []))
+    seconds = g2p_cmudict.training_seconds(members)
     return model, (seconds or None), f"training time: history_'s epoch seconds{fitted_with}"
 
 

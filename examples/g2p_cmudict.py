@@ -238,12 +238,17 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def training_seconds(members: list) -> float:
+    """The fitted models' training seconds in all: every epoch of every one in ``history_``, a
+    continued run's earlier ones too (0 for a model without a history)."""
+    return sum(r["seconds"] for m in members for r in getattr(m, "history_", []))
+
+
 def load_ensemble(paths: list[Path], beam_size: int) -> tuple[list, Seq2SeqEnsemble, float]:
-    """The saved members, their ensemble at ``beam_size`` and their training seconds in all
-    (every epoch of every member, a continued run's earlier ones too)."""
+    """The saved members, their ensemble at ``beam_size`` and their training seconds in all."""
     members = [joblib.load(path) for path in paths]
     ensemble = Seq2SeqEnsemble.from_fitted(members, beam_size=beam_size)
-    return members, ensemble, sum(r["seconds"] for m in members for r in m.history_)
+    return members, ensemble, training_seconds(members)
 
 
 def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) -> tuple:
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"skattn on {split} words (beam {args.beam_size}): PER {row['per']:.2f}%, "
             f"WER {row['wer']:.2f}%, {row['words_per_second']:.0f} words/s"
         )
-    name = system_name(args, None if args.ensemble else model)
+    name = system_name(args, model)
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]
     if args.beam_size > 1:  # greedy too: g2p_en decodes greedily
         model.set_params(beam_size=1)  # a prediction-time setting: no refit
