@@ -1,16 +1,19 @@
 """Beyond one process, side by side in one run: grid search and serving replicas on this machine.
 
 1. Search: the 12-candidate grid of ``examples/grid_search.py`` (scorer x decoder x input
-   feeding) with 3-fold CV, timed with ``n_jobs=1`` in this process, on a Dask LocalCluster of
-   2 one-thread worker processes, and on a local Ray head of 2 CPUs (joblib backends). The
-   ``cv_results_`` scores and ranks of each must equal the ``n_jobs=1`` run's.
+   feeding) with 3-fold CV, timed with ``n_jobs=1`` in this process, on joblib's own pool of 2
+   plain processes (loky: what 2 workers can do without an engine), on a Dask LocalCluster of
+   2 one-thread worker processes (Dask's defaults, and ``skattn.cluster.DASK_WORKER_CONFIG``),
+   and on a local Ray head of 2 CPUs (joblib backends). The ``cv_results_`` scores and ranks of
+   each must equal the ``n_jobs=1`` run's. ``--rounds`` searches per engine, odd rounds in
+   reverse order, since this machine's speed drifts by up to 1.4x over minutes.
 2. Serving: a small reversal model (bi-GRU 64, greedy) behind the plain server
    (``python -m serving``), then Ray Serve with 2 replicas behind Ray's default Python proxy,
    and with 1 and 2 replicas behind its HAProxy ingress; ``--clients`` concurrent
    one-item clients for ``--duration`` seconds each, every answer checked against
    ``serving.load(...).predict``.
 
-    python benchmarks/bench_cluster.py                  # 12 x 3 fits, 64 clients x 30 s
+    python benchmarks/bench_cluster.py                  # 2 rounds of 12 x 3 fits, 64 clients x 30 s
     python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
     python benchmarks/bench_cluster.py --only search    # or: --only serving
 
@@ -34,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -47,6 +51,7 @@ from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
 from load_clients import drive_python  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
+from skattn.cluster import DASK_WORKER_CONFIG  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
@@ -57,12 +62,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", choices=("search", "serving"), help="one half of the run")
     parser.add_argument("--steps", type=int, default=60, help="training steps per fit")
     parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="searches per engine; odd rounds run the engines in reverse order (Ray stays last)",
+    )
     parser.add_argument("--clients", type=int, default=64, help="concurrent serving clients")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per server")
     parser.add_argument("--warmup", type=float, default=2.0)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.hidden_size, args.clients, args.duration = 5, 16, 16, 5.0
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     args.cv = 2 if args.quick else 3
     return args
 
@@ -90,12 +103,16 @@ def new_search(args: argparse.Namespace) -> GridSearchCV:
 
 
 @contextlib.contextmanager
-def dask_workers() -> Iterator[None]:
+def dask_workers(config: dict | None = None) -> Iterator[None]:
+    """A LocalCluster of 2 one-thread workers created under the Dask ``config`` (None: Dask's
+    defaults), with joblib's Dask backend on it."""
+    import dask
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    )
+    with dask.config.set(config or {}):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        )
     with cluster, Client(cluster), joblib.parallel_backend("dask"):
         yield
 
@@ -105,6 +122,7 @@ def ray_workers() -> Iterator[None]:
     import ray
     from ray.util.joblib import register_ray
 
+    omp = os.environ.get("OMP_NUM_THREADS")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     register_ray()
     try:
@@ -112,41 +130,76 @@ def ray_workers() -> Iterator[None]:
             yield
     finally:
         ray.shutdown()
+        # ray.init set OMP_NUM_THREADS=1 in this process: the next round's n_jobs=1 needs its own
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
+
+
+@contextlib.contextmanager
+def loky_workers() -> Iterator[None]:
+    """joblib's own process pool: 2 plain processes, no engine (the ceiling of 2 workers)."""
+    with joblib.parallel_backend("loky", n_jobs=2):
+        yield
+
+
+# name, engine, search's n_jobs, estimator's n_threads. n_jobs=1 takes the process's default
+# threads (2 here); the n_threads=1 row tells the gain of one-thread fits from that of 2 processes
+ENGINES = [
+    ("n_jobs=1", contextlib.nullcontext, 1, None),
+    ("n_jobs=1, n_threads=1", contextlib.nullcontext, 1, 1),
+    ("loky, 2 processes", loky_workers, -1, None),
+    ("dask, 2 workers", dask_workers, -1, None),
+    ("dask, 2 workers, DASK_WORKER_CONFIG", partial(dask_workers, DASK_WORKER_CONFIG), -1, None),
+    ("ray, 2 CPUs", ray_workers, -1, None),
+]
+
+
+def round_order(round_index: int) -> list[tuple]:
+    """The engines in the order round ``round_index`` times them: odd rounds reversed (so a
+    machine that drifts over minutes does not favour one side), Ray last in every round."""
+    *others, ray = ENGINES
+    return [*(others[::-1] if round_index % 2 else others), ray]
 
 
 def bench_search(args: argparse.Namespace) -> list[str]:
     X, y = make_task("reversal", 32 * args.steps * args.cv // (args.cv - 1), 0)
-    runs = {}
-    # n_jobs=1 first: ray.init sets OMP_NUM_THREADS=1 in this process's environment
-    # n_jobs=1 takes the process's default threads (2 here); the n_threads=1 row tells the gain
-    # of one-thread fits from the gain of two processes
-    engines = [
-        ("n_jobs=1", contextlib.nullcontext, 1, None),
-        ("n_jobs=1, n_threads=1", contextlib.nullcontext, 1, 1),
-        ("dask, 2 workers", dask_workers, -1, None),
-        ("ray, 2 CPUs", ray_workers, -1, None),
-    ]
-    for name, engine, n_jobs, n_threads in engines:
-        search = new_search(args).set_params(n_jobs=n_jobs, estimator__n_threads=n_threads)
-        with engine():
-            start = time.perf_counter()
-            search.fit(X, y)
-            runs[name] = (time.perf_counter() - start, search.cv_results_)
-        print(f"search on {name}: {runs[name][0]:.1f} s", flush=True)
-    serial_s, serial = runs["n_jobs=1"]
+    seconds: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}
+    results: dict[str, list[dict]] = {name: [] for name, *_ in ENGINES}
+    for round_index in range(args.rounds):
+        for name, engine, n_jobs, n_threads in round_order(round_index):
+            search = new_search(args).set_params(n_jobs=n_jobs, estimator__n_threads=n_threads)
+            with engine():
+                start = time.perf_counter()
+                search.fit(X, y)
+                seconds[name].append(time.perf_counter() - start)
+            results[name].append(search.cv_results_)
+            print(
+                f"round {round_index + 1}, search on {name}: {seconds[name][-1]:.1f} s", flush=True
+            )
+    serial = results["n_jobs=1"][0]
     n_fits = len(serial["params"]) * args.cv
     lines = [
         f"grid search: {len(serial['params'])} candidates x {args.cv} folds = {n_fits} fits of "
-        f"{args.steps} steps (hidden {args.hidden_size}), {len(X)} pairs",
-        "| engine | wall (s) | speed-up vs n_jobs=1 | same scores and ranks |",
-        "|---|---:|---:|---|",
+        f"{args.steps} steps (hidden {args.hidden_size}), {len(X)} pairs, {args.rounds} rounds "
+        "(odd rounds in reverse order)",
+        "| engine | wall per round (s) | median (s) | speed-up vs n_jobs=1, per round | "
+        "same scores and ranks |",
+        "|---|---:|---:|---:|---|",
     ]
-    for name, (seconds, results) in runs.items():
+    for name in seconds:
         same = all(
-            np.array_equal(results[key], serial[key])
+            np.array_equal(run[key], serial[key])
+            for run in results[name]
             for key in ("rank_test_score", "mean_test_score", "split0_test_score")
         )
-        lines.append(f"| {name} | {seconds:.1f} | {serial_s / seconds:.2f}x | {same} |")
+        walls = ", ".join(f"{s:.1f}" for s in seconds[name])
+        ratios = ", ".join(
+            f"{a / b:.2f}x" for a, b in zip(seconds["n_jobs=1"], seconds[name], strict=True)
+        )
+        median = float(np.median(seconds[name]))
+        lines.append(f"| {name} | {walls} | {median:.1f} | {ratios} | {same} |")
     return lines
 
 

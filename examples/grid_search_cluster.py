@@ -11,6 +11,10 @@ and the fitted models come back to this process, where they predict, export and 
     python examples/grid_search_cluster.py --ray local              # a local Ray head
     python examples/grid_search_cluster.py --quick                  # a smoke run
 
+A local Dask cluster starts with ``skattn.cluster.DASK_WORKER_CONFIG`` (the workers' profiler
+off, the estimator imported at start); start the workers of a standing cluster the same way
+(``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ... --preload skattn.estimator``).
+
 GPU workers: start Dask workers with ``--resources GPU=1`` (one worker per GPU) and Ray with
 ``num_gpus`` per task; ``device="auto"`` then takes the worker's own GPU (``skattn.allotment``).
 """
@@ -32,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_search import PARAM_GRID, QUICK_GRID, make_task, results_table  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
+from skattn.cluster import DASK_WORKER_CONFIG  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
@@ -39,14 +44,19 @@ from skattn.metrics import SCORERS  # noqa: E402
 @contextlib.contextmanager
 def dask_backend(scheduler: str | None, n_workers: int) -> Iterator[str]:
     """joblib's Dask backend on ``scheduler``, or on a LocalCluster of ``n_workers`` processes
-    of one thread each on 127.0.0.1."""
+    of one thread each on 127.0.0.1, started with :data:`skattn.cluster.DASK_WORKER_CONFIG`."""
+    import dask
     from distributed import Client, LocalCluster
 
     with contextlib.ExitStack() as stack:
         if scheduler is None:
-            cluster = LocalCluster(
-                n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-            )
+            with dask.config.set(DASK_WORKER_CONFIG):
+                cluster = LocalCluster(
+                    n_workers=n_workers,
+                    threads_per_worker=1,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                )
             scheduler = stack.enter_context(cluster)
         client = stack.enter_context(Client(scheduler))
         stack.enter_context(joblib.parallel_backend("dask"))

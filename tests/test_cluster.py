@@ -17,6 +17,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 from skattn import Seq2Seq, allotment
 from skattn.allotment import Allotment
+from skattn.cluster import DASK_WORKER_CONFIG
 from skattn.datasets import make_reversal
 from skattn.metrics import SCORERS
 
@@ -134,15 +135,30 @@ def test_loky_workers_train_with_joblibs_cap():
 
 @pytest.fixture(scope="module")
 def dask_client():
+    import dask
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    )
+    with dask.config.set(DASK_WORKER_CONFIG):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        )
     client = Client(cluster)
     yield client
     client.close()
     cluster.close()
+
+
+def _worker_state() -> tuple[bool, bool]:
+    import dask
+
+    enabled = dask.config.get("distributed.worker.profile.enabled")
+    return enabled, "skattn.estimator" in sys.modules
+
+
+@pytest.mark.slow
+def test_dask_worker_config_reaches_the_workers(dask_client):
+    # each worker started with its profiler off and the estimator imported, before any task
+    assert list(dask_client.run(_worker_state).values()) == [(False, True)] * 2
 
 
 @pytest.mark.slow
