@@ -195,6 +195,21 @@ def test_the_example_searches_on_a_given_dask_scheduler(dask_client, tmp_path):
     assert "trained with\n1 thread(s)" in run.stdout
 
 
+@pytest.mark.slow
+def test_the_example_starts_a_local_dask_cluster_with_the_worker_config(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
+    run = subprocess.run(
+        [sys.executable, str(example), "--quick", "--workers", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "3 configurations x 2 folds on dask, 2 threads" in run.stdout
+    assert "trained with\n1 thread(s)" in run.stdout
+
+
 # ---------------------------------------------------------------- Ray
 
 
