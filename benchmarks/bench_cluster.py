@@ -5,8 +5,9 @@
    plain processes (loky: what 2 workers can do without an engine), on a Dask LocalCluster of
    2 one-thread worker processes (Dask's defaults, and ``skattn.cluster.DASK_WORKER_CONFIG``),
    and on a local Ray head of 2 CPUs (joblib backends). The ``cv_results_`` scores and ranks of
-   each must equal the ``n_jobs=1`` run's. ``--rounds`` searches per engine, odd rounds in
-   reverse order, since this machine's speed drifts by up to 1.4x over minutes.
+   each must equal the ``n_jobs=1`` run's. ``--rounds`` searches per engine, every second round
+   in reverse order, since this machine's speed drifts by up to 1.4x over minutes; start-up
+   (creating the cluster) is timed apart from the search.
 2. Serving: a small reversal model (bi-GRU 64, greedy) behind the plain server
    (``python -m serving``), then Ray Serve with 2 replicas behind Ray's default Python proxy,
    and with 1 and 2 replicas behind its HAProxy ingress; ``--clients`` concurrent
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=2,
-        help="searches per engine; odd rounds run the engines in reverse order (Ray stays last)",
+        help="searches per engine; every second round runs them in reverse order (Ray last)",
     )
     parser.add_argument("--clients", type=int, default=64, help="concurrent serving clients")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per server")
@@ -142,6 +143,9 @@ def loky_workers() -> Iterator[None]:
     """joblib's own process pool: 2 plain processes, no engine (the ceiling of 2 workers)."""
     with joblib.parallel_backend("loky", n_jobs=2):
         yield
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor().shutdown(wait=True)  # the next round starts its workers afresh
 
 
 # name, engine, search's n_jobs, estimator's n_threads. n_jobs=1 takes the process's default
@@ -157,49 +161,62 @@ ENGINES = [
 
 
 def round_order(round_index: int) -> list[tuple]:
-    """The engines in the order round ``round_index`` times them: odd rounds reversed (so a
-    machine that drifts over minutes does not favour one side), Ray last in every round."""
+    """The engines in the order round ``round_index`` (0-based) times them: every second round
+    reversed, so that a machine drifting over minutes favours no side. Ray runs last in every
+    round, since ``ray.init`` changes this process's thread environment."""
     *others, ray = ENGINES
     return [*(others[::-1] if round_index % 2 else others), ray]
 
 
 def bench_search(args: argparse.Namespace) -> list[str]:
+    """Each engine's start-up (the cluster created, workers preloading what its config names)
+    and search, timed apart: Dask's defaults, loky and Ray import torch inside their first
+    fits, DASK_WORKER_CONFIG during start-up, so only start-up plus search compares all."""
     X, y = make_task("reversal", 32 * args.steps * args.cv // (args.cv - 1), 0)
-    seconds: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}
+    startup: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}
+    search_s: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}
     results: dict[str, list[dict]] = {name: [] for name, *_ in ENGINES}
     for round_index in range(args.rounds):
         for name, engine, n_jobs, n_threads in round_order(round_index):
             search = new_search(args).set_params(n_jobs=n_jobs, estimator__n_threads=n_threads)
+            start = time.perf_counter()
             with engine():
-                start = time.perf_counter()
+                ready = time.perf_counter()
                 search.fit(X, y)
-                seconds[name].append(time.perf_counter() - start)
+                done = time.perf_counter()
+            startup[name].append(ready - start)
+            search_s[name].append(done - ready)
             results[name].append(search.cv_results_)
             print(
-                f"round {round_index + 1}, search on {name}: {seconds[name][-1]:.1f} s", flush=True
+                f"round {round_index + 1}, search on {name}: {done - ready:.1f} s "
+                f"(start-up {ready - start:.1f} s)",
+                flush=True,
             )
     serial = results["n_jobs=1"][0]
     n_fits = len(serial["params"]) * args.cv
     lines = [
         f"grid search: {len(serial['params'])} candidates x {args.cv} folds = {n_fits} fits of "
         f"{args.steps} steps (hidden {args.hidden_size}), {len(X)} pairs, {args.rounds} rounds "
-        "(odd rounds in reverse order)",
-        "| engine | wall per round (s) | median (s) | speed-up vs n_jobs=1, per round | "
-        "same scores and ranks |",
-        "|---|---:|---:|---:|---|",
+        "(every second one in reverse order); medians over the rounds",
+        "| engine | search per round (s) | start-up (s) | search (s) | search vs n_jobs=1 | "
+        "start-up + search vs n_jobs=1 | same scores and ranks |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for name in seconds:
+    serial_s = float(np.median(search_s["n_jobs=1"]))
+    serial_total = float(np.median(np.add(startup["n_jobs=1"], search_s["n_jobs=1"])))
+    for name in search_s:
         same = all(
             np.array_equal(run[key], serial[key])
             for run in results[name]
             for key in ("rank_test_score", "mean_test_score", "split0_test_score")
         )
-        walls = ", ".join(f"{s:.1f}" for s in seconds[name])
-        ratios = ", ".join(
-            f"{a / b:.2f}x" for a, b in zip(seconds["n_jobs=1"], seconds[name], strict=True)
+        rounds = ", ".join(f"{s:.1f}" for s in search_s[name])
+        up, searching = float(np.median(startup[name])), float(np.median(search_s[name]))
+        total = float(np.median(np.add(startup[name], search_s[name])))
+        lines.append(
+            f"| {name} | {rounds} | {up:.1f} | {searching:.1f} | {serial_s / searching:.2f}x "
+            f"| {serial_total / total:.2f}x | {same} |"
         )
-        median = float(np.median(seconds[name]))
-        lines.append(f"| {name} | {walls} | {median:.1f} | {ratios} | {same} |")
     return lines
 
 

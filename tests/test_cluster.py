@@ -148,17 +148,18 @@ def dask_client():
     cluster.close()
 
 
-def _worker_state() -> tuple[bool, bool]:
+def _worker_state(dask_worker) -> tuple[bool, list[str]]:
     import dask
 
     enabled = dask.config.get("distributed.worker.profile.enabled")
-    return enabled, "skattn.estimator" in sys.modules
+    return enabled, [preload.name for preload in dask_worker.preloads]
 
 
 @pytest.mark.slow
 def test_dask_worker_config_reaches_the_workers(dask_client):
-    # each worker started with its profiler off and the estimator imported, before any task
-    assert list(dask_client.run(_worker_state).values()) == [(False, True)] * 2
+    # each worker started with its profiler off and the estimator preloaded
+    state = (False, ["skattn.estimator"])
+    assert list(dask_client.run(_worker_state).values()) == [state] * 2
 
 
 @pytest.mark.slow
@@ -179,35 +180,31 @@ def test_grid_search_on_dask_equals_the_serial_search(dask_client, serial_search
     _assert_serves(search, tmp_path)
 
 
+def _run_example(tmp_path, *args: str) -> str:
+    """examples/grid_search_cluster.py --quick ARGS: its output, checked to use one thread a fit."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
+    run = subprocess.run(
+        [sys.executable, str(example), "--quick", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trained with\n1 thread(s)" in run.stdout
+    return run.stdout
+
+
 @pytest.mark.slow
 def test_the_example_searches_on_a_given_dask_scheduler(dask_client, tmp_path):
-    example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
-    address = dask_client.scheduler.address
-    run = subprocess.run(
-        [sys.executable, str(example), "--quick", "--scheduler", address],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "3 configurations x 2 folds on dask, 2 threads" in run.stdout
-    assert "trained with\n1 thread(s)" in run.stdout
+    out = _run_example(tmp_path, "--scheduler", dask_client.scheduler.address)
+    assert "3 configurations x 2 folds on dask, 2 threads" in out
 
 
 @pytest.mark.slow
-def test_the_example_starts_a_local_dask_cluster_with_the_worker_config(tmp_path):
-    example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
-    run = subprocess.run(
-        [sys.executable, str(example), "--quick", "--workers", "2"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "3 configurations x 2 folds on dask, 2 threads" in run.stdout
-    assert "trained with\n1 thread(s)" in run.stdout
+def test_the_example_starts_a_local_dask_cluster_of_its_workers(tmp_path):
+    out = _run_example(tmp_path, "--workers", "2")
+    assert "3 configurations x 2 folds on dask, 2 threads" in out
 
 
 # ---------------------------------------------------------------- Ray
