@@ -52,7 +52,7 @@ from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
 from load_clients import drive_python  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
-from skattn.cluster import DASK_WORKER_CONFIG  # noqa: E402
+from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
@@ -105,17 +105,13 @@ def new_search(args: argparse.Namespace) -> GridSearchCV:
 
 @contextlib.contextmanager
 def dask_workers(config: dict | None = None) -> Iterator[None]:
-    """A LocalCluster of 2 one-thread workers created under the Dask ``config`` (None: Dask's
+    """A local cluster of 2 one-thread workers created under the Dask ``config`` (None: Dask's
     defaults), with joblib's Dask backend on it."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with dask.config.set(config or {}):
-        cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        )
-    with cluster, Client(cluster), joblib.parallel_backend("dask"):
-        yield
+    with local_dask_cluster(2, config or {}) as cluster, Client(cluster):
+        with joblib.parallel_backend("dask"):
+            yield
 
 
 @contextlib.contextmanager
@@ -141,11 +137,13 @@ def ray_workers() -> Iterator[None]:
 @contextlib.contextmanager
 def loky_workers() -> Iterator[None]:
     """joblib's own process pool: 2 plain processes, no engine (the ceiling of 2 workers)."""
-    with joblib.parallel_backend("loky", n_jobs=2):
-        yield
     from joblib.externals.loky import get_reusable_executor
 
-    get_reusable_executor().shutdown(wait=True)  # the next round starts its workers afresh
+    try:
+        with joblib.parallel_backend("loky", n_jobs=2):
+            yield
+    finally:
+        get_reusable_executor().shutdown(wait=True)  # the next round starts its workers afresh
 
 
 # name, engine, search's n_jobs, estimator's n_threads. n_jobs=1 takes the process's default
@@ -202,8 +200,8 @@ def bench_search(args: argparse.Namespace) -> list[str]:
         "start-up + search vs n_jobs=1 | same scores and ranks |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    serial_s = float(np.median(search_s["n_jobs=1"]))
-    serial_total = float(np.median(np.add(startup["n_jobs=1"], search_s["n_jobs=1"])))
+    searching = {name: float(np.median(values)) for name, values in search_s.items()}
+    total = {name: float(np.median(np.add(startup[name], search_s[name]))) for name in search_s}
     for name in search_s:
         same = all(
             np.array_equal(run[key], serial[key])
@@ -211,11 +209,10 @@ def bench_search(args: argparse.Namespace) -> list[str]:
             for key in ("rank_test_score", "mean_test_score", "split0_test_score")
         )
         rounds = ", ".join(f"{s:.1f}" for s in search_s[name])
-        up, searching = float(np.median(startup[name])), float(np.median(search_s[name]))
-        total = float(np.median(np.add(startup[name], search_s[name])))
         lines.append(
-            f"| {name} | {rounds} | {up:.1f} | {searching:.1f} | {serial_s / searching:.2f}x "
-            f"| {serial_total / total:.2f}x | {same} |"
+            f"| {name} | {rounds} | {np.median(startup[name]):.1f} | {searching[name]:.1f} "
+            f"| {searching['n_jobs=1'] / searching[name]:.2f}x "
+            f"| {total['n_jobs=1'] / total[name]:.2f}x | {same} |"
         )
     return lines
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_search import PARAM_GRID, QUICK_GRID, make_task, results_table  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
-from skattn.cluster import DASK_WORKER_CONFIG  # noqa: E402
+from skattn.cluster import local_dask_cluster  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
@@ -44,20 +44,12 @@ from skattn.metrics import SCORERS  # noqa: E402
 @contextlib.contextmanager
 def dask_backend(scheduler: str | None, n_workers: int) -> Iterator[str]:
     """joblib's Dask backend on ``scheduler``, or on a LocalCluster of ``n_workers`` processes
-    of one thread each on 127.0.0.1, started with :data:`skattn.cluster.DASK_WORKER_CONFIG`."""
-    import dask
-    from distributed import Client, LocalCluster
+    of one thread each on 127.0.0.1 (:func:`skattn.cluster.local_dask_cluster`)."""
+    from distributed import Client
 
     with contextlib.ExitStack() as stack:
         if scheduler is None:
-            with dask.config.set(DASK_WORKER_CONFIG):
-                cluster = LocalCluster(
-                    n_workers=n_workers,
-                    threads_per_worker=1,
-                    host="127.0.0.1",
-                    dashboard_address=None,
-                )
-            scheduler = stack.enter_context(cluster)
+            scheduler = stack.enter_context(local_dask_cluster(n_workers))
         client = stack.enter_context(Client(scheduler))
         stack.enter_context(joblib.parallel_backend("dask"))
         workers = client.scheduler_info()["workers"].values()

@@ -8,25 +8,40 @@ machine (measured by ``benchmarks/bench_cluster.py``; see the README):
 - each worker imports torch and scikit-learn on its first task, about 5 s of CPU, inside the
   first fit it runs. Preloading the estimator at the worker's start moves that to start-up.
 
-Apply them to a local cluster while it is created::
+:func:`local_dask_cluster` creates a local cluster under them (the config is read while the
+cluster is created: workers it adds later, by ``cluster.scale``, read the config of that
+moment)::
 
-    import dask
-    from distributed import LocalCluster
-    from skattn.cluster import DASK_WORKER_CONFIG
+    from distributed import Client
+    from skattn.cluster import local_dask_cluster
 
-    with dask.config.set(DASK_WORKER_CONFIG):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1)
+    with local_dask_cluster(2) as cluster, Client(cluster):
+        ...
 
-(workers a cluster adds later, by ``cluster.scale``, read the config of that moment), and to
-workers started from a shell with ``dask worker SCHEDULER --preload skattn.estimator``
+Apply them to workers started from a shell with ``dask worker SCHEDULER --preload skattn.estimator``
 and ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False`` in their environment.
 """
 
 from __future__ import annotations
 
-__all__ = ["DASK_WORKER_CONFIG"]
+from collections.abc import Mapping
+
+__all__ = ["DASK_WORKER_CONFIG", "local_dask_cluster"]
 
 DASK_WORKER_CONFIG: dict[str, object] = {
     "distributed.worker.profile.enabled": False,
     "distributed.worker.preload": ["skattn.estimator"],
 }
+
+
+def local_dask_cluster(n_workers: int, config: Mapping[str, object] = DASK_WORKER_CONFIG):
+    """A ``distributed.LocalCluster`` of ``n_workers`` one-thread worker processes on
+    127.0.0.1, without a dashboard, created under the Dask ``config`` (``{}``: Dask's
+    defaults)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set(dict(config)):
+        return LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        )

@@ -17,7 +17,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 from skattn import Seq2Seq, allotment
 from skattn.allotment import Allotment
-from skattn.cluster import DASK_WORKER_CONFIG
+from skattn.cluster import local_dask_cluster
 from skattn.datasets import make_reversal
 from skattn.metrics import SCORERS
 
@@ -135,13 +135,9 @@ def test_loky_workers_train_with_joblibs_cap():
 
 @pytest.fixture(scope="module")
 def dask_client():
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with dask.config.set(DASK_WORKER_CONFIG):
-        cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        )
+    cluster = local_dask_cluster(2)  # under DASK_WORKER_CONFIG
     client = Client(cluster)
     yield client
     client.close()
