@@ -23,7 +23,7 @@ from serving.app import create_app
 from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
 from serving.interface import Runtime
 from serving.packaged import packaged_model_dir, packaged_models
-from serving.settings import ServerSettings, check_model_name
+from serving.settings import BATCHING, ServerSettings, check_model_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real, usable_cores
 
 logger = logging.getLogger("serving")
@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="take a batch as soon as the worker is free and no request is being read; "
         "--no-eager-batching always waits --max-delay-ms for a batch to fill "
         "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batching",
+        choices=BATCHING,
+        default=defaults.batching,
+        help="dynamic: a batch's whole search runs before the next batch forms; continuous: "
+        "items join the running decoder steps and leave the step they end (greedy RNN models; "
+        "the others are batched dynamically) (default: %(default)s)",
     )
     parser.add_argument(
         "--max-queue",
@@ -270,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             body_timeout_s=args.body_timeout_s,
             allowed_hosts=allowed_hosts(args.allowed_host, args.host),
             eager_batching=args.eager_batching,
+            batching=args.batching,
         )
         limits = ConnectionLimits(
             header_timeout_s=args.header_timeout_s,

@@ -33,12 +33,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from serving.batcher import Batcher
+from serving.continuous import ContinuousBatcher
 from serving.explorer import mount_explorer
 from serving.guard import RequestGuard
 from serving.infer import MODEL_VERSION, InferHandler, InferRoute, ServedModel
 from serving.interface import Runtime
 from serving.metrics import ServerMetrics
 from serving.routes import add_error_handlers, add_routes
+from serving.running import continuous_support
 from serving.settings import ServerSettings, check_model_name
 
 logger = logging.getLogger(__name__)
@@ -157,7 +159,16 @@ def _served_models(
     models = {}
     for name, runtime in runtimes.items():
         model_metrics = metrics.for_model(name)
-        batcher = Batcher(
+        batcher_class = Batcher
+        if settings.batching == "continuous":
+            reason = continuous_support(runtime)
+            if reason is None:
+                batcher_class = ContinuousBatcher
+            else:
+                logger.warning(
+                    "model %r is batched dynamically, not continuously: %s", name, reason
+                )
+        batcher = batcher_class(
             runtime,
             max_batch_size=settings.max_batch_size,
             max_delay_ms=settings.max_delay_ms,

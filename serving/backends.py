@@ -31,6 +31,7 @@ from skattn.core.text import pad_batch
 
 __all__ = [
     "BEAM_GRAPH_MAX_ITEMS",
+    "SOURCE_AXIS_NAMES",
     "BoundBackend",
     "GraphTranslator",
     "NumpyBackend",
@@ -82,6 +83,39 @@ class NumpyBackend:
     def select(self, carry: Carry, rows: np.ndarray) -> Carry:
         """Keep (or repeat) ``rows`` of every carried array: ``np.take`` along axis 0."""
         return {name: np.take(value, rows, axis=0) for name, value in carry.items()}
+
+    def merge(self, first: Carry, second: Carry) -> Carry:
+        """``first``'s rows, then ``second``'s: the source-axis arrays (``memory``, ``keys``,
+        ``mask``, axis 1 ``T``) padded with zeros to the longer ``T`` (False in ``mask``: the
+        step's attention gives the padding weight 0, as in any padded batch)."""
+        width = max(first["mask"].shape[1], second["mask"].shape[1])
+        return {
+            name: np.concatenate(
+                [_pad_source(value, width, name), _pad_source(second[name], width, name)]
+            )
+            for name, value in first.items()
+        }
+
+    def trim(self, carry: Carry, width: int) -> Carry:
+        """The carry with its source axis cut to ``width`` columns (no row's source is longer)."""
+        if carry["mask"].shape[1] <= width:
+            return carry
+        return {
+            name: np.ascontiguousarray(value[:, :width]) if name in SOURCE_AXIS_NAMES else value
+            for name, value in carry.items()
+        }
+
+
+#: The carried arrays with the source axis ``T`` (axis 1): the encoder's memory, keys and mask.
+SOURCE_AXIS_NAMES = ("memory", "keys", "mask")
+
+
+def _pad_source(value: np.ndarray, width: int, name: str) -> np.ndarray:
+    if name not in SOURCE_AXIS_NAMES or value.shape[1] == width:
+        return value
+    pad = [(0, 0)] * value.ndim
+    pad[1] = (0, width - value.shape[1])
+    return np.pad(value, pad)
 
 
 def gather_rows_model(inputs: list[ort.NodeArg]) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-__all__ = ["choose_batch"]
+__all__ = ["choose_admissions", "choose_batch"]
 
 
 class Queued(Protocol):
@@ -51,5 +51,53 @@ def choose_batch(
             continue
         chosen.append(item)
         longest = max(longest, len(item.source))
+    taken = set(map(id, chosen))
+    return chosen, [item for item in pending if id(item) not in taken]
+
+
+def choose_admissions(
+    pending: Sequence[Item],
+    key: tuple | None,
+    last_request: int,
+    rows: int,
+    longest: int,
+    max_batch_size: int,
+    max_batch_chars: int,
+) -> tuple[list[Item], list[Item]]:
+    """The queued items that join a running set of ``rows`` items at its next step, and the rest.
+
+    ``key`` is the running set's ``(temperature, maps)``; None when it is empty, and then the
+    oldest item of the first request after ``last_request`` (else the oldest item) sets it.
+    Only items of that key join, and none while an item of another key waits: the set then
+    drains and the other key's turn comes, so no key waits for ever. Requests take turns, one
+    item each, starting after ``last_request``, within ``max_batch_size`` rows and
+    ``max_batch_chars`` padded characters (rows x the longest source, ``longest`` so far);
+    the first item of an empty set joins whatever its length. ``remaining`` keeps queue order.
+    """
+    if not pending:
+        return [], []
+    if key is None:
+        lead = next((i for i in pending if i.request > last_request), pending[0])
+        key = (lead.temperature, lead.maps)
+    elif any((item.temperature, item.maps) != key for item in pending):
+        return [], list(pending)
+    turns: dict[int, int] = {}
+    order = []
+    for index, item in enumerate(pending):
+        if (item.temperature, item.maps) != key:
+            continue
+        turn = turns[item.request] = turns.get(item.request, -1) + 1
+        order.append((turn, item.request <= last_request, item.request, index))
+    order.sort()
+    chosen: list[Item] = []
+    for *_, index in order:
+        if rows + len(chosen) == max_batch_size:
+            break
+        item = pending[index]
+        width = max(longest, len(item.source))
+        if rows + len(chosen) and (rows + len(chosen) + 1) * width > max_batch_chars:
+            continue
+        chosen.append(item)
+        longest = width
     taken = set(map(id, chosen))
     return chosen, [item for item in pending if id(item) not in taken]

@@ -296,7 +296,8 @@ class Runtime:
                 f"max_source_length={self.max_source_length}"
             )
 
-    def _settings(self, temperature: float | None) -> SearchSettings:
+    def search_settings(self, temperature: float | None = None) -> SearchSettings:
+        """The manifest's search at ``temperature`` (None: the manifest's; checked)."""
         manifest = self.manifest
         if temperature is None:
             temperature = manifest.temperature
@@ -347,7 +348,7 @@ class Runtime:
         sources = list(sources)
         for text in sources:
             self.check_source(text)
-        settings = self._settings(temperature)
+        settings = self.search_settings(temperature)
         selection = self.info.map_selection(layer, head)
         token_lists = [tokenize(text, self.tokenizer) for text in sources]
         if selection is None or not with_attention:

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 from skattn.core.checks import check_int, check_real
 
-__all__ = ["ServerSettings", "check_model_name"]
+__all__ = ["BATCHING", "ServerSettings", "check_model_name"]
+
+#: The batching designs (``ServerSettings.batching``).
+BATCHING = ("dynamic", "continuous")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,13 @@ class ServerSettings:
         Take a batch as soon as the worker is free and no request is being read, instead of
         waiting out ``max_delay_ms`` (which still bounds the wait while requests are being
         read): a lone client gets the unbatched latency, concurrent ones still share batches.
+    batching : {"dynamic", "continuous"}, default="dynamic"
+        ``"dynamic"``: a batch's whole search runs before the next batch is formed
+        (:class:`serving.batcher.Batcher`). ``"continuous"``: the decoder steps over a running
+        set that items join at the next step and leave the step they end
+        (:class:`serving.continuous.ContinuousBatcher`), for the models that can
+        (:func:`serving.running.continuous_support`: greedy, RNN decoder, no local-m); the
+        others are batched dynamically, with a warning in the log.
     """
 
     max_batch_size: int = 64
@@ -68,6 +78,7 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] | None = None
     retry_after_s: int = 1
     eager_batching: bool = True
+    batching: str = "dynamic"
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +102,8 @@ class ServerSettings:
             )
         if not isinstance(self.eager_batching, bool):
             raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {list(BATCHING)}, got {self.batching!r}")
         if self.max_items_per_request > self.max_queue:
             raise ValueError(
                 f"max_items_per_request ({self.max_items_per_request}) must not exceed "

@@ -11,7 +11,14 @@ import itertools
 import numpy as np
 import pytest
 
-from skattn.core.search import BOS_ID, EOS_ID, Hypothesis, beam_decode, greedy_decode
+from skattn.core.search import (
+    BOS_ID,
+    EOS_ID,
+    GreedySearch,
+    Hypothesis,
+    beam_decode,
+    greedy_decode,
+)
 
 VOCAB = 6  # PAD, BOS, EOS, UNK, and two real tokens (4, 5)
 T = 4  # source length seen by the "attention"
@@ -339,3 +346,78 @@ def test_special_ids_are_never_emitted_so_each_token_has_one_attention_row():
         assert hyp.weights.shape == (4, 4)  # three tokens and the EOS step
     allowed = greedy_decode(step, select, None, 1, max_length=2, never=())[0]
     assert allowed.tokens == [0, 0]  # without the rule the specials win
+
+
+# -- GreedySearch: a running set of rows ---------------------------------------------------
+
+
+class PositionFreeBackend(HistoryBackend):
+    """The history backend with attention that ignores the target position, as an RNN
+    decoder's step without local-m attention does: rows may join at any step."""
+
+    def weights(self, table, state, position):
+        return super().weights(table, state, 0)
+
+
+def merge_dicts(first, second):
+    return {name: np.concatenate([first[name], second[name]]) for name in first}
+
+
+def test_items_that_join_a_running_search_get_their_greedy_hypotheses_alone():
+    backend = PositionFreeBackend(n_tables=12, seed=7)
+    alone = {
+        t: greedy_decode(backend.step, backend.select, backend.carry([t]), 1, 9)[0]
+        for t in range(12)
+    }
+    search = GreedySearch(backend.step, backend.select, 9, position_free=True)
+    joins = {0: [0, 1, 2], 1: [3], 3: [4, 5, 6, 7], 4: [8], 7: [9, 10, 11]}
+    ended, step = {}, 0
+    while step in joins or search.size or step <= max(joins):
+        if step in joins:
+            new = joins[step]
+            search.admit(backend.carry(new), new, merge=merge_dicts, widths=[T - 1] * len(new))
+        for key, hypothesis in search.step():
+            assert key not in ended
+            ended[key] = (step, hypothesis)
+        step += 1
+    assert sorted(ended) == list(range(12))
+    for key, (_, hypothesis) in ended.items():
+        assert hypothesis.tokens == alone[key].tokens
+        assert hypothesis.score == pytest.approx(alone[key].score, abs=1e-12)
+        np.testing.assert_array_equal(hypothesis.weights, alone[key].weights[:, : T - 1])
+    # Each item left the step it ended, not with the last of its batch.
+    first_batch = {key: ended[key][0] for key in joins[0]}
+    lengths = {key: alone[key].weights.shape[0] for key in joins[0]}
+    assert first_batch == {key: lengths[key] - 1 for key in joins[0]}
+
+
+def test_dropped_rows_leave_and_the_others_are_unchanged():
+    backend = PositionFreeBackend(n_tables=6, seed=3)
+    alone = greedy_decode(backend.step, backend.select, backend.carry(range(6)), 6, 8)
+    search = GreedySearch(backend.step, backend.select, 8, position_free=True)
+    search.admit(backend.carry(range(6)), list(range(6)))
+    ended = dict(search.step())
+    dropped = {1, 4} - set(ended)
+    assert dropped, "the seed should leave items 1 and 4 running after one step"
+    search.drop(dropped)
+    assert not dropped & set(search.keys)
+    while search.size:
+        ended.update(search.step())
+    assert not dropped & set(ended)
+    for key in set(range(6)) - dropped:
+        assert ended[key].tokens == alone[key].tokens
+
+
+def test_a_search_whose_step_reads_the_position_refuses_late_rows():
+    backend = HistoryBackend(n_tables=4, seed=0)
+    search = GreedySearch(backend.step, backend.select, 5)
+    search.admit(backend.carry([0, 1]), [0, 1])
+    search.admit(backend.carry([2]), [2], merge=merge_dicts)  # before any step: fine
+    search.step()
+    assert search.size, "the seed should leave rows running after one step"
+    with pytest.raises(ValueError, match="position"):
+        search.admit(backend.carry([3]), [3], merge=merge_dicts)
+    with pytest.raises(ValueError, match="merge"):
+        search.admit(backend.carry([3]), [3])
+    with pytest.raises(ValueError, match="widths"):
+        GreedySearch(backend.step, backend.select, 5).admit(backend.carry([0]), [0], widths=[])

@@ -180,6 +180,18 @@ class Manifest:
         """Outputs of ``attention.onnx``: ``weights (B, layers, heads, L, T)``."""
         return ["weights"]
 
+    @property
+    def step_reads_position(self) -> bool:
+        """Whether ``decoder_step.onnx`` reads its ``position`` input: a Transformer decoder
+        (positions and a key-value cache as long as the prefix) or local-m attention (centred
+        on the position), in the model or in any ensemble member. Rows at different target
+        positions then cannot share a step; the other models' steps ignore it."""
+        return (
+            "transformer" in self.decoder
+            or "local-m" in self.attention
+            or any(name.endswith(("self_keys", "self_values")) for name in self.state_names)
+        )
+
     def carry_names(self) -> list[str]:
         """What the search carries between steps: the state, then the encoder's outputs."""
         return [*self.state_names, "memory", "keys", "mask"]

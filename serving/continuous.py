@@ -1,0 +1,160 @@
+"""Continuous (iteration-level) batching: the decoder steps over a running set of items.
+
+As LLM servers batch (Orca; vLLM): a queued item joins the running set at the next decoder
+step, and an item leaves it and is answered the step it ends, without waiting for the longest
+item it ran beside. The dynamic :class:`serving.batcher.Batcher` instead runs a batch's whole
+search before the next batch is formed, so an item that arrives just after a batch starts
+waits for all of it, and 64 answers leave at once::
+
+    event loop                                  inference thread
+    ----------                                  ----------------
+    choose_admissions(queue) --admitted, left--> RunningDecode: drop the left, encode and merge
+                                                   the admitted, one decoder step
+    resolve the futures of the items <--ended--- (key, prediction, attention) of each ended item
+    ... and again, while items run or wait
+
+One hop to the inference thread per step keeps every queue and future on the event loop.
+There is no batching delay: an item that arrives while the set runs joins at the next step, so
+waiting for more buys nothing (``max_delay_ms`` and ``eager`` do not apply). Requests take
+turns at the free rows, and the set holds one temperature at a time
+(:func:`serving.batch_policy.choose_admissions`).
+
+Greedy search over the step graphs only (:func:`serving.running.continuous_support`): a beam
+item's rows, the Transformer decoder's cache and local-m's centre all depend on the step's
+position, so the server batches those models dynamically. Results equal
+``runtime.predict_batch``'s for the same sources. If a step raises, the items in the set are
+decoded again with the dynamic batcher's bisection, so that only the items that fail on their
+own get the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from serving.batch_items import BatcherClosedError, ItemResult, QueuedItem
+from serving.batch_policy import choose_admissions
+from serving.batcher import Batcher
+from serving.interface import Runtime
+from serving.running import RunningDecode, continuous_support
+
+__all__ = ["ContinuousBatcher"]
+
+
+class ContinuousBatcher(Batcher):
+    """Batch concurrent requests at the level of decoder steps (see the module docstring).
+
+    Parameters
+    ----------
+    runtime : serving.runtime.Runtime
+        One for which :func:`serving.running.continuous_support` is None, else ValueError.
+    **kwargs
+        :class:`serving.batcher.Batcher`'s: ``max_batch_size`` bounds the rows of the running
+        set and ``max_batch_chars`` its padded source characters; ``max_queue``, ``executor``
+        and ``metrics`` as there (a step counts as a batch of its rows).
+    """
+
+    def __init__(self, runtime: Runtime, **kwargs) -> None:
+        super().__init__(runtime, **kwargs)
+        reason = continuous_support(runtime)
+        if reason is not None:
+            raise ValueError(f"runtime {runtime!r} cannot batch continuously: {reason}")
+        self._running: list[QueuedItem] = []  # in the search (touched on the event loop only)
+        self._decode: RunningDecode | None = None  # touched in the inference thread only
+
+    async def _schedule(self) -> None:
+        """Admit, step and answer, one step at a time, until stopped and drained."""
+        try:
+            while True:
+                self._drop_cancelled()
+                if not self._running and not self._pending:
+                    if self._stopping:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                await self._tick()
+        finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
+            error = BatcherClosedError("the batcher stopped")
+            self._fail(self._running, error)
+            self._fail(self._pending, error)
+            self._running.clear()
+            self._pending.clear()
+            self._report_depth()
+
+    async def _tick(self) -> None:
+        """One step of the running set, with the queued items that may join it."""
+        running = self._running
+        key = None if not running else (running[0].temperature, running[0].maps)
+        longest = max((len(item.source) for item in running), default=0)
+        admitted, self._pending = choose_admissions(
+            self._pending,
+            key,
+            self._last_lead,
+            len(running),
+            longest,
+            self.max_batch_size,
+            self.max_batch_chars,
+        )
+        if admitted:
+            self._last_lead = admitted[-1].request
+            self._report_depth()
+            now = time.monotonic()
+            if self._metrics is not None:
+                for item in admitted:
+                    self._metrics.queue_wait(now - item.enqueued)
+        left = [item for item in running if item.future.cancelled()]
+        if left:
+            running = [item for item in running if not item.future.cancelled()]
+        running = self._running = running + admitted
+        if not running:
+            if left:
+                self._decode = None  # every caller left: the worker is idle, start afresh
+            return
+        temperature = running[0].temperature
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            ended = await loop.run_in_executor(
+                self._executor, self._step, temperature, admitted, left
+            )
+        except asyncio.CancelledError:
+            raise  # _schedule's finally answers the running items
+        except Exception:
+            self._record(len(running), started, failed=True)
+            await self._redo(running)
+            return
+        self._record(len(running), started, failed=False)
+        if not ended:
+            return
+        gone = set(map(id, (item for item, _, _ in ended)))
+        self._running = [item for item in running if id(item) not in gone]
+        for item, prediction, attention in ended:
+            if not item.future.done():
+                item.future.set_result(
+                    ItemResult(prediction, attention if item.with_attention else None)
+                )
+
+    def _step(
+        self, temperature: float | None, admitted: list[QueuedItem], left: list[QueuedItem]
+    ) -> list:
+        """In the inference thread: drop the items whose callers left, add the admitted ones,
+        take one decoder step; the ended items with their predictions and maps."""
+        decode = self._decode
+        if decode is None or (decode.size == 0 and decode.temperature != temperature):
+            decode = self._decode = RunningDecode(self.runtime, temperature)
+        if left:
+            decode.drop(set(left))
+        if admitted:
+            decode.admit(admitted, [item.source for item in admitted])
+        return decode.step()
+
+    async def _redo(self, items: list[QueuedItem]) -> None:
+        """A step raised: decode the set's items again with the dynamic batcher's bisection
+        (:meth:`Batcher._run_group`), so that only those that fail on their own get the error."""
+        self._decode = None  # its state is unknown; the next step starts a new search
+        self._running = []
+        items = [item for item in items if not item.future.done()]
+        if items:
+            with_attention = any(item.with_attention for item in items)
+            await self._run_group(items, items[0].temperature, with_attention)

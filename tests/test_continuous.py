@@ -1,0 +1,307 @@
+"""Continuous batching (serving.continuous) over real exported models: every answer equals
+``runtime.predict_batch``'s, items join the running steps and leave the step they end, and
+the models whose steps read the position are batched dynamically instead."""
+
+import asyncio
+import logging
+import random
+
+import httpx
+import numpy as np
+import pytest
+from serving_doubles import ReverseRuntime
+from test_batcher import RecordingMetrics, run
+from test_runtime import SOURCES, fit, load
+from test_server import MODEL, infer_body
+
+from serving.batch_items import BatchError
+from serving.batch_policy import choose_admissions
+from serving.batcher import Batcher
+from serving.continuous import ContinuousBatcher
+from serving.running import RunningDecode, continuous_support
+from skattn import Seq2SeqEnsemble
+
+KINDS = {
+    "bahdanau-additive": dict(decoder="bahdanau", scorer="additive"),
+    "luong-general-feeding": dict(decoder="luong", scorer="general"),
+    "luong-dot-local-p-lstm": dict(decoder="luong", attention="local-p", cell="lstm"),
+    "luong-none": dict(decoder="luong", attention="none"),
+    "transformer-encoder-bahdanau": dict(
+        encoder="transformer", decoder="bahdanau", num_heads=2, num_layers=1
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return {name: fit(**params) for name, params in KINDS.items()}
+
+
+@pytest.fixture(scope="module")
+def runtimes(fitted, tmp_path_factory):
+    root = tmp_path_factory.mktemp("continuous")
+    loaded = {name: load(model.export_onnx(root / name)) for name, model in fitted.items()}
+    members = [fitted["bahdanau-additive"], fitted["luong-general-feeding"]]
+    ensemble = Seq2SeqEnsemble.from_fitted(members)
+    loaded["ensemble"] = load(ensemble.export_onnx(root / "ensemble"))
+    return loaded
+
+
+async def started(runtime, **settings) -> ContinuousBatcher:
+    batcher = ContinuousBatcher(runtime, **settings)
+    await batcher.start()
+    return batcher
+
+
+def assert_same(expected, got):
+    (want_predictions, want_maps), (predictions, maps) = expected, got
+    assert predictions == want_predictions
+    for want, have in zip(want_maps, maps, strict=True):
+        assert have.shape == want.shape
+        np.testing.assert_allclose(have, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "ensemble"])
+def test_staggered_concurrent_requests_get_the_runtimes_answers(runtimes, kind, monkeypatch):
+    """Requests of 1-5 items arrive while others run: the set's rows are re-padded as longer
+    sources join and trimmed as they leave, and every item's prediction and map is
+    ``predict_batch``'s."""
+    runtime = runtimes[kind]
+    assert continuous_support(runtime) is None
+    expected = runtime.predict_batch(SOURCES, with_attention=True)
+    rng = random.Random(0)
+    joined_at = []  # the rows already running whenever items joined
+    admit = RunningDecode.admit
+
+    def recording_admit(self, keys, sources):
+        joined_at.append(self.size)
+        admit(self, keys, sources)
+
+    monkeypatch.setattr(RunningDecode, "admit", recording_admit)
+
+    async def body():
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=16, metrics=metrics)
+        requests, start = [], 0
+        while start < len(SOURCES):
+            n = rng.randint(1, 5)
+            requests.append(range(start, min(start + n, len(SOURCES))))
+            start += n
+
+        async def client(rows):
+            await asyncio.sleep(rng.random() * 0.05)
+            return rows, await batcher.results(
+                batcher.submit([SOURCES[i] for i in rows], with_attention=True)
+            )
+
+        answers = await asyncio.gather(*(client(rows) for rows in requests))
+        await batcher.stop()
+        return answers, metrics
+
+    answers, metrics = run(body())
+    predictions = [None] * len(SOURCES)
+    maps = [None] * len(SOURCES)
+    for rows, results in answers:
+        for i, result in zip(rows, results, strict=True):
+            predictions[i], maps[i] = result.prediction, result.attention
+    assert_same(expected, (predictions, maps))
+    sizes = [size for size, failed in metrics.batches]
+    assert not any(failed for _, failed in metrics.batches)
+    assert max(sizes) <= 16
+    assert sum(joined_at) > 0  # items joined rows that were part-way
+
+
+def test_a_short_item_is_answered_while_a_long_one_still_runs(runtimes):
+    runtime = runtimes["bahdanau-additive"]
+    long_source, short_source = "abcdefabcdefabc", "a"
+
+    async def body():
+        batcher = await started(runtime)
+        order = []
+
+        async def ask(source, delay):
+            await asyncio.sleep(delay)
+            (result,) = await batcher.results(batcher.submit([source]))
+            order.append(source)
+            return result.prediction
+
+        long_task = asyncio.create_task(ask(long_source, 0))
+        while not batcher._running:  # the long item is running
+            await asyncio.sleep(0)
+        short = await ask(short_source, 0)
+        assert not long_task.done()
+        long = await long_task
+        await batcher.stop()
+        return order, short, long
+
+    order, short, long = run(body())
+    assert order == [short_source, long_source]
+    assert [short, long] == runtime.predict([short_source, long_source])
+    assert len(runtime.predict([long_source])[0]) > 3
+
+
+def test_cancelled_items_leave_the_running_set_and_the_rest_are_answered(runtimes):
+    runtime = runtimes["luong-general-feeding"]
+    sources = SOURCES[:40]
+
+    async def body():
+        batcher = await started(runtime, max_batch_size=64)
+        gone = batcher.submit(sources[:20])
+        kept = batcher.submit(sources[20:])
+        await asyncio.sleep(0)
+        while not batcher._running:
+            await asyncio.sleep(0)
+        batcher.withdraw(gone)
+        results = await batcher.results(kept)
+        await batcher.stop()
+        return [r.prediction for r in results], batcher._running
+
+    predictions, running = run(body())
+    assert predictions == runtime.predict(sources[20:])
+    assert running == []
+
+
+def test_a_failing_step_is_redone_with_bisection_and_only_the_bad_item_fails(runtimes, monkeypatch):
+    runtime = runtimes["bahdanau-additive"]
+    sources = ["abc", "boom", "cab", "fed"]
+    predict_batch = runtime.predict_batch
+
+    def failing_predict_batch(batch, *args, **kwargs):
+        if "boom" in batch:
+            raise RuntimeError("this item cannot be decoded")
+        return predict_batch(batch, *args, **kwargs)
+
+    def failing_admit(self, keys, texts):
+        raise RuntimeError("the step graph failed")
+
+    monkeypatch.setattr(runtime, "predict_batch", failing_predict_batch)
+    monkeypatch.setattr(RunningDecode, "admit", failing_admit)
+
+    async def body():
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, metrics=metrics)
+        futures = batcher.submit(sources)
+        outcomes = []
+        for future in futures:
+            try:
+                outcomes.append((await future).prediction)
+            except BatchError as error:
+                outcomes.append(error)
+        await batcher.stop()
+        return outcomes, metrics
+
+    outcomes, metrics = run(body())
+    assert isinstance(outcomes[1], BatchError)
+    good = [0, 2, 3]
+    assert [outcomes[i] for i in good] == predict_batch([sources[i] for i in good])[0]
+    assert metrics.batches[0] == (4, True)
+
+
+def test_temperatures_take_turns_and_never_share_a_step(runtimes):
+    runtime = runtimes["bahdanau-additive"]
+    sources = SOURCES[:30]
+
+    async def body():
+        batcher = await started(runtime)
+        hot = batcher.submit(sources, temperature=2.0, with_attention=True)
+        cold = batcher.submit(sources, temperature=0.5, with_attention=True)
+        results = [await batcher.results(hot), await batcher.results(cold)]
+        await batcher.stop()
+        return results
+
+    hot, cold = run(body())
+    for results, temperature in ((hot, 2.0), (cold, 0.5)):
+        expected = runtime.predict_batch(sources, temperature, with_attention=True)
+        assert_same(expected, ([r.prediction for r in results], [r.attention for r in results]))
+
+
+def test_only_greedy_rnn_steps_without_local_m_on_host_memory_run_continuously(fitted, tmp_path):
+    assert continuous_support(ReverseRuntime()) is not None
+    beam = fit(beam_size=3)
+    reason = continuous_support(load(beam.export_onnx(tmp_path / "beam")))
+    assert "beam" in reason
+    local_m = fit(decoder="luong", attention="local-m")
+    reason = continuous_support(load(local_m.export_onnx(tmp_path / "local-m")))
+    assert "position" in reason and "local-m" in reason
+    transformer = fit(
+        encoder="transformer", decoder="transformer", num_heads=2, num_layers=1, embedding_dim=64
+    )
+    reason = continuous_support(load(transformer.export_onnx(tmp_path / "transformer")))
+    assert "position" in reason
+    bound = load(fitted["bahdanau-additive"].export_onnx(tmp_path / "greedy"), io_binding=True)
+    assert "IO binding" in continuous_support(bound)
+    with pytest.raises(ValueError, match="cannot batch continuously"):
+        ContinuousBatcher(ReverseRuntime())
+
+
+def test_choose_admissions_takes_turns_keeps_the_limits_and_lets_other_keys_drain():
+    class Item:
+        def __init__(self, source, request, temperature=None):
+            self.source, self.request, self.temperature, self.maps = (
+                source,
+                request,
+                temperature,
+                None,
+            )
+
+    a = [Item("aaaa", 1) for _ in range(3)]
+    b = [Item("bb", 2) for _ in range(2)]
+    c = [Item("c" * 50, 3)]
+    pending = [*a, *b, *c]
+    # Empty set: requests take turns, one item each, starting after the last admitted one.
+    chosen, rest = choose_admissions(pending, None, 1, 0, 0, 4, 10_000)
+    assert chosen == [b[0], c[0], a[0], b[1]]
+    assert rest == [a[1], a[2]]
+    # Rows and padded characters are bounded; the too-long item waits, shorter ones join.
+    chosen, rest = choose_admissions(pending, (None, None), 0, 2, 4, 5, 20)
+    assert chosen == [a[0], b[0], a[1]]
+    assert c[0] in rest
+    # The first item of an empty set joins whatever its length.
+    chosen, _ = choose_admissions([c[0]], None, 0, 0, 0, 4, 10)
+    assert chosen == [c[0]]
+    # While an item of another temperature waits, nothing joins the running set.
+    hot = Item("x", 4, temperature=2.0)
+    chosen, rest = choose_admissions([*a, hot], (None, None), 0, 1, 4, 8, 10_000)
+    assert chosen == [] and rest == [*a, hot]
+    # Once the set has drained, the next request's key leads.
+    chosen, _ = choose_admissions([*a, hot], None, 3, 0, 0, 8, 10_000)
+    assert chosen == [hot]
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+def test_the_server_batches_continuously_and_answers_as_the_runtime(serve, runtimes):
+    runtime = runtimes["bahdanau-additive"]
+    server = serve(runtime, batching="continuous")
+    assert isinstance(server.batcher, ContinuousBatcher)
+    sources = SOURCES[:24]
+
+    async def body():
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+
+            async def one(source):
+                response = await client.post(f"/v2/models/{MODEL}/infer", json=infer_body([source]))
+                assert response.status_code == 200, response.text
+                return response.json()["outputs"][0]["data"][0]
+
+            return await asyncio.gather(*(one(s) for s in sources))
+
+    assert asyncio.run(body()) == runtime.predict(sources)
+
+
+def test_a_model_that_cannot_run_continuously_is_batched_dynamically_with_a_warning(serve, caplog):
+    with caplog.at_level(logging.WARNING, logger="serving.app"):
+        server = serve(ReverseRuntime(), batching="continuous")
+    assert type(server.batcher) is Batcher
+    assert "batched dynamically" in caplog.text
+    assert httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["abc"])).json()[
+        "outputs"
+    ][0]["data"] == ["cba"]
+
+
+def test_the_batching_setting_is_validated():
+    from serving.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="batching"):
+        ServerSettings(batching="iteration")
