@@ -1,12 +1,16 @@
-"""Load test of the server as deployed: dynamic batching against ``--max-batch-size 1``.
+"""Load test of the server as deployed: dynamic and continuous batching against
+``--max-batch-size 1``.
 
-Starts ``python -m serving`` twice as subprocesses, with dynamic batching and without, both up
-at once, and drives each in turn with one-item requests at several concurrencies (default 1, 8,
-64 and 256), the two modes of a level back to back and taking turns at going first. The
+Starts ``python -m serving`` once per mode (``--modes``: ``batched``, dynamic batching;
+``unbatched``, ``--max-batch-size 1``; ``continuous``, ``--batching continuous``, for the
+models that can run it: greedy RNN decoders), all up at once, and drives each in turn with
+one-item requests at several concurrencies (default 1, 8, 64 and 256), the modes of a level
+back to back and taking turns at going first. The
 server is confined to one core and the load generator to another (``os.sched_setaffinity``;
 ``--no-pin`` turns it off), so that the figures are the server's and not the client's. For each
 level: throughput, p50 and p99 latency, errors, and the server's own CPU time per request
-(``/proc/<pid>/stat`` over the measured window), with the batched / unbatched ratios.
+(``/proc/<pid>/stat`` over the measured window), with each mode's ratios to the unbatched
+server and continuous against dynamic batching.
 
 Two load generators (``--clients``, :mod:`load_clients`): ``python``, an asyncio + httpx
 client in one process (what a Python user's script does; every answer is checked against
@@ -64,6 +68,8 @@ MODEL = "bench"
 SOURCE_COUNT = 512
 #: Source lengths in tokens of each mix.
 MIXES = {"fixed": (8, 8), "mixed": (1, 30)}
+#: The servers compared: dynamic batching, none, and continuous batching.
+MODES = ("batched", "unbatched", "continuous")
 #: The load generator's event loop: uvloop (which uvicorn[standard] installs) where available,
 #: since the client shares the cores with the server under test; else asyncio's own.
 CLIENT_LOOP = uvloop.new_event_loop if uvloop is not None else asyncio.new_event_loop
@@ -115,6 +121,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--clients", nargs="+", choices=("python", "wrk"),
                         default=["python", "wrk"])  # fmt: skip
     parser.add_argument("--mixes", nargs="+", choices=tuple(MIXES), default=list(MIXES))
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="continuous runs only for models that support it",
+    )
     parser.add_argument("--no-pin", action="store_true", help="share the cores, do not pin")
     parser.add_argument("--quick", action="store_true",
                         help="reversal only, concurrency 1 8 64, 2 s per level")  # fmt: skip
@@ -256,12 +269,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(model_dir: Path, max_batch_size: int, args: argparse.Namespace):
+def running_server(model_dir: Path, mode: str, args: argparse.Namespace):
     port = free_port()
+    max_batch_size = 1 if mode == "unbatched" else args.max_batch_size
     command = [
         sys.executable, "-m", "serving",
         "--model-dir", str(model_dir), "--model-name", MODEL, "--port", str(port),
         "--max-batch-size", str(max_batch_size), "--max-delay-ms", str(args.max_delay_ms),
+        "--batching", "continuous" if mode == "continuous" else "dynamic",
         "--device", args.device, "--log-level", "warning",
     ]  # fmt: skip
     if args.intra_op_threads is not None:
@@ -303,7 +318,7 @@ def running_server(model_dir: Path, max_batch_size: int, args: argparse.Namespac
 # The runs
 
 HEADER = (
-    f"{'model':<9}{'mode':<10}{'client':<7}{'mix':<6}{'conc':>5}{'requests':>9}{'errors':>7}"
+    f"{'model':<9}{'mode':<11}{'client':<7}{'mix':<6}{'conc':>5}{'requests':>9}{'errors':>7}"
     f"{'wrong':>6}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'server cpu ms/req':>18}"
 )
 
@@ -313,7 +328,7 @@ def print_table(results: list[LevelResult], header: bool = True) -> None:
         print(HEADER)
     for r in results:
         print(
-            f"{r.model:<9}{r.mode:<10}{r.client:<7}{r.mix:<6}{r.concurrency:>5}{r.requests:>9}"
+            f"{r.model:<9}{r.mode:<11}{r.client:<7}{r.mix:<6}{r.concurrency:>5}{r.requests:>9}"
             f"{r.errors:>7}{r.mismatches:>6}{r.throughput:>9.1f}{r.p50_ms:>9.2f}"
             f"{r.p99_ms:>9.2f}{r.server_cpu_ms:>18.3f}",
             flush=True,
@@ -346,8 +361,8 @@ def warm_up(url, pid, sources, expected, args) -> None:
 
 
 def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[LevelResult]:
-    """Both servers (batched and unbatched, both up, on the same core), every mix, client and
-    concurrency; at each level the two are measured back to back."""
+    """Every mode's server (all up, on the same core), every mix, client and concurrency; at
+    each level the modes are measured back to back."""
     mixes = {}
     for mix in args.mixes:
         sources = random_sources(model_dir, SOURCE_COUNT, MIXES[mix], args.seed)
@@ -356,17 +371,22 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         print(f"# {name}, {mix} sources: {mean:.2f} output tokens on average", flush=True)
         mixes[mix] = sources, expected
     results = []
+    modes = list(args.modes)
+    import serving
+    from serving.running import continuous_support
+
+    reason = continuous_support(serving.load(model_dir, device=args.device))
+    if "continuous" in modes and reason is not None:
+        print(f"# {name}: no continuous batching: {reason}", flush=True)
+        modes.remove("continuous")
     print(HEADER)
-    modes = {"batched": args.max_batch_size, "unbatched": 1}
-    with contextlib.ExitStack() as stack:  # both servers up at once, driven one at a time
-        servers = {
-            m: stack.enter_context(running_server(model_dir, b, args)) for m, b in modes.items()
-        }
+    with contextlib.ExitStack() as stack:  # every server up at once, driven one at a time
+        servers = {m: stack.enter_context(running_server(model_dir, m, args)) for m in modes}
         for url, pid in servers.values():
             warm_up(url, pid, *next(iter(mixes.values())), args)
-        # The two modes of a level run back to back; at each concurrency they take turns at
-        # going first (turn = which mix and client), so that neither always meets the machine
-        # in the state the other left it in.
+        # The modes of a level run back to back; at each concurrency they take turns at going
+        # first (turn = which mix and client), so that none always meets the machine in the
+        # state another left it in.
         for turn, (mix, client) in enumerate(itertools.product(mixes, args.clients)):
             sources, expected = mixes[mix]
             order = list(modes) if turn % 2 == 0 else list(modes)[::-1]
@@ -381,20 +401,26 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
 
 
 def print_ratios(results: list[LevelResult]) -> None:
-    """Batched against unbatched at each level: throughput and server CPU per request."""
+    """Each mode against the unbatched server, and continuous against dynamic batching, at
+    each level: throughput, server CPU per request and p99 latency."""
     by_key = {(r.model, r.client, r.mix, r.concurrency, r.mode): r for r in results}
-    print("batched / unbatched:        req/s   server cpu/req   p99")
-    for (model, client, mix, concurrency, mode), batched in by_key.items():
-        unbatched = by_key.get((model, client, mix, concurrency, "unbatched"))
-        if mode != "batched" or unbatched is None:
-            continue
-        speed = batched.throughput / unbatched.throughput if unbatched.throughput else math.inf
-        cpu = batched.server_cpu_ms / unbatched.server_cpu_ms if unbatched.server_cpu_ms else 0
-        p99 = batched.p99_ms / unbatched.p99_ms if unbatched.p99_ms else math.inf
-        print(
-            f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.2f}x "
-            f"{p99:8.2f}x"
-        )
+    pairs = [("batched", "unbatched"), ("continuous", "unbatched"), ("continuous", "batched")]
+    for mode, base_mode in pairs:
+        lines = []
+        for (model, client, mix, concurrency, m), result in by_key.items():
+            base = by_key.get((model, client, mix, concurrency, base_mode))
+            if m != mode or base is None:
+                continue
+            speed = result.throughput / base.throughput if base.throughput else math.inf
+            cpu = result.server_cpu_ms / base.server_cpu_ms if base.server_cpu_ms else 0
+            p99 = result.p99_ms / base.p99_ms if base.p99_ms else math.inf
+            lines.append(
+                f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.2f}x "
+                f"{p99:8.2f}x"
+            )
+        if lines:
+            print(f"{mode} / {base_mode}:".ljust(27) + "req/s   server cpu/req   p99")
+            print("\n".join(lines))
 
 
 def choose_cpus(args: argparse.Namespace) -> None:
