@@ -9,11 +9,14 @@ waits for all of it, and 64 answers leave at once::
     event loop                                  inference thread
     ----------                                  ----------------
     choose_admissions(queue) --admitted, left--> RunningDecode: drop the left, encode and merge
-                                                   the admitted, one decoder step
+                                                   the admitted, decoder steps until one ends
+                                                   or items arrive
     resolve the futures of the items <--ended--- (key, prediction, attention) of each ended item
     ... and again, while items run or wait
 
-One hop to the inference thread per step keeps every queue and future on the event loop.
+Every queue and future stays on the event loop. One hop to the inference thread runs the steps
+until an item ends or the set may change (items arrived or left): a lone request costs one hop,
+as with the dynamic batcher, not one per output token.
 There is no batching delay: an item that arrives while the set runs joins at the next step, so
 waiting for more buys nothing (``max_delay_ms`` and ``eager`` do not apply). Requests take
 turns at the free rows, and the set holds one temperature at a time
@@ -30,7 +33,9 @@ own get the error.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Sequence
 
 from serving.batch_items import BatcherClosedError, ItemResult, QueuedItem
 from serving.batch_policy import choose_admissions
@@ -51,7 +56,8 @@ class ContinuousBatcher(Batcher):
     **kwargs
         :class:`serving.batcher.Batcher`'s: ``max_batch_size`` bounds the rows of the running
         set and ``max_batch_chars`` its padded source characters; ``max_queue``, ``executor``
-        and ``metrics`` as there (a step counts as a batch of its rows).
+        and ``metrics`` as there (a hop to the inference thread, one or more steps, counts as
+        a batch of its rows).
     """
 
     def __init__(self, runtime: Runtime, **kwargs) -> None:
@@ -61,6 +67,29 @@ class ContinuousBatcher(Batcher):
             raise ValueError(f"runtime {runtime!r} cannot batch continuously: {reason}")
         self._running: list[QueuedItem] = []  # in the search (touched on the event loop only)
         self._decode: RunningDecode | None = None  # touched in the inference thread only
+        # Set (on the event loop) when items arrive or leave, or the batcher stops: the
+        # inference thread then ends its run of steps so that the set can change.
+        self._changed = threading.Event()
+
+    def submit(self, sources: Sequence[str], **kwargs) -> list[asyncio.Future]:
+        """Queue the sources of one request (:meth:`Batcher.submit`); they join the running
+        set at its next step."""
+        futures = super().submit(sources, **kwargs)
+        if futures:
+            self._changed.set()
+        return futures
+
+    def withdraw(self, futures: Sequence[asyncio.Future]) -> None:
+        """Withdraw a request's items (:meth:`Batcher.withdraw`); running ones leave the set
+        at its next step."""
+        super().withdraw(futures)
+        if any(future.cancelled() for future in futures):
+            self._changed.set()
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop accepting items (:meth:`Batcher.stop`); the running items finish first."""
+        self._changed.set()
+        await super().stop(drain)
 
     async def _schedule(self) -> None:
         """Admit, step and answer, one step at a time, until stopped and drained."""
@@ -84,6 +113,7 @@ class ContinuousBatcher(Batcher):
 
     async def _tick(self) -> None:
         """One step of the running set, with the queued items that may join it."""
+        self._changed.clear()  # what changes from here on ends the next run of steps
         running = self._running
         key = None if not running else (running[0].temperature, running[0].maps)
         longest = max((len(item.source) for item in running), default=0)
@@ -116,7 +146,7 @@ class ContinuousBatcher(Batcher):
         loop = asyncio.get_running_loop()
         try:
             ended = await loop.run_in_executor(
-                self._executor, self._step, temperature, admitted, left
+                self._executor, self._steps, temperature, admitted, left
             )
         except asyncio.CancelledError:
             raise  # _schedule's finally answers the running items
@@ -135,11 +165,13 @@ class ContinuousBatcher(Batcher):
                     ItemResult(prediction, attention if item.with_attention else None)
                 )
 
-    def _step(
+    def _steps(
         self, temperature: float | None, admitted: list[QueuedItem], left: list[QueuedItem]
     ) -> list:
         """In the inference thread: drop the items whose callers left, add the admitted ones,
-        take one decoder step; the ended items with their predictions and maps."""
+        and step until an item ends or the set may change (:attr:`_changed`): the ended items
+        with their predictions and maps. One hop from the event loop thus covers the steps
+        between two changes, not one step each."""
         decode = self._decode
         if decode is None or (decode.size == 0 and decode.temperature != temperature):
             decode = self._decode = RunningDecode(self.runtime, temperature)
@@ -147,7 +179,10 @@ class ContinuousBatcher(Batcher):
             decode.drop(set(left))
         if admitted:
             decode.admit(admitted, [item.source for item in admitted])
-        return decode.step()
+        while True:
+            ended = decode.step()
+            if ended or not decode.size or self._changed.is_set():
+                return ended
 
     async def _redo(self, items: list[QueuedItem]) -> None:
         """A step raised: decode the set's items again with the dynamic batcher's bisection

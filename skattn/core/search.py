@@ -167,7 +167,7 @@ class GreedySearch:
         self._widths: list[int | None] = []  # attention columns kept (None: all)
         self._tokens: list[list[int]] = []
         self._weights: list[list[np.ndarray]] = []
-        self._scores: list[float] = []
+        self._scores = np.zeros(0)  # (N,) summed log-probabilities
         self._steps = np.zeros(0, dtype=np.int64)  # (N,) steps taken
         self._y_prev = np.zeros(0, dtype=np.int64)  # (N,) the token each row feeds next
 
@@ -225,7 +225,7 @@ class GreedySearch:
         self._widths += [None] * n if widths is None else [int(w) for w in widths]
         self._tokens += [[] for _ in range(n)]
         self._weights += [[] for _ in range(n)]
-        self._scores += [0.0] * n
+        self._scores = np.concatenate([self._scores, np.zeros(n)])
         self._steps = np.concatenate([self._steps, np.zeros(n, dtype=np.int64)])
         self._y_prev = np.concatenate([self._y_prev, np.full(n, self.bos_id, dtype=np.int64)])
 
@@ -246,13 +246,13 @@ class GreedySearch:
         )
         # log_probs (N, V), weights (N, T)
         best = log_probs.argmax(axis=1)  # (N,)
-        for row in range(self.size):
-            token = int(best[row])
-            self._scores[row] += log_probs[row, token]
-            width = self._widths[row]
-            self._weights[row].append(weights[row] if width is None else weights[row, :width])
-            if token != self.eos_id:
-                self._tokens[row].append(token)
+        self._scores += log_probs[np.arange(best.size), best]  # (N,) sum log p(y_i)
+        eos = self.eos_id
+        rows = zip(self._tokens, self._weights, weights, self._widths, best.tolist(), strict=True)
+        for tokens, record, row_weights, width, token in rows:
+            record.append(row_weights if width is None else row_weights[:width])
+            if token != eos:
+                tokens.append(token)
         self._steps += 1
         ends = (best == self.eos_id) | (self._steps >= self.max_length)
         self._y_prev = best.astype(np.int64)
@@ -281,8 +281,8 @@ class GreedySearch:
         self._widths = [self._widths[r] for r in kept]
         self._tokens = [self._tokens[r] for r in kept]
         self._weights = [self._weights[r] for r in kept]
-        self._scores = [self._scores[r] for r in kept]
-        self._steps, self._y_prev = self._steps[rows], self._y_prev[rows]
+        self._scores, self._steps = self._scores[rows], self._steps[rows]
+        self._y_prev = self._y_prev[rows]
 
 
 def _normalised(log_prob: float, length: int, length_penalty: float) -> float:
