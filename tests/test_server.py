@@ -804,6 +804,11 @@ def test_cli_defaults_follow_the_design_and_bind_localhost():
     assert (args.max_batch_size, args.max_delay_ms, args.max_queue) == (64, 2.0, 1024)
     assert args.eager_batching is True
     assert not build_parser().parse_args(["--model-dir", "m", "--no-eager-batching"]).eager_batching
+    assert args.batching == "dynamic"
+    continuous = ["--model-dir", "m", "--batching", "continuous"]
+    assert build_parser().parse_args(continuous).batching == "continuous"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model-dir", "m", "--batching", "iteration"])
     assert build_parser().parse_args(["--model-dir", "m", "--device", "cuda:1"]).device == "cuda:1"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--model-dir", "m", "--device", "tpu"])
