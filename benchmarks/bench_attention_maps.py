@@ -148,7 +148,7 @@ def carried_weights(artifact: Path, sources: list[str], size: int, factor: int, 
     ids = translator.source_ids([list(text) for text in sources[:size]])
     lines = []
     for beam_size in (1, 5):
-        settings = dataclasses.replace(runtime._settings(None), beam_size=beam_size)
+        settings = dataclasses.replace(runtime.search_settings(), beam_size=beam_size)
 
         def run(step_fn, settings=settings):
             def go() -> None:

@@ -148,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BATCHING,
         default=defaults.batching,
         help="dynamic: a batch's whole search runs before the next batch forms; continuous: "
-        "items join the running decoder steps and leave the step they end (greedy RNN models; "
-        "the others are batched dynamically) (default: %(default)s)",
+        "items join the running decoder steps and leave the step they end, with no delay "
+        "(--max-delay-ms and --eager-batching do not apply); greedy RNN-decoder models without "
+        "local-m on host memory only, the others (beam search, IO binding) are batched "
+        "dynamically (default: %(default)s)",
     )
     parser.add_argument(
         "--max-queue",

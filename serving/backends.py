@@ -25,13 +25,12 @@ import numpy as np
 import onnxruntime as ort
 
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.manifest import Manifest
+from skattn.core.manifest import MEMORY_NAMES, Manifest
 from skattn.core.search import Hypothesis
 from skattn.core.text import pad_batch
 
 __all__ = [
     "BEAM_GRAPH_MAX_ITEMS",
-    "SOURCE_AXIS_NAMES",
     "BoundBackend",
     "GraphTranslator",
     "NumpyBackend",
@@ -101,17 +100,13 @@ class NumpyBackend:
         if carry["mask"].shape[1] <= width:
             return carry
         return {
-            name: np.ascontiguousarray(value[:, :width]) if name in SOURCE_AXIS_NAMES else value
+            name: np.ascontiguousarray(value[:, :width]) if name in MEMORY_NAMES else value
             for name, value in carry.items()
         }
 
 
-#: The carried arrays with the source axis ``T`` (axis 1): the encoder's memory, keys and mask.
-SOURCE_AXIS_NAMES = ("memory", "keys", "mask")
-
-
 def _pad_source(value: np.ndarray, width: int, name: str) -> np.ndarray:
-    if name not in SOURCE_AXIS_NAMES or value.shape[1] == width:
+    if name not in MEMORY_NAMES or value.shape[1] == width:
         return value
     pad = [(0, 0)] * value.ndim
     pad[1] = (0, width - value.shape[1])
@@ -215,6 +210,12 @@ class BoundBackend(NumpyBackend):
         log_probs = outputs["log_probs"].numpy()  # (N, V)
         weights = outputs["weights"].numpy()  # (N, T)
         return log_probs, {**carry, **new_states}, weights
+
+    def merge(self, first: Carry, second: Carry) -> Carry:
+        raise NotImplementedError("continuous batching runs on host memory, not IO binding")
+
+    def trim(self, carry: Carry, width: int) -> Carry:
+        raise NotImplementedError("continuous batching runs on host memory, not IO binding")
 
     def select(self, carry: Carry, rows: np.ndarray) -> Carry:
         binding = self.selector.io_binding()

@@ -67,18 +67,19 @@ def choose_admissions(
     """The queued items that join a running set of ``rows`` items at its next step, and the rest.
 
     ``key`` is the running set's ``(temperature, maps)``; None when it is empty, and then the
-    oldest item of the first request after ``last_request`` (else the oldest item) sets it.
-    Only items of that key join, and none while an item of another key waits: the set then
-    drains and the other key's turn comes, so no key waits for ever. Requests take turns, one
-    item each, starting after ``last_request``, within ``max_batch_size`` rows and
-    ``max_batch_chars`` padded characters (rows x the longest source, ``longest`` so far);
-    the first item of an empty set joins whatever its length. ``remaining`` keeps queue order.
+    oldest queued item sets it. Only items of that key join, and none while an item of another
+    key waits: the set then drains, and once it is empty that item, now the oldest, leads.
+    Requests take turns, one item each, starting after ``last_request`` (the request of the
+    last item admitted), within ``max_batch_size`` rows and ``max_batch_chars`` padded
+    characters (rows x the longest source, ``longest`` so far). An item that does not fit
+    stops the admissions after it, so that the set shrinks until it fits rather than filling
+    with shorter ones for ever; the first item of an empty set joins whatever its length.
+    No item waits for ever. ``remaining`` keeps queue order.
     """
     if not pending:
         return [], []
     if key is None:
-        lead = next((i for i in pending if i.request > last_request), pending[0])
-        key = (lead.temperature, lead.maps)
+        key = (pending[0].temperature, pending[0].maps)
     elif any((item.temperature, item.maps) != key for item in pending):
         return [], list(pending)
     turns: dict[int, int] = {}
@@ -96,7 +97,7 @@ def choose_admissions(
         item = pending[index]
         width = max(longest, len(item.source))
         if rows + len(chosen) and (rows + len(chosen) + 1) * width > max_batch_chars:
-            continue
+            break
         chosen.append(item)
         longest = width
     taken = set(map(id, chosen))

@@ -397,10 +397,7 @@ class Batcher:
             return
         self._record(len(group), started, failed=False)
         for i, item in enumerate(group):
-            if item.future.done():
-                continue
-            attention = attentions[i] if item.with_attention else None
-            item.future.set_result(ItemResult(predictions[i], attention))
+            self._answer(item, predictions[i], attentions[i] if item.with_attention else None)
 
     def _predict(
         self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps
@@ -424,6 +421,14 @@ class Batcher:
         if any(item.future.cancelled() for item in self._pending):
             self._pending = [item for item in self._pending if not item.future.cancelled()]
             self._report_depth()
+
+    @staticmethod
+    def _answer(item: QueuedItem, prediction, attention: np.ndarray | None) -> None:
+        """Resolve an item's future (unless its caller has gone), with its map if it asked."""
+        if not item.future.done():
+            item.future.set_result(
+                ItemResult(prediction, attention if item.with_attention else None)
+            )
 
     @staticmethod
     def _fail(items: list[QueuedItem], error: Exception) -> None:

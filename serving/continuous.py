@@ -33,17 +33,25 @@ own get the error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Sequence
 
-from serving.batch_items import BatcherClosedError, ItemResult, QueuedItem
+from serving.batch_items import BatcherClosedError, QueuedItem
 from serving.batch_policy import choose_admissions
 from serving.batcher import Batcher
 from serving.interface import Runtime
 from serving.running import RunningDecode, continuous_support
 
 __all__ = ["ContinuousBatcher"]
+
+logger = logging.getLogger(__name__)
+
+
+def _key(item: QueuedItem) -> tuple:
+    """What items sharing a step must agree on: the temperature and the maps asked for."""
+    return item.temperature, item.maps
 
 
 class ContinuousBatcher(Batcher):
@@ -66,24 +74,28 @@ class ContinuousBatcher(Batcher):
         if reason is not None:
             raise ValueError(f"runtime {runtime!r} cannot batch continuously: {reason}")
         self._running: list[QueuedItem] = []  # in the search (touched on the event loop only)
-        self._decode: RunningDecode | None = None  # touched in the inference thread only
+        # Stepped in the inference thread; replaced on the event loop only between runs.
+        self._decode: RunningDecode | None = None
         # Set (on the event loop) when items arrive or leave, or the batcher stops: the
         # inference thread then ends its run of steps so that the set can change.
         self._changed = threading.Event()
 
     def submit(self, sources: Sequence[str], **kwargs) -> list[asyncio.Future]:
         """Queue the sources of one request (:meth:`Batcher.submit`); they join the running
-        set at its next step."""
+        set at its next step, when it has room and runs at their temperature."""
         futures = super().submit(sources, **kwargs)
-        if futures:
-            self._changed.set()
+        running = self._running
+        if futures and len(running) < self.max_batch_size:
+            if not running or _key(self._pending[-1]) == _key(running[0]):
+                self._changed.set()
         return futures
 
     def withdraw(self, futures: Sequence[asyncio.Future]) -> None:
         """Withdraw a request's items (:meth:`Batcher.withdraw`); running ones leave the set
         at its next step."""
         super().withdraw(futures)
-        if any(future.cancelled() for future in futures):
+        withdrawn = {id(future) for future in futures if future.cancelled()}
+        if withdrawn and any(id(item.future) in withdrawn for item in self._running):
             self._changed.set()
 
     async def stop(self, drain: bool = True) -> None:
@@ -92,7 +104,7 @@ class ContinuousBatcher(Batcher):
         await super().stop(drain)
 
     async def _schedule(self) -> None:
-        """Admit, step and answer, one step at a time, until stopped and drained."""
+        """Admit, step and answer, a run of steps at a time, until stopped and drained."""
         try:
             while True:
                 self._drop_cancelled()
@@ -104,6 +116,7 @@ class ContinuousBatcher(Batcher):
                     continue
                 await self._tick()
         finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
+            self._changed.set()  # a run of steps still in flight ends after its step
             error = BatcherClosedError("the batcher stopped")
             self._fail(self._running, error)
             self._fail(self._pending, error)
@@ -112,14 +125,14 @@ class ContinuousBatcher(Batcher):
             self._report_depth()
 
     async def _tick(self) -> None:
-        """One step of the running set, with the queued items that may join it."""
+        """One run of steps of the running set, with the queued items that may join it."""
         self._changed.clear()  # what changes from here on ends the next run of steps
-        running = self._running
-        key = None if not running else (running[0].temperature, running[0].maps)
+        left = [item for item in self._running if item.future.cancelled()]
+        running = [item for item in self._running if not item.future.cancelled()]
         longest = max((len(item.source) for item in running), default=0)
         admitted, self._pending = choose_admissions(
             self._pending,
-            key,
+            _key(running[0]) if running else None,
             self._last_lead,
             len(running),
             longest,
@@ -133,9 +146,6 @@ class ContinuousBatcher(Batcher):
             if self._metrics is not None:
                 for item in admitted:
                     self._metrics.queue_wait(now - item.enqueued)
-        left = [item for item in running if item.future.cancelled()]
-        if left:
-            running = [item for item in running if not item.future.cancelled()]
         running = self._running = running + admitted
         if not running:
             if left:
@@ -150,8 +160,12 @@ class ContinuousBatcher(Batcher):
             )
         except asyncio.CancelledError:
             raise  # _schedule's finally answers the running items
-        except Exception:
+        except Exception as exc:
             self._record(len(running), started, failed=True)
+            logger.warning(
+                "continuous step failed; decoding its items again with bisection",
+                extra={"batch_size": len(running), "error": repr(exc)},
+            )
             await self._redo(running)
             return
         self._record(len(running), started, failed=False)
@@ -160,10 +174,7 @@ class ContinuousBatcher(Batcher):
         gone = set(map(id, (item for item, _, _ in ended)))
         self._running = [item for item in running if id(item) not in gone]
         for item, prediction, attention in ended:
-            if not item.future.done():
-                item.future.set_result(
-                    ItemResult(prediction, attention if item.with_attention else None)
-                )
+            self._answer(item, prediction, attention)
 
     def _steps(
         self, temperature: float | None, admitted: list[QueuedItem], left: list[QueuedItem]

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from serving.backends import NumpyBackend
+from skattn.core.inference import attention_rows
 from skattn.core.search import GreedySearch
-from skattn.core.text import pad_batch, tokenize
+from skattn.core.text import tokenize
 
 __all__ = ["RunningDecode", "continuous_support"]
 
@@ -80,12 +81,11 @@ class RunningDecode:
         return self.search.size
 
     def admit(self, keys: Sequence[Any], sources: Sequence[str]) -> None:
-        """Encode ``sources`` (checked: ``runtime.check_source``) and add them to the rows, each
-        under its key, to start at the next step."""
+        """Encode ``sources`` (already checked with ``runtime.check_source``) and add them to
+        the rows, each under its key, to start at the next step."""
         token_lists = [tokenize(text, self.runtime.tokenizer) for text in sources]
         id_lists = self.translator.source_ids(token_lists)
-        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
-        carry = self.backend.encode(src, src_lengths)
+        carry = self.translator.encode(id_lists)
         widths = [len(ids) for ids in id_lists]
         self.search.admit(carry, keys, merge=self.backend.merge, widths=widths)
 
@@ -98,11 +98,7 @@ class RunningDecode:
         """One decoder step over every row: ``(key, prediction, attention)`` of the items that
         ended, ``attention (T_y, T_x)`` float64 as ``runtime.predict_batch`` gives it."""
         ended = [
-            (
-                key,
-                self.translator.output(hypothesis.tokens),
-                hypothesis.weights[: len(hypothesis.tokens)].astype(np.float64),
-            )
+            (key, self.translator.output(hypothesis.tokens), attention_rows(hypothesis))
             for key, hypothesis in self.search.step()
         ]
         if ended:

@@ -142,59 +142,103 @@ def test_a_short_item_is_answered_while_a_long_one_still_runs(runtimes):
 
 def test_cancelled_items_leave_the_running_set_and_the_rest_are_answered(runtimes):
     runtime = runtimes["luong-general-feeding"]
-    sources = SOURCES[:40]
+    sources = [s for s in SOURCES if len(s) >= 10][:40]  # long outputs: many steps each
 
     async def body():
-        batcher = await started(runtime, max_batch_size=64)
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=64, metrics=metrics)
         gone = batcher.submit(sources[:20])
         kept = batcher.submit(sources[20:])
-        await asyncio.sleep(0)
-        while not batcher._running:
+        while len(batcher._running) < 40:
             await asyncio.sleep(0)
+        withdrawn_at = len(metrics.batches)
         batcher.withdraw(gone)
         results = await batcher.results(kept)
         await batcher.stop()
-        return [r.prediction for r in results], batcher._running
+        return [r.prediction for r in results], metrics.batches, withdrawn_at
 
-    predictions, running = run(body())
+    predictions, batches, withdrawn_at = run(body())
     assert predictions == runtime.predict(sources[20:])
-    assert running == []
+    assert not any(failed for _, failed in batches)
+    # After the run of steps in flight at the withdrawal, only the 20 kept rows are stepped.
+    later = [size for size, _ in batches[withdrawn_at + 1 :]]
+    assert later and max(later) <= 20
 
 
-def test_a_failing_step_is_redone_with_bisection_and_only_the_bad_item_fails(runtimes, monkeypatch):
+def test_when_every_caller_leaves_the_next_request_starts_afresh(runtimes):
     runtime = runtimes["bahdanau-additive"]
-    sources = ["abc", "boom", "cab", "fed"]
+    sources = [s for s in SOURCES if len(s) >= 10][:8]
+
+    async def body():
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, metrics=metrics)
+        gone = batcher.submit(sources)
+        while not batcher._running:
+            await asyncio.sleep(0)
+        batcher.withdraw(gone)
+        while batcher._running:
+            await asyncio.sleep(0.001)
+        results = await batcher.results(batcher.submit(sources[:3]))
+        await batcher.stop()
+        return [r.prediction for r in results], metrics.batches
+
+    predictions, batches = run(body())
+    assert predictions == runtime.predict(sources[:3])
+    assert not any(failed for _, failed in batches)
+    assert batches[-1][0] <= 3  # the new request's rows alone
+
+
+@pytest.mark.parametrize("fail_at", ["admit", "step"])
+def test_a_failing_step_is_redone_with_bisection_and_only_the_bad_item_fails(
+    runtimes, monkeypatch, fail_at
+):
+    """The continuous path fails once, on admission or part-way (its third step, with rows
+    running); the items in the set are decoded again with bisection, where only the bad item
+    fails, and the next request runs continuously again."""
+    runtime = runtimes["bahdanau-additive"]
+    sources = ["abcdef", "boom", "cabbed", "fedcba"]
     predict_batch = runtime.predict_batch
+    calls = {"admit": 0, "step": 0}
+    original = {"admit": RunningDecode.admit, "step": RunningDecode.step}
 
     def failing_predict_batch(batch, *args, **kwargs):
         if "boom" in batch:
             raise RuntimeError("this item cannot be decoded")
         return predict_batch(batch, *args, **kwargs)
 
-    def failing_admit(self, keys, texts):
-        raise RuntimeError("the step graph failed")
+    def failing(name, fail_on):
+        def method(self, *args):
+            calls[name] += 1
+            if calls[name] == fail_on:
+                raise RuntimeError(f"the {name} failed")
+            return original[name](self, *args)
+
+        return method
 
     monkeypatch.setattr(runtime, "predict_batch", failing_predict_batch)
-    monkeypatch.setattr(RunningDecode, "admit", failing_admit)
+    monkeypatch.setattr(RunningDecode, fail_at, failing(fail_at, 1 if fail_at == "admit" else 3))
 
     async def body():
         metrics = RecordingMetrics()
         batcher = await started(runtime, metrics=metrics)
-        futures = batcher.submit(sources)
         outcomes = []
-        for future in futures:
+        for future in batcher.submit(sources):
             try:
                 outcomes.append((await future).prediction)
             except BatchError as error:
                 outcomes.append(error)
+        after = await batcher.results(batcher.submit(["abc"]))
         await batcher.stop()
-        return outcomes, metrics
+        return outcomes, after[0].prediction, metrics.batches
 
-    outcomes, metrics = run(body())
+    outcomes, after, batches = run(body())
     assert isinstance(outcomes[1], BatchError)
     good = [0, 2, 3]
     assert [outcomes[i] for i in good] == predict_batch([sources[i] for i in good])[0]
-    assert metrics.batches[0] == (4, True)
+    assert [after] == predict_batch(["abc"])[0]
+    assert calls[fail_at] >= (1 if fail_at == "admit" else 3)
+    assert batches[0] == (4, True)  # the continuous hop of all four items failed
+    assert batches[-1] == (1, False)  # then "abc" ran continuously
 
 
 def test_temperatures_take_turns_and_never_share_a_step(runtimes):
@@ -202,14 +246,16 @@ def test_temperatures_take_turns_and_never_share_a_step(runtimes):
     sources = SOURCES[:30]
 
     async def body():
-        batcher = await started(runtime)
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, metrics=metrics)
         hot = batcher.submit(sources, temperature=2.0, with_attention=True)
         cold = batcher.submit(sources, temperature=0.5, with_attention=True)
         results = [await batcher.results(hot), await batcher.results(cold)]
         await batcher.stop()
-        return results
+        return results, metrics.batches
 
-    hot, cold = run(body())
+    (hot, cold), batches = run(body())
+    assert not any(failed for _, failed in batches)
     for results, temperature in ((hot, 2.0), (cold, 0.5)):
         expected = runtime.predict_batch(sources, temperature, with_attention=True)
         assert_same(expected, ([r.prediction for r in results], [r.attention for r in results]))
@@ -228,44 +274,47 @@ def test_only_greedy_rnn_steps_without_local_m_on_host_memory_run_continuously(f
     )
     reason = continuous_support(load(transformer.export_onnx(tmp_path / "transformer")))
     assert "position" in reason
+    mixed = Seq2SeqEnsemble.from_fitted([fitted["bahdanau-additive"], local_m])
+    reason = continuous_support(load(mixed.export_onnx(tmp_path / "ensemble")))
+    assert "position" in reason  # one member's local-m is enough
     bound = load(fitted["bahdanau-additive"].export_onnx(tmp_path / "greedy"), io_binding=True)
     assert "IO binding" in continuous_support(bound)
     with pytest.raises(ValueError, match="cannot batch continuously"):
         ContinuousBatcher(ReverseRuntime())
 
 
-def test_choose_admissions_takes_turns_keeps_the_limits_and_lets_other_keys_drain():
+def test_choose_admissions_takes_turns_keeps_the_limits_and_starves_no_one():
     class Item:
         def __init__(self, source, request, temperature=None):
-            self.source, self.request, self.temperature, self.maps = (
-                source,
-                request,
-                temperature,
-                None,
-            )
+            self.source, self.request = source, request
+            self.temperature, self.maps = temperature, None
 
     a = [Item("aaaa", 1) for _ in range(3)]
     b = [Item("bb", 2) for _ in range(2)]
     c = [Item("c" * 50, 3)]
     pending = [*a, *b, *c]
-    # Empty set: requests take turns, one item each, starting after the last admitted one.
+    # Requests take turns, one item each, starting after the last admitted one.
     chosen, rest = choose_admissions(pending, None, 1, 0, 0, 4, 10_000)
     assert chosen == [b[0], c[0], a[0], b[1]]
     assert rest == [a[1], a[2]]
-    # Rows and padded characters are bounded; the too-long item waits, shorter ones join.
+    # Rows and padded characters are bounded. An item that does not fit stops the admissions
+    # after it: the set shrinks until it fits, instead of filling with shorter items for ever.
     chosen, rest = choose_admissions(pending, (None, None), 0, 2, 4, 5, 20)
-    assert chosen == [a[0], b[0], a[1]]
-    assert c[0] in rest
+    assert chosen == [a[0], b[0]]
+    assert rest == [a[1], a[2], b[1], c[0]]
+    chosen, _ = choose_admissions([c[0], *b], (None, None), 2, 3, 4, 64, 100)
+    assert chosen == []
     # The first item of an empty set joins whatever its length.
-    chosen, _ = choose_admissions([c[0]], None, 0, 0, 0, 4, 10)
+    chosen, _ = choose_admissions([c[0], *b], None, 2, 0, 0, 64, 10)
     assert chosen == [c[0]]
-    # While an item of another temperature waits, nothing joins the running set.
+    # While an item of another temperature waits, nothing joins the running set; once the set
+    # is empty the oldest item leads, however many newer requests of the old key came after it.
     hot = Item("x", 4, temperature=2.0)
-    chosen, rest = choose_admissions([*a, hot], (None, None), 0, 1, 4, 8, 10_000)
-    assert chosen == [] and rest == [*a, hot]
-    # Once the set has drained, the next request's key leads.
-    chosen, _ = choose_admissions([*a, hot], None, 3, 0, 0, 8, 10_000)
-    assert chosen == [hot]
+    newer = [Item("y", 5 + i) for i in range(3)]
+    chosen, rest = choose_admissions([hot, *newer], (None, None), 0, 1, 4, 8, 10_000)
+    assert chosen == [] and rest == [hot, *newer]
+    chosen, rest = choose_admissions([hot, *newer], None, 7, 0, 0, 8, 10_000)
+    assert chosen == [hot] and rest == newer
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -288,6 +337,8 @@ def test_the_server_batches_continuously_and_answers_as_the_runtime(serve, runti
             return await asyncio.gather(*(one(s) for s in sources))
 
     assert asyncio.run(body()) == runtime.predict(sources)
+    assert server.metric("skattn_batch_failures_total") == 0
+    assert server.metric("skattn_batch_size_count") > 0
 
 
 def test_a_model_that_cannot_run_continuously_is_batched_dynamically_with_a_warning(serve, caplog):

@@ -26,7 +26,7 @@ from skattn.core.checks import check_int, check_real
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
 from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
 
-__all__ = ["Backend", "SearchSettings", "Translator", "as_text", "source_ids"]
+__all__ = ["Backend", "SearchSettings", "Translator", "as_text", "attention_rows", "source_ids"]
 
 #: Items per encoder call unless a caller says otherwise.
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -127,12 +127,16 @@ class Translator:
                 hypotheses[index] = hypothesis
         return hypotheses  # type: ignore[return-value]
 
+    def encode(self, id_lists: Sequence[Sequence[int]]) -> Any:
+        """The backend's initial carry for id lists (each ending with EOS), padded as one batch."""
+        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
+        return self.backend.encode(src, src_lengths)
+
     def _decode_chunk(
         self, id_lists: Sequence[Sequence[int]], settings: SearchSettings
     ) -> list[Hypothesis]:
-        src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
         backend = self.backend
-        carry = backend.encode(src, src_lengths)
+        carry = self.encode(id_lists)
         step = functools.partial(backend.step, temperature=settings.temperature)
         n = len(id_lists)
         if settings.beam_size == 1:
@@ -174,7 +178,12 @@ class Translator:
         if not with_attention:
             return predictions, None
         attentions = [
-            h.weights[: len(h.tokens), : len(ids)].astype(np.float64)  # (T_y, T_x)
-            for ids, h in zip(id_lists, hypotheses, strict=True)
+            attention_rows(h, len(ids)) for ids, h in zip(id_lists, hypotheses, strict=True)
         ]
         return predictions, attentions
+
+
+def attention_rows(hypothesis: Hypothesis, width: int | None = None) -> np.ndarray:
+    """A hypothesis' map ``(T_y, T_x)`` float64: one row per output token (the search never
+    emits a special id), the item's own ``width`` source columns (marker included)."""
+    return hypothesis.weights[: len(hypothesis.tokens), :width].astype(np.float64)

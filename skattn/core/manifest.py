@@ -54,6 +54,7 @@ __all__ = [
     "FORMAT_VERSION",
     "GRAPH_FILES",
     "MANIFEST_FILE",
+    "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
     "ArtifactError",
     "Manifest",
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 2
+#: The encoder's outputs that the decoder step reads, each ``(B, T, ...)``: the source axis 1.
+MEMORY_NAMES = ("memory", "keys", "mask")
 MANIFEST_FILE = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
@@ -150,11 +153,11 @@ class Manifest:
 
     def encoder_outputs(self) -> list[str]:
         """Outputs of ``encoder.onnx``: ``memory, keys, mask, <state_names...>``."""
-        return ["memory", "keys", "mask", *self.state_names]
+        return [*MEMORY_NAMES, *self.state_names]
 
     def decoder_inputs(self) -> list[str]:
         """Inputs of ``decoder_step.onnx``, in order."""
-        return ["y_prev", *self.state_names, "memory", "keys", "mask", "temperature", "position"]
+        return ["y_prev", *self.state_names, *MEMORY_NAMES, "temperature", "position"]
 
     def decoder_outputs(self) -> list[str]:
         """Outputs of ``decoder_step.onnx``: ``log_probs, new_<state>..., weights``."""
@@ -184,17 +187,20 @@ class Manifest:
     def step_reads_position(self) -> bool:
         """Whether ``decoder_step.onnx`` reads its ``position`` input: a Transformer decoder
         (positions and a key-value cache as long as the prefix) or local-m attention (centred
-        on the position), in the model or in any ensemble member. Rows at different target
-        positions then cannot share a step; the other models' steps ignore it."""
-        return (
-            "transformer" in self.decoder
-            or "local-m" in self.attention
-            or any(name.endswith(("self_keys", "self_values")) for name in self.state_names)
+        on the position), in the model or in any ensemble member (read from ``model``; a
+        format-1 manifest, without it, from ``decoder`` and ``attention``). Rows at different
+        target positions then cannot share a step; the other models' steps ignore it."""
+        configs = self.model.get("ensemble", [self.model]) if self.model else []
+        if not configs:
+            return "transformer" in self.decoder or "local-m" in self.attention
+        return any(
+            config.get("decoder") == "transformer" or config.get("attention") == "local-m"
+            for config in configs
         )
 
     def carry_names(self) -> list[str]:
         """What the search carries between steps: the state, then the encoder's outputs."""
-        return [*self.state_names, "memory", "keys", "mask"]
+        return [*self.state_names, *MEMORY_NAMES]
 
     # -- the binding between the manifest and its graphs ------------------------------------
 
