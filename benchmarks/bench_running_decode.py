@@ -41,9 +41,19 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    pinned = hasattr(os, "sched_setaffinity")
+    cores = os.sched_getaffinity(0) if pinned else None
+    if pinned:  # one core, given back at the end (a caller's later children would inherit it)
+        os.sched_setaffinity(0, {sorted(cores)[0]})
+    try:
+        return run(args)
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, cores)
 
+
+def run(args: argparse.Namespace) -> int:
+    """The table, on the core ``main`` pinned."""
     import serving
     from serving.running import RunningDecode
 
