@@ -1,6 +1,6 @@
 """A runtime's greedy search over a running set of items, for continuous batching.
 
-:class:`RunningDecode` is :class:`skattn.core.search.GreedySearch` over a
+:class:`RunningDecode` is :class:`skattn.core.greedy.GreedySearch` over a
 :class:`serving.runtime.Runtime`'s step graphs: new sources are encoded and join the running
 rows between two steps (``NumpyBackend.merge`` pads the source axis to the longest), and each
 item leaves with its prediction the step it ends::

@@ -1,6 +1,6 @@
 """Beam search as an ONNX ``Loop`` around the inlined decoder step (part of ``decode.onnx``).
 
-The decisions of :func:`skattn.core.search.beam_decode`, written over fixed beam slots: item
+The decisions of :func:`skattn.core.beam.beam_decode`, written over fixed beam slots: item
 ``b`` owns rows ``b * K .. b * K + K - 1``, its live beams first in rank order and dead slots at
 -inf after them, which is the NumPy search's layout once it pads each item to ``K`` beams. Per
 step ``i`` (``N = B * K`` rows, ``V`` target ids)::

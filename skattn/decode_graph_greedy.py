@@ -1,6 +1,6 @@
 """Greedy search as an ONNX ``Loop`` around the inlined decoder step (part of ``decode.onnx``).
 
-The same decisions as :func:`skattn.core.search.greedy_decode`: ``y_i = argmax_y log p(y | ...)``
+The same decisions as :func:`skattn.core.greedy.greedy_decode`: ``y_i = argmax_y log p(y | ...)``
 with PAD, BOS and UNK ruled out and ties to the lowest id, until EOS or ``max_length`` tokens.
 The graph keeps every row in the batch (a finished row's step is computed and ignored) and
 stops when no row is alive; a row's result reads only its own values, as in the NumPy search.

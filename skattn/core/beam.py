@@ -1,0 +1,232 @@
+"""Beam search: :func:`beam_decode`, every item's ``beam_size`` best prefixes at each step,
+over the same backend contract as greedy decoding (:mod:`skattn.core.search`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from skattn.core.checks import check_int
+from skattn.core.hypothesis import (
+    BOS_ID,
+    EOS_ID,
+    NEVER_EMITTED,
+    Hypothesis,
+    SelectFn,
+    StepFn,
+    call_step,
+)
+
+__all__ = ["beam_decode"]
+
+
+def _normalised(log_prob: float, length: int, length_penalty: float) -> float:
+    """``sum(log p) / length ** length_penalty`` (length >= 1 counts EOS when emitted)."""
+    return log_prob / max(length, 1) ** length_penalty
+
+
+def beam_decode(
+    step: StepFn,
+    select: SelectFn,
+    carry: Any,
+    batch_size: int,
+    beam_size: int,
+    max_length: int,
+    length_penalty: float = 1.0,
+    *,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    never: tuple[int, ...] = NEVER_EMITTED,
+) -> list[Hypothesis]:
+    """Decode a batch with beam search and length-normalised scores.
+
+    Each item keeps up to ``beam_size`` live hypotheses. At every step the ``2 * beam_size``
+    best extensions ``log p(y_<i) + log p(y_i | y_<i, x)`` of the item's live beams are ranked;
+    an EOS extension ranked within the first ``beam_size`` becomes a finished hypothesis with
+    score ``sum(log p) / len ** length_penalty`` (``len`` counts EOS), the best non-EOS
+    extensions (up to ``beam_size``) stay live. An item stops when it holds ``beam_size``
+    finished hypotheses, when no live beam is left, or after ``max_length`` output tokens. The
+    result is its best finished hypothesis; an item that finished none returns its best live
+    beam, normalised by its length. A beam cut off at ``max_length`` does not compete with
+    finished ones: its score lacks the ``log p(EOS)`` term that every finished score pays, so it
+    would beat any completion of itself. Ties go to the earlier beam, then the lower token id.
+
+    Parameters
+    ----------
+    step, select, carry, batch_size, max_length : see :func:`greedy_decode`.
+    beam_size : int
+        Number of hypotheses kept per item. ``beam_size=1`` is greedy decoding.
+    length_penalty : float, default=1.0
+        Exponent of the length normalisation; 0 ranks by the plain sum of log-probabilities.
+    bos_id, eos_id, never : see :func:`greedy_decode`.
+
+    Returns
+    -------
+    list of Hypothesis
+        The best hypothesis of each item, in input order.
+    """
+    batch_size = check_int(batch_size, "batch_size", 0)
+    beam_size = check_int(beam_size, "beam_size", 1)
+    max_length = check_int(max_length, "max_length", 1)
+    if not np.isfinite(length_penalty) or length_penalty < 0:
+        raise ValueError(f"length_penalty must be a finite float >= 0, got {length_penalty!r}")
+
+    K = beam_size
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    n_finished = np.zeros(batch_size, dtype=np.int64)  # len(finished[item])
+    # An item whose extensions all had log-probability -inf stops with its live beams as they
+    # were (unless it finished some hypothesis before); so does one cut off at max_length.
+    stalled: dict[int, list[Hypothesis]] = {}
+    beams = _Beams.start(batch_size)
+
+    for position in range(max_length):
+        if beams.size == 0:
+            break
+        log_probs, carry, weights = call_step(step, beams.y_prev(bos_id), carry, position, never)
+        # log_probs (N, V), weights (N, T)
+        extended = beams.paths_with(weights)  # (N, t + 1, T)
+        ranked = _Ranking.of(beams, log_probs, K, eos_id)
+
+        for i, r in zip(*np.nonzero(ranked.ends), strict=True):
+            source = ranked.row[i, r]
+            score = _normalised(float(ranked.total[i, r]), position + 1, length_penalty)
+            item = ranked.items[i]
+            hypothesis = Hypothesis(beams.tokens[source].tolist(), extended[source], score)
+            finished[item].append(hypothesis)
+            n_finished[item] += 1
+        grows = ranked.grows
+        n_growing = grows.sum(axis=1)  # (I,)
+        for i in np.flatnonzero((n_growing == 0) & (n_finished[ranked.items] == 0)):
+            rows = np.arange(ranked.starts[i], ranked.starts[i] + ranked.counts[i])
+            stalled[int(ranked.items[i])] = beams.hypotheses(rows, length_penalty)
+        grows = grows & ((n_finished[ranked.items] < K) & (n_growing > 0))[:, None]  # the rest end
+
+        i, r = np.nonzero(grows)  # items ascending, best first
+        source = ranked.row[i, r]
+        if source.size:
+            carry = select(carry, source)
+        beams = _Beams(
+            owner=ranked.items[i],
+            log_prob=ranked.total[i, r],
+            tokens=np.concatenate([beams.tokens[source], ranked.token[i, r, None]], axis=1),
+            paths=extended[source],
+        )
+
+    # Items still live after max_length tokens: their live beams, if they finished nothing.
+    for first, count in zip(*_runs(beams.owner), strict=True):
+        if n_finished[beams.owner[first]] == 0:
+            rows = np.arange(first, first + count)
+            stalled[int(beams.owner[first])] = beams.hypotheses(rows, length_penalty)
+
+    results = []
+    for item in range(batch_size):
+        candidates = finished[item] or stalled[item]
+        # max keeps the first of equal scores: the earlier-finished or higher-ranked hypothesis.
+        results.append(max(candidates, key=lambda h: h.score))
+    return results
+
+
+@dataclass(frozen=True)
+class _Beams:
+    """The live hypotheses of every item, one carried row each.
+
+    An item's rows are contiguous and items ascend, so an item's beams are one run of
+    ``owner``; ``tokens`` and ``paths`` grow by one column per step.
+    """
+
+    owner: np.ndarray  # (N,) the item of each row
+    log_prob: np.ndarray  # (N,) summed log-probability of each beam
+    tokens: np.ndarray  # (N, t) int64 output tokens so far
+    paths: np.ndarray | None  # (N, t, T) attention rows so far (None before the first step)
+
+    @classmethod
+    def start(cls, batch_size: int) -> _Beams:
+        """One empty beam per item."""
+        empty = np.zeros((batch_size, 0), dtype=np.int64)
+        return cls(np.arange(batch_size), np.zeros(batch_size), empty, None)
+
+    @property
+    def size(self) -> int:
+        return self.owner.size
+
+    def y_prev(self, bos_id: int) -> np.ndarray:
+        """Each beam's last token (BOS before the first step): ``(N,) int64``."""
+        if self.tokens.shape[1] == 0:
+            return np.full(self.size, bos_id, dtype=np.int64)
+        return np.ascontiguousarray(self.tokens[:, -1])
+
+    def paths_with(self, weights: np.ndarray) -> np.ndarray:
+        """``paths`` with this step's attention rows ``weights (N, T)`` appended."""
+        paths = self.paths
+        if paths is None:
+            paths = np.zeros((self.size, 0, weights.shape[1]), dtype=weights.dtype)
+        return np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
+
+    def hypotheses(self, rows: np.ndarray, length_penalty: float) -> list[Hypothesis]:
+        """Live beams as hypotheses, best first, each normalised by its length (no EOS)."""
+        length = self.tokens.shape[1]
+        return [
+            Hypothesis(
+                self.tokens[r].tolist(),
+                self.paths[r],
+                _normalised(float(self.log_prob[r]), length, length_penalty),
+            )
+            for r in rows
+        ]
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    """The ``2K`` best extensions ``(beam, token)`` of each item, best first.
+
+    Ties go to the earlier beam, then the lower token id (a stable sort of the flattened
+    ``(beam, token)`` index). ``ends``: EOS within the first ``K`` ranks finishes a hypothesis;
+    ``grows``: the first ``K`` other finite extensions stay live.
+    """
+
+    items: np.ndarray  # (I,) the items with live beams
+    starts: np.ndarray  # (I,) first row of each item
+    counts: np.ndarray  # (I,) live rows of each item
+    row: np.ndarray  # (I, 2K) the carried row each extension extends
+    token: np.ndarray  # (I, 2K) int64 its token
+    total: np.ndarray  # (I, 2K) its summed log-probability, descending
+    ends: np.ndarray  # (I, 2K) bool
+    grows: np.ndarray  # (I, 2K) bool
+
+    @classmethod
+    def of(cls, beams: _Beams, log_probs: np.ndarray, K: int, eos_id: int) -> _Ranking:
+        n, vocab = log_probs.shape
+        # Each item's beams side by side, padded to K with -inf: totals (I, K, V).
+        starts, counts = _runs(beams.owner)
+        item_of_row = np.repeat(np.arange(starts.size), counts)  # (N,)
+        totals = np.full((starts.size, K, vocab), -np.inf)
+        totals[item_of_row, np.arange(n) - starts[item_of_row]] = (
+            beams.log_prob[:, None] + log_probs
+        )
+        flat = totals.reshape(starts.size, K * vocab)
+        ranked = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * K]  # (I, 2K)
+        total = np.take_along_axis(flat, ranked, axis=1)  # (I, 2K), descending
+        beam, token = np.divmod(ranked, vocab)
+        finite = np.isfinite(total)  # -inf (and NaN) sort last: a finite prefix
+        is_eos = (token == eos_id) & finite
+        grows = finite & ~is_eos
+        return cls(
+            items=beams.owner[starts],
+            starts=starts,
+            counts=counts,
+            row=starts[:, None] + beam,
+            token=token.astype(np.int64),
+            total=total,
+            ends=is_eos & (np.arange(2 * K) < K),
+            grows=grows & (np.cumsum(grows, axis=1) <= K),
+        )
+
+
+def _runs(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First index and length of each run of equal values in ``owner`` (empty for no rows)."""
+    if owner.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    return starts, np.diff(np.r_[starts, owner.size])
