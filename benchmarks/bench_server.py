@@ -5,7 +5,9 @@ Starts ``python -m serving`` once per mode (``--modes``: ``batched``, dynamic ba
 ``unbatched``, ``--max-batch-size 1``; ``continuous``, ``--batching continuous``, for the
 models that can run it: greedy RNN decoders), all up at once, and drives each in turn with
 one-item requests at several concurrencies (default 1, 8, 64 and 256), the modes of a level
-back to back and taking turns at going first. The
+back to back and taking turns at going first. ``--repeats N`` measures each level N times,
+the modes' order flipped each time, and takes the ratios from the medians: the way to tell a
+difference at concurrency 1 from the noise of one short window. The
 server is confined to one core and the load generator to another (``os.sched_setaffinity``;
 ``--no-pin`` turns it off), so that the figures are the server's and not the client's. For each
 level: throughput, p50 and p99 latency, errors, and the server's own CPU time per request
@@ -30,6 +32,7 @@ Two models, side by side in one run (``--models``):
     python benchmarks/bench_server.py                      # everything: about 25 minutes
     python benchmarks/bench_server.py --quick              # reversal, 1 / 8 / 64, ~2 minutes
     python benchmarks/bench_server.py --model-dir DIR --device cuda
+    python benchmarks/bench_server.py --models reversal --concurrency 1 --repeats 6 --duration 10
 
 On a machine with one core, or with ``--no-pin``, the client and the server share the cores.
 """
@@ -45,12 +48,13 @@ import math
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -141,7 +145,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--intra-op-threads", type=int, help="passed to the servers")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="windows per level and mode, the modes' order flipped each time; "
+                        "ratios from the medians")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.quick:
         args.models, args.concurrency, args.duration, args.warmup = ["reversal"], [1, 8, 64], 2, 1
         args.server_warmup = 1.0
@@ -389,21 +398,39 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         # state another left it in.
         for turn, (mix, client) in enumerate(itertools.product(mixes, args.clients)):
             sources, expected = mixes[mix]
-            order = list(modes) if turn % 2 == 0 else list(modes)[::-1]
             for concurrency in args.concurrency:
-                for mode in order:
-                    url, pid = servers[mode]
-                    window = run_level(client, url, pid, sources, expected, concurrency, args)
-                    labels = dict(model=name, mode=mode, client=client, mix=mix)
-                    results.append(LevelResult.of(window, concurrency=concurrency, **labels))
-                    print_table([results[-1]], header=False)
+                for repeat in range(args.repeats):  # and each repeat flips the order
+                    order = list(modes) if (turn + repeat) % 2 == 0 else list(modes)[::-1]
+                    for mode in order:
+                        url, pid = servers[mode]
+                        window = run_level(client, url, pid, sources, expected, concurrency, args)
+                        labels = dict(model=name, mode=mode, client=client, mix=mix)
+                        results.append(LevelResult.of(window, concurrency=concurrency, **labels))
+                        print_table([results[-1]], header=False)
     return results
+
+
+def median_results(results: list[LevelResult]) -> dict[tuple, LevelResult]:
+    """(model, client, mix, concurrency, mode) -> that level's result, with the median
+    throughput, p99 and server CPU per request over its windows (``--repeats``)."""
+    groups: dict[tuple, list[LevelResult]] = {}
+    for r in results:
+        groups.setdefault((r.model, r.client, r.mix, r.concurrency, r.mode), []).append(r)
+    medians = {}
+    for key, windows in groups.items():
+        medians[key] = replace(
+            windows[0],
+            throughput=statistics.median(w.throughput for w in windows),
+            p99_ms=statistics.median(w.p99_ms for w in windows),
+            server_cpu_ms=statistics.median(w.server_cpu_ms for w in windows),
+        )
+    return medians
 
 
 def print_ratios(results: list[LevelResult]) -> None:
     """Each mode against the unbatched server, and continuous against dynamic batching, at
-    each level: throughput, server CPU per request and p99 latency."""
-    by_key = {(r.model, r.client, r.mix, r.concurrency, r.mode): r for r in results}
+    each level (the median of its windows): throughput, server CPU per request and p99."""
+    by_key = median_results(results)
     pairs = [("batched", "unbatched"), ("continuous", "unbatched"), ("continuous", "batched")]
     for mode, base_mode in pairs:
         lines = []
