@@ -1,5 +1,6 @@
-"""benchmarks/bench_server.py's repeated windows: ``--repeats`` is checked, and the ratios are
-taken from each level's median window (the full load test runs in gpu_check's test)."""
+"""benchmarks/bench_server.py's repeated windows (``--repeats`` is checked, and the ratios are
+taken from each level's median window; the full load test runs in gpu_check's test), and
+benchmarks/bench_batcher_overhead.py."""
 
 import sys
 from pathlib import Path
@@ -56,3 +57,14 @@ def test_ratios_come_from_the_medians(capsys):
     bench_server.print_ratios(results)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("reversal"))
     assert line.split()[4] == "1.00x"  # 300 / 300, not the mean 236.7 / 300
+
+
+def test_the_batcher_overhead_benchmark_prints_both_sizes_and_a_ratio(capsys):
+    import bench_batcher_overhead
+
+    assert bench_batcher_overhead.main(["--requests", "50", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out[1:3]]
+    assert [row[0] for row in rows] == ["64", "1"]
+    assert all(float(x) > 0 for row in rows for x in row[1:])
+    assert out[-1].startswith("64 / 1: cpu ")
