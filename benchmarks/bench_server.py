@@ -94,6 +94,7 @@ class LevelResult:
     p50_ms: float
     p99_ms: float
     server_cpu_ms: float  # server process CPU time per request, over the measured window
+    repeat: int = 0  # which of the level's --repeats windows
 
     @classmethod
     def of(cls, window: Window, **labels) -> LevelResult:
@@ -399,20 +400,28 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
         for turn, (mix, client) in enumerate(itertools.product(mixes, args.clients)):
             sources, expected = mixes[mix]
             for concurrency in args.concurrency:
-                for repeat in range(args.repeats):  # and each repeat flips the order
-                    order = list(modes) if (turn + repeat) % 2 == 0 else list(modes)[::-1]
-                    for mode in order:
+                for repeat in range(args.repeats):
+                    for mode in mode_order(modes, turn, repeat):
                         url, pid = servers[mode]
                         window = run_level(client, url, pid, sources, expected, concurrency, args)
                         labels = dict(model=name, mode=mode, client=client, mix=mix)
-                        results.append(LevelResult.of(window, concurrency=concurrency, **labels))
+                        results.append(
+                            LevelResult.of(window, concurrency=concurrency, repeat=repeat, **labels)
+                        )
                         print_table([results[-1]], header=False)
     return results
 
 
+def mode_order(modes: list[str], turn: int, repeat: int) -> list[str]:
+    """The order in which a level's modes run: reversed on every other turn (mix and client)
+    and flipped again on every other repeat, so that no mode always goes first."""
+    return list(modes) if (turn + repeat) % 2 == 0 else list(modes)[::-1]
+
+
 def median_results(results: list[LevelResult]) -> dict[tuple, LevelResult]:
-    """(model, client, mix, concurrency, mode) -> that level's result, with the median
-    throughput, p99 and server CPU per request over its windows (``--repeats``)."""
+    """(model, client, mix, concurrency, mode) -> that level's result over its windows
+    (``--repeats``): the median throughput, p50, p99 and server CPU per request, the summed
+    requests, errors, mismatches and seconds."""
     groups: dict[tuple, list[LevelResult]] = {}
     for r in results:
         groups.setdefault((r.model, r.client, r.mix, r.concurrency, r.mode), []).append(r)
@@ -421,8 +430,13 @@ def median_results(results: list[LevelResult]) -> dict[tuple, LevelResult]:
         medians[key] = replace(
             windows[0],
             throughput=statistics.median(w.throughput for w in windows),
+            p50_ms=statistics.median(w.p50_ms for w in windows),
             p99_ms=statistics.median(w.p99_ms for w in windows),
             server_cpu_ms=statistics.median(w.server_cpu_ms for w in windows),
+            requests=sum(w.requests for w in windows),
+            errors=sum(w.errors for w in windows),
+            mismatches=sum(w.mismatches for w in windows),
+            seconds=round(sum(w.seconds for w in windows), 3),
         )
     return medians
 

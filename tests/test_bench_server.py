@@ -42,13 +42,31 @@ def test_each_level_reads_its_median_window():
         window("batched", 100.0, 9.0, 1.0),  # an outlier window either way
         window("batched", 310.0, 2.1, 6.0),
         window("unbatched", 320.0, 2.2),
-        window("batched", 50.0, 1.0, concurrency=8),  # another level: not mixed in
+        window("batched", 50.0, 1.0, concurrency=8),  # other levels: not mixed in
+        window("batched", 60.0, 1.0, mix="mixed"),
+        window("batched", 70.0, 1.0, client="wrk"),
+        window("batched", 80.0, 1.0, model="g2p"),
     ]
     medians = bench_server.median_results(results)
     level = medians[("reversal", "python", "fixed", 1, "batched")]
     assert (level.throughput, level.server_cpu_ms, level.p99_ms) == (300.0, 2.1, 6.0)
+    assert (level.requests, level.seconds) == (300, 3.0)  # summed over the three windows
     assert medians[("reversal", "python", "fixed", 8, "batched")].throughput == 50.0
-    assert len(medians) == 3
+    assert medians[("reversal", "python", "mixed", 1, "batched")].throughput == 60.0
+    assert medians[("reversal", "wrk", "fixed", 1, "batched")].throughput == 70.0
+    assert medians[("g2p", "python", "fixed", 1, "batched")].throughput == 80.0
+    assert len(medians) == 6
+
+
+def test_every_repeat_flips_the_modes_order():
+    modes = ["batched", "unbatched"]
+    assert [bench_server.mode_order(modes, 0, r)[0] for r in range(3)] == [
+        "batched",
+        "unbatched",
+        "batched",
+    ]
+    assert bench_server.mode_order(modes, 1, 0) == ["unbatched", "batched"]  # the next turn
+    assert modes == ["batched", "unbatched"]  # not reordered in place
 
 
 def test_ratios_come_from_the_medians(capsys):
@@ -59,12 +77,23 @@ def test_ratios_come_from_the_medians(capsys):
     assert line.split()[4] == "1.00x"  # 300 / 300, not the mean 236.7 / 300
 
 
-def test_the_batcher_overhead_benchmark_prints_both_sizes_and_a_ratio(capsys):
+def test_the_batcher_overhead_benchmark_alternates_sizes_and_prints_their_ratio(
+    capsys, monkeypatch
+):
     import bench_batcher_overhead
 
-    assert bench_batcher_overhead.main(["--requests", "50", "--repeats", "2"]) == 0
+    sizes = []
+
+    class Recording(bench_batcher_overhead.Batcher):
+        def __init__(self, runtime, **kwargs):
+            sizes.append(kwargs["max_batch_size"])
+            super().__init__(runtime, **kwargs)
+
+    monkeypatch.setattr(bench_batcher_overhead, "Batcher", Recording)
+    assert bench_batcher_overhead.main(["--requests", "50", "--repeats", "3"]) == 0
+    assert sizes == [64, 1, 1, 64, 64, 1]
     out = capsys.readouterr().out.splitlines()
-    rows = [line.split() for line in out[1:3]]
-    assert [row[0] for row in rows] == ["64", "1"]
-    assert all(float(x) > 0 for row in rows for x in row[1:])
-    assert out[-1].startswith("64 / 1: cpu ")
+    rows = {int(line.split()[0]): [float(x) for x in line.split()[1:]] for line in out[1:3]}
+    assert set(rows) == {64, 1} and all(x > 0 for row in rows.values() for x in row)
+    cpu_ratio = float(out[-1].split()[4].rstrip("x"))  # "64 / 1: cpu 0.99x  wall ..."
+    assert abs(cpu_ratio - rows[64][0] / rows[1][0]) <= 0.01  # printed to 0.1 us, 0.01x
