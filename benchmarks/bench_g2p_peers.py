@@ -18,8 +18,9 @@ and WER on the test words, words/s.
   loaded beforehand).
 - **skattn**: fitted models saved with joblib (``--skattn NAME=member0.joblib``; a ``Seq2Seq``
   or an ensemble) are scored greedy and with their beam through ``predict`` (torch), then
-  exported and served through ``serving.load(dir).predict`` (onnxruntime, ``--serving-threads``
-  intra-op threads, chunks of 256 words). An exported artifact directory is scored as served
+  exported and served through ``serving.load(dir).predict`` over all test words (onnxruntime:
+  the runtime's length-sorted chunks of 64 words, ``--serving-threads`` at a time, one thread
+  each). An exported artifact directory is scored as served
   only, at its beam. Training time: ``train_seconds`` of the JSON beside the model (what
   ``examples/g2p_cmudict.py --out`` writes) or else the sum of ``history_``'s epoch seconds.
   ``--skattn-train`` trains the example's configuration here (``--skattn-args`` passes more of
@@ -207,17 +208,19 @@ def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, arg
 
 
 def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_cpu=None) -> dict:
-    """An exported artifact decoded by ``serving.load(dir).predict`` in chunks of 256."""
+    """An exported artifact decoded by ``serving.load(dir).predict`` over all test words at
+    once: the runtime's length-sorted chunks (of 64), ``--serving-threads`` of them at a time
+    on one onnxruntime thread each (its default on the CPU)."""
     import serving
 
-    runtime = serving.load(
-        artifact, "cpu", intra_op_num_threads=args.serving_threads, max_batch_size=256
-    )
+    runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=args.serving_threads)
     cores = len(os.sched_getaffinity(0))
     beam = runtime.manifest.beam_size
     scores = evaluate(runtime.predict, *data["test"])
-    threads = args.serving_threads
-    note = f"served: onnxruntime, {threads} intra-op threads on {cores} core(s), batch 256"
+    note = (
+        f"served: onnxruntime, {runtime.workers} chunks of {runtime.translator.max_batch_size} "
+        f"at a time on one thread each, {cores} core(s)"
+    )
     row = make_row(f"{name}, {search_name(beam)}, served", scores, train_seconds, train_cpu, note)
     print(f"  {format_row(row)}", flush=True)
     return row
@@ -313,7 +316,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--skattn-args", default="", help="more options of examples/g2p_cmudict.py, quoted")
     add("--max-minutes", type=float, default=50.0, help="budget of --skattn-train")
     add("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    add("--serving-threads", type=int, default=2, help="onnxruntime intra-op threads (0: skip)")
+    add(
+        "--serving-threads",
+        type=int,
+        default=2,
+        help="served rows: chunks decoded at once, one onnxruntime thread each (0: skip)",
+    )
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True)
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--table", type=Path, default=None, help="write the markdown table here")

@@ -45,14 +45,20 @@ from serving.sessions import (
 )
 from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
-from skattn.core.checks import check_int, check_real
-from skattn.core.inference import DEFAULT_MAX_BATCH_SIZE, SearchSettings, Translator
+from skattn.core.checks import check_int, check_real, usable_cores
+from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import DECODE_FILE, DECODER_FILE
 from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
 
 logger = logging.getLogger(__name__)
+
+#: Items per chunk unless the caller says otherwise. onnxruntime's per-call overhead is small, and
+#: larger chunks stop paying once a step's carry leaves the caches: a bi-GRU 256 G2P model decoded
+#: 1.4x (greedy) and 1.6x (beam 5) the words/s in chunks of 64 as in chunks of 256 on one thread
+#: (``benchmarks/bench_runtime_chunks.py``). The server's batches are at most 64 by default too.
+DEFAULT_MAX_BATCH_SIZE = 64
 
 
 class Runtime:
@@ -64,7 +70,8 @@ class Runtime:
         A checked artifact (:func:`serving.artifact.read_artifact`).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
     intra_op_num_threads : int, optional
-        Default: the cores this process may use.
+        Threads per operator. Default: 1 where ``workers`` decode chunks side by side (the CPU
+        by default), else the cores this process may use.
     io_binding : bool, optional
         Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
     decode_graph : bool, optional
@@ -72,9 +79,17 @@ class Runtime:
         driven from Python, where it is faster (greedy chunks of any size, beam chunks of up to
         ``serving.backends.BEAM_GRAPH_MAX_ITEMS`` items; see the README). Default: whenever
         the artifact holds it. ``True`` for an artifact without it raises ArtifactError.
-    max_batch_size : int, default=256
+    max_batch_size : int, default=64
         Larger inputs are sorted by length and decoded in chunks of at most this many items
         (results do not depend on it).
+    workers : int, optional
+        Chunks decoded at once, each in its own thread (a call's items are cut into at least
+        this many chunks). Default on the CPU when ``intra_op_num_threads`` is not given: one
+        per usable core, each session then running one onnxruntime thread, which decoded
+        1.3-1.8x the words/s of one chunk at a time on two intra-op threads
+        (``benchmarks/bench_runtime_chunks.py``); otherwise 1. With ``workers`` given and
+        ``intra_op_num_threads`` not, the cores are shared out: ``usable cores // workers``
+        threads a session. IO binding (CUDA) decodes one chunk at a time.
     name : str, optional
         Default: the artifact directory's name.
 
@@ -88,6 +103,8 @@ class Runtime:
         ``"CUDAExecutionProvider"`` or ``"CPUExecutionProvider"``: where the graphs run.
     decode_graph : bool
         Whether predictions come from ``decode.onnx``.
+    workers : int
+        Chunks decoded at once.
     attention_graph : serving.attention_graph.AttentionGraph or None
         ``attention.onnx``, when the artifact holds it: per-layer and per-head maps.
     info : ModelInfo
@@ -102,6 +119,7 @@ class Runtime:
         io_binding: bool | None = None,
         decode_graph: bool | None = None,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        workers: int | None = None,
         name: str | None = None,
     ) -> None:
         check_int(max_batch_size, "max_batch_size")
@@ -112,6 +130,9 @@ class Runtime:
         self.tokenizer = manifest.tokenizer
 
         device_type, device_id = resolve_device(device)
+        workers, intra_op_num_threads = _share_cores(
+            workers, intra_op_num_threads, device_type == "cpu" and not io_binding
+        )
         options = session_options(intra_op_num_threads)
         providers = providers_for(device_type, device_id)
         encoder = open_graph(
@@ -161,6 +182,9 @@ class Runtime:
         else:
             backend = NumpyBackend(encoder, decoder, manifest)
         self.backend = backend
+        if self.io_binding and workers > 1:
+            raise ValueError(f"workers={workers}: IO binding decodes one chunk at a time")
+        self.workers = workers
         translator_args = (
             backend,
             Vocabulary.from_list(manifest.source_vocabulary),
@@ -168,6 +192,7 @@ class Runtime:
             manifest.tokenizer,
             manifest.output_kind,
             max_batch_size,
+            workers,
         )
         self.step_translator = Translator(*translator_args)
         self.translator = self.step_translator
@@ -194,13 +219,14 @@ class Runtime:
         self._check_graphs_run(artifact)
         logger.info(
             "serving model %r on %s (device=%r requested; io_binding=%s; decode_graph=%s; "
-            "intra_op_num_threads=%d)",
+            "intra_op_num_threads=%d; workers=%d)",
             self.name,
             self.provider,
             device,
             self.io_binding,
             self.decode_graph,
             options.intra_op_num_threads,
+            self.workers,
         )
 
     def _check_graphs_run(self, artifact: Artifact) -> None:
@@ -373,6 +399,22 @@ class Runtime:
         return self.predict_batch(sources, temperature, True, layer=layer, head=head)[1]
 
 
+def _share_cores(
+    workers: int | None, intra_op_num_threads: int | None, chunk_parallel: bool
+) -> tuple[int, int | None]:
+    """``(workers, intra_op_num_threads)`` from what the caller gave (see :class:`Runtime`):
+    with neither given and ``chunk_parallel`` (the CPU, no IO binding), one worker per usable
+    core with one onnxruntime thread each; with ``workers`` alone, the cores shared out."""
+    if workers is not None:
+        check_int(workers, "workers")
+        if intra_op_num_threads is None:
+            intra_op_num_threads = max(1, usable_cores() // workers)
+        return workers, intra_op_num_threads
+    if intra_op_num_threads is None and chunk_parallel:
+        return usable_cores(), 1
+    return 1, intra_op_num_threads
+
+
 def load(
     path: str | os.PathLike,
     device: str = "auto",
@@ -381,6 +423,7 @@ def load(
     io_binding: bool | None = None,
     decode_graph: bool | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    workers: int | None = None,
     name: str | None = None,
 ) -> Runtime:
     """Load an exported artifact directory into a :class:`Runtime`.
@@ -393,13 +436,17 @@ def load(
         ``"auto"``: CUDA when onnxruntime has the CUDA provider, else CPU. ``"cuda"`` without
         it raises ``ValueError``.
     intra_op_num_threads : int, optional
-        Threads per operator; default: the cores this process may use.
+        Threads per operator; default: 1 a worker on the CPU, else the cores this process may
+        use (see :class:`Runtime`).
     io_binding : bool, optional
         Keep decoder states on the device between steps; default: on for CUDA.
     decode_graph : bool, optional
         Search with ``decode.onnx``; default: whenever the artifact holds it.
-    max_batch_size : int, default=256
+    max_batch_size : int, default=64
         Inputs are decoded in chunks of at most this many items.
+    workers : int, optional
+        Chunks decoded at once; default on the CPU without ``intra_op_num_threads``: one per
+        usable core, each on one onnxruntime thread (see :class:`Runtime`).
     name : str, optional
         The model's name (default: the directory's name).
 
@@ -426,5 +473,6 @@ def load(
         io_binding=io_binding,
         decode_graph=decode_graph,
         max_batch_size=max_batch_size,
+        workers=workers,
         name=name,
     )

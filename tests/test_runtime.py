@@ -12,6 +12,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -21,6 +22,7 @@ import serving
 from serving.artifact import ArtifactError
 from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
 from skattn import Seq2Seq
+from skattn.core.inference import Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
 
 ALPHABET = list("abcdef")
@@ -185,6 +187,73 @@ def test_chunked_batches_and_io_binding_give_the_same_results(artifact, runtime)
         got, got_attention = other.predict_batch(SOURCES, with_attention=True)
         assert got == expected
         assert_same_attention(attention, got_attention)
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 7, 64])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_chunks_decoded_side_by_side_give_the_same_results(
+    artifact, runtime, workers, max_batch_size
+):
+    expected, attention = runtime.predict_batch(SOURCES, with_attention=True)
+    other = load(artifact, workers=workers, max_batch_size=max_batch_size)
+    assert other.workers == workers
+    got, got_attention = other.predict_batch(SOURCES, with_attention=True)
+    assert got == expected
+    assert_same_attention(attention, got_attention)
+    assert other.predict(SOURCES[:1]) == expected[:1]
+    assert other.predict([]) == []
+
+
+def test_the_workers_decode_in_several_threads_at_once(artifact, monkeypatch):
+    """Two chunks are under way together: the second starts before the first has ended."""
+    runtime = load(artifact, workers=2, decode_graph=False)
+    barrier = threading.Barrier(2, timeout=10)
+    threads = set()
+    encode = runtime.backend.encode
+
+    def meeting_encode(src, src_lengths):
+        threads.add(threading.get_ident())
+        barrier.wait()  # times out (BrokenBarrierError) unless both chunks are encoding at once
+        return encode(src, src_lengths)
+
+    monkeypatch.setattr(runtime.backend, "encode", meeting_encode)
+    assert len(runtime.predict(SOURCES[:10])) == 10
+    assert len(threads) == 2
+
+
+def test_chunk_count_cuts_for_the_limit_and_for_every_worker():
+    def count(n, max_batch_size, workers):
+        translator = Translator(None, None, None, "char", "str", max_batch_size, workers)
+        return translator.chunk_count(n)
+
+    assert count(256, 64, 1) == 4
+    assert count(257, 64, 1) == 5
+    assert count(10, 64, 1) == 1
+    assert count(10, 64, 2) == 2  # a small call still keeps both workers busy
+    assert count(1, 64, 2) == 1
+    assert count(300, 64, 2) == 5
+    assert count(3, 1, 4) == 3
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="workers"):
+            Translator(None, None, None, "char", "str", 64, bad)
+
+
+def test_cores_go_to_workers_unless_threads_are_asked_for(artifact, monkeypatch):
+    monkeypatch.setattr("serving.runtime.usable_cores", lambda: 4)
+    default = serving.load(artifact, device="cpu")
+    assert default.workers == 4
+    assert default.backend.decoder.get_session_options().intra_op_num_threads == 1
+    threads = serving.load(artifact, device="cpu", intra_op_num_threads=3)
+    assert threads.workers == 1
+    assert threads.backend.decoder.get_session_options().intra_op_num_threads == 3
+    shared = serving.load(artifact, device="cpu", workers=2)
+    assert shared.backend.decoder.get_session_options().intra_op_num_threads == 2
+    assert serving.load(artifact, device="cpu", io_binding=True).workers == 1
+    with pytest.raises(ValueError, match="workers=2: IO binding"):
+        serving.load(artifact, device="cpu", io_binding=True, workers=2)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="workers"):
+            serving.load(artifact, device="cpu", workers=bad)
 
 
 def test_io_binding_beam_search_equals_the_numpy_backend(tmp_path):

@@ -10,13 +10,20 @@
       --Vocabulary.decode, detokenize--> str or token list; attention rows (T_y, T_x)
 
 Chunks of similar lengths waste little on padding; an item's result never depends on the
-chunk it was decoded in (the search reads only an item's own rows, and masks its padding).
+chunk it was decoded in (the search reads only an item's own rows, and masks its padding). With
+``workers > 1`` up to that many chunks are decoded at once, in threads: a backend whose engine
+releases the GIL while it computes (onnxruntime's ``session.run``) then keeps that many cores
+busy with one engine thread each, where one chunk's small matrix products gain little from
+splitting across threads (``benchmarks/bench_runtime_chunks.py``).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,7 +35,8 @@ from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
 
 __all__ = ["Backend", "SearchSettings", "Translator", "as_text", "attention_rows", "source_ids"]
 
-#: Items per encoder call unless a caller says otherwise.
+#: Items per encoder call unless a caller says otherwise: torch's per-operator overhead favours
+#: large chunks (``Seq2Seq.predict``); ``serving.Runtime`` sets its own (64).
 DEFAULT_MAX_BATCH_SIZE = 256
 
 
@@ -92,6 +100,11 @@ class Translator:
     output_kind : {"str", "tokens"}
     max_batch_size : int, default=256
         The most items per encoder call (results do not depend on it).
+    workers : int, default=1
+        Chunks decoded at once, each in its own thread; the backend must be safe to call from
+        several threads. A call's items are cut into at least ``workers`` chunks (see
+        :meth:`chunk_count`), so that a call of fewer than ``max_batch_size`` items still keeps
+        every worker busy (results do not depend on it).
     """
 
     def __init__(
@@ -102,6 +115,7 @@ class Translator:
         tokenizer: str,
         output_kind: str,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        workers: int = 1,
     ) -> None:
         self.backend = backend
         self.source_vocabulary = source_vocabulary
@@ -109,6 +123,9 @@ class Translator:
         self.tokenizer = tokenizer
         self.output_kind = output_kind
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
+        self.workers = check_int(workers, "workers")
+        self._executor: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def source_ids(self, token_lists: Sequence[Sequence[str]]) -> list[list[int]]:
         """Source ids with the end-of-source marker (:func:`source_ids`)."""
@@ -118,14 +135,36 @@ class Translator:
         self, id_lists: Sequence[Sequence[int]], settings: SearchSettings
     ) -> list[Hypothesis]:
         """Search every id list (each ending with EOS), in length-sorted chunks, in input order."""
+        if not id_lists:
+            return []
         order = np.argsort([len(ids) for ids in id_lists], kind="stable")
+        chunks = np.array_split(order, self.chunk_count(len(order)))
+
+        def decode_chunk(chunk: np.ndarray) -> list[Hypothesis]:
+            return self._decode_chunk([id_lists[i] for i in chunk], settings)
+
+        if self.workers == 1 or len(chunks) == 1:
+            decoded = map(decode_chunk, chunks)
+        else:  # in chunk order: each thread takes the next chunk as it finishes one
+            decoded = list(self._pool().map(decode_chunk, chunks))
         hypotheses: list[Hypothesis | None] = [None] * len(id_lists)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
-            decoded = self._decode_chunk([id_lists[i] for i in chunk], settings)
-            for index, hypothesis in zip(chunk, decoded, strict=True):
+        for chunk, chunk_hypotheses in zip(chunks, decoded, strict=True):
+            for index, hypothesis in zip(chunk, chunk_hypotheses, strict=True):
                 hypotheses[index] = hypothesis
         return hypotheses  # type: ignore[return-value]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The worker threads, started at the first call that has several chunks and kept."""
+        with self._pool_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.workers, "skattn-chunk")
+            return self._executor
+
+    def chunk_count(self, n: int) -> int:
+        """How many length-sorted chunks ``n`` items are cut into: enough that none holds more
+        than ``max_batch_size`` items, and, with several workers, at least one per worker (up
+        to one item a chunk), so that every worker has one; chunks differ by one item at most."""
+        return min(n, max(math.ceil(n / self.max_batch_size), self.workers))
 
     def encode(self, id_lists: Sequence[Sequence[int]]) -> Any:
         """The backend's initial carry for id lists (each ending with EOS), padded as one batch."""
