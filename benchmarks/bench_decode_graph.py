@@ -106,7 +106,11 @@ def main(argv=None) -> int:
             estimator = fit(name, args)
             for beam_size in args.beam_sizes:
                 directory = export(estimator, beam_size, Path(scratch) / f"{name}-{beam_size}")
-                options = dict(device="cpu", intra_op_num_threads=args.threads)
+                options = dict(
+                    device="cpu",
+                    intra_op_num_threads=args.threads,
+                    max_batch_size=max(args.batch_sizes),  # a row's batch is one chunk
+                )
                 graph = serving.load(directory, decode_graph=True, **options)
                 steps = serving.load(directory, decode_graph=False, **options)
                 for batch_size in args.batch_sizes:

@@ -130,6 +130,7 @@ def main() -> None:
             estimator.export_onnx(os.path.join(directory, "model")),
             device="cpu",
             intra_op_num_threads=threads,
+            max_batch_size=max(args.batch_sizes),  # a row's batch is one chunk
         )
     flops = useful_flops(estimator, sources)
     peak = matmul_peak_gflops(threads)  # also sets torch's threads for the timings below

@@ -176,7 +176,12 @@ def decode_rows(args) -> Seq2Seq:
     fit_seconds = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as directory:
         path = estimator.export_onnx(os.path.join(directory, "model"))
-        runtime = serving.load(path, device="cpu", intra_op_num_threads=args.threads)
+        runtime = serving.load(
+            path,
+            device="cpu",
+            intra_op_num_threads=args.threads,
+            max_batch_size=max(args.batch_sizes),  # a row's batch is one chunk
+        )
     print(
         f"\n## 3. decode items/s, greedy with the key-value cache: {args.n_inputs} sources of "
         f"4-16 chars, Transformer d={args.hidden_size}, 2 layers, {args.num_heads} heads, "
