@@ -9,6 +9,8 @@ in training, and lengths more than twice the longest training source.
 import copy
 import json
 import logging
+import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -219,6 +221,33 @@ def test_the_workers_decode_in_several_threads_at_once(artifact, monkeypatch):
     monkeypatch.setattr(runtime.backend, "encode", meeting_encode)
     assert len(runtime.predict(SOURCES[:10])) == 10
     assert len(threads) == 2
+
+
+_FORKED = {}
+
+
+def _predict_in_child(queue) -> None:
+    queue.put(_FORKED["runtime"].predict(SOURCES[:20]))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_decodes_with_workers_of_its_own(artifact):
+    """The parent's worker threads are gone in a child forked after they started; the child
+    starts its own instead of waiting for ever on the parent's."""
+    runtime = load(artifact, workers=2)
+    expected = runtime.predict(SOURCES[:20])  # the parent's pool is up
+    _FORKED["runtime"] = runtime
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_predict_in_child, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == expected
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+        _FORKED.clear()
 
 
 def test_chunk_count_cuts_for_the_limit_and_for_every_worker():

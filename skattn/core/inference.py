@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +126,7 @@ class Translator:
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
         self.workers = check_int(workers, "workers")
         self._executor: ThreadPoolExecutor | None = None
+        self._executor_pid = os.getpid()
         self._pool_lock = threading.Lock()
 
     def source_ids(self, token_lists: Sequence[Sequence[str]]) -> list[list[int]]:
@@ -154,10 +156,13 @@ class Translator:
         return hypotheses  # type: ignore[return-value]
 
     def _pool(self) -> ThreadPoolExecutor:
-        """The worker threads, started at the first call that has several chunks and kept."""
+        """The worker threads, started at the first call that has several chunks and kept; a
+        forked child starts its own (threads do not survive a fork, and a pool that believes it
+        has them would never run the child's chunks)."""
         with self._pool_lock:
-            if self._executor is None:
+            if self._executor is None or self._executor_pid != os.getpid():
                 self._executor = ThreadPoolExecutor(self.workers, "skattn-chunk")
+                self._executor_pid = os.getpid()
             return self._executor
 
     def chunk_count(self, n: int) -> int:
