@@ -19,7 +19,7 @@ and WER on the test words, words/s.
 - **skattn**: fitted models saved with joblib (``--skattn NAME=member0.joblib``; a ``Seq2Seq``
   or an ensemble) are scored greedy and with their beam through ``predict`` (torch), then
   exported and served through ``serving.load(dir).predict`` over all test words (onnxruntime:
-  the runtime's length-sorted chunks of 64 words, ``--serving-threads`` at a time, one thread
+  the runtime's length-sorted chunks of 64 words, ``--serving-workers`` at a time, one thread
   each). An exported artifact directory is scored as served
   only, at its beam. Training time: ``train_seconds`` of the JSON beside the model (what
   ``examples/g2p_cmudict.py --out`` writes) or else the sum of ``history_``'s epoch seconds.
@@ -199,7 +199,7 @@ def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, arg
             make_row(f"{name}, {search_name(beam_size)}", scores, train_seconds, train_cpu, note)
         )
         print(f"  {format_row(rows[-1])}", flush=True)
-        if args.serving_threads:
+        if args.serving_workers:
             with tempfile.TemporaryDirectory() as directory:
                 artifact = model.export_onnx(Path(directory) / name)
                 rows.append(served_row(name, artifact, data, args, train_seconds, train_cpu))
@@ -209,11 +209,11 @@ def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, arg
 
 def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_cpu=None) -> dict:
     """An exported artifact decoded by ``serving.load(dir).predict`` over all test words at
-    once: the runtime's length-sorted chunks (of 64), ``--serving-threads`` of them at a time
+    once: the runtime's length-sorted chunks (of 64), ``--serving-workers`` of them at a time
     on one onnxruntime thread each (its default on the CPU)."""
     import serving
 
-    runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=args.serving_threads)
+    runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=args.serving_workers)
     cores = len(os.sched_getaffinity(0))
     beam = runtime.manifest.beam_size
     scores = evaluate(runtime.predict, *data["test"])
@@ -317,7 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--max-minutes", type=float, default=50.0, help="budget of --skattn-train")
     add("--threads", type=int, default=None, help="torch threads (default: torch's)")
     add(
-        "--serving-threads",
+        "--serving-workers",
         type=int,
         default=2,
         help="served rows: chunks decoded at once, one onnxruntime thread each (0: skip)",
@@ -332,8 +332,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not sep or not name or not Path(path).exists():
             parser.error(f"--skattn {item!r}: expected NAME=PATH to an existing file or directory")
         args.skattn_paths[name] = Path(path)
-    if args.dev_words < 1 or args.serving_threads < 0 or args.max_minutes <= 0:
-        parser.error("--dev-words must be >= 1, --serving-threads >= 0, --max-minutes > 0")
+    if args.dev_words < 1 or args.serving_workers < 0 or args.max_minutes <= 0:
+        parser.error("--dev-words must be >= 1, --serving-workers >= 0, --max-minutes > 0")
     return args
 
 

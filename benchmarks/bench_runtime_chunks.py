@@ -41,12 +41,15 @@ def configurations(cores: int, quick: bool) -> list[tuple[str, dict]]:
     rows = [
         (f"chunks of 256, 1 at a time, {cores} threads", dict(max_batch_size=256, workers=1)),
         (f"chunks of 64, 1 at a time, {cores} threads", dict(max_batch_size=64, workers=1)),
+        ("chunks of 256, 1 at a time, 1 thread", dict(max_batch_size=256, workers=1, intra=1)),
         ("chunks of 64, 1 at a time, 1 thread", dict(max_batch_size=64, workers=1, intra=1)),
-        (f"chunks of 64, {cores} at a time, 1 thread each (default)", dict(max_batch_size=64)),
         (f"chunks of 32, {cores} at a time, 1 thread each", dict(max_batch_size=32)),
+        (f"chunks of 64, {cores} at a time, 1 thread each", dict(max_batch_size=64)),
         (f"chunks of 128, {cores} at a time, 1 thread each", dict(max_batch_size=128)),
+        (f"chunks of 256, {cores} at a time, 1 thread each", dict(max_batch_size=256)),
+        ("the default: chunks by the model's width", dict()),
     ]
-    return [rows[0], rows[3]] if quick else rows
+    return [rows[0], rows[-1]] if quick else rows
 
 
 def load(directory: Path, options: dict, cores: int):
@@ -103,6 +106,12 @@ def measure(name: str, model, sources: list[str], args, cores: int) -> list[tupl
         with tempfile.TemporaryDirectory() as scratch:
             directory = model.export_onnx(Path(scratch) / f"{name}-{beam_size}")
             runtimes = [(label, load(directory, options, cores)) for label, options in configs]
+            default = runtimes[-1][1]
+            print(
+                f"{name}, beam {beam_size}: the default layout is chunks of "
+                f"{default.translator.max_batch_size}, {default.workers} at a time",
+                flush=True,
+            )
             for _, runtime in runtimes:
                 runtime.predict(sources[:8])  # warm up the sessions
             rates = {label: [] for label, _ in configs}

@@ -29,6 +29,7 @@ import httpx
 import uvicorn
 
 import serving
+from serving.__main__ import default_intra_op_threads
 from serving.app import create_app
 from serving.explorer import mount_explorer
 from skattn import Seq2Seq
@@ -86,8 +87,13 @@ def train_reversal(attention: str, *, quick: bool, random_state: int = 0) -> Seq
 
 
 def load_runtimes(model_dirs: Mapping[str, Path], device: str = "auto") -> dict[str, object]:
-    """``serving.load`` each exported model, under its name."""
-    return {name: serving.load(path, device=device) for name, path in model_dirs.items()}
+    """``serving.load`` each exported model, under its name, as ``python -m serving`` does: one
+    batch at a time on the cores but one (the event loop's)."""
+    threads = default_intra_op_threads()
+    return {
+        name: serving.load(path, device=device, intra_op_num_threads=threads)
+        for name, path in model_dirs.items()
+    }
 
 
 def build_app(runtimes: Mapping[str, object]):

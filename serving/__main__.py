@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.model_dir = [*args.model_dir, *args.model]
     runtimes = {}
     for name, model_dir in args.model_dir:
-        runtime = _load(model_dir, args.device, name, args.intra_op_threads)
+        runtime = _load(model_dir, args.device, name, args.intra_op_threads, args.max_batch_size)
         if runtime is None:
             return 2
         if runtime.info.name in runtimes:
@@ -352,15 +352,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _load(model_dir: Path, device: str, name: str | None, intra_op_threads: int) -> Runtime | None:
-    """``serving.load`` with a one-line message instead of a traceback on a bad artifact."""
+def _load(
+    model_dir: Path, device: str, name: str | None, intra_op_threads: int, max_batch_size: int
+) -> Runtime | None:
+    """``serving.load`` with a one-line message instead of a traceback on a bad artifact; a
+    batch of the server's is one onnxruntime call (``max_batch_size``), on its intra-op
+    threads."""
     from serving import load  # lazily: the runtime brings onnxruntime
 
     if not model_dir.is_dir():
         print(f"error: --model-dir {model_dir} is not a directory", file=sys.stderr)
         return None
     try:
-        return load(model_dir, device=device, name=name, intra_op_num_threads=intra_op_threads)
+        return load(
+            model_dir,
+            device=device,
+            name=name,
+            intra_op_num_threads=intra_op_threads,
+            max_batch_size=max_batch_size,
+        )
     except Exception as exc:  # a bad artifact can fail in many ways; all mean "cannot serve"
         print(f"error: cannot load the model in {model_dir}: {exc}", file=sys.stderr)
         return None

@@ -55,7 +55,9 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     ----------
     runtimes : mapping of str to Runtime
         Model name -> runtime (as returned by ``serving.load``, or any object implementing
-        :class:`serving.interface.Runtime`).
+        :class:`serving.interface.Runtime`). The server runs one batch at a time, so load
+        runtimes with ``intra_op_num_threads`` (``python -m serving`` gives them the cores but
+        one) and ``max_batch_size`` at least ``settings.max_batch_size``.
     settings : ServerSettings, optional
         Limits and batching settings; the defaults when omitted.
 

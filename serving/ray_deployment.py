@@ -78,11 +78,16 @@ class ServerReplica:
     def __init__(
         self, model_dirs: Mapping[str, str], settings: Mapping | None = None, threads: int = 1
     ) -> None:
-        self.runtimes = {
-            name: load(path, intra_op_num_threads=threads, name=name)
+        self.settings = ServerSettings(**(settings or {}))
+        self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
+            name: load(
+                path,
+                intra_op_num_threads=threads,
+                max_batch_size=self.settings.max_batch_size,
+                name=name,
+            )
             for name, path in model_dirs.items()
         }
-        self.settings = ServerSettings(**(settings or {}))
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.server = create_app(self.runtimes, self.settings)
 

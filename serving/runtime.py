@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -54,11 +55,34 @@ __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device",
 
 logger = logging.getLogger(__name__)
 
-#: Items per chunk unless the caller says otherwise. onnxruntime's per-call overhead is small, and
-#: larger chunks stop paying once a step's carry leaves the caches: a bi-GRU 256 G2P model decoded
-#: 1.4x (greedy) and 1.6x (beam 5) the words/s in chunks of 64 as in chunks of 256 on one thread
-#: (``benchmarks/bench_runtime_chunks.py``). The server's batches are at most 64 by default too.
-DEFAULT_MAX_BATCH_SIZE = 64
+#: Floats of memory and keys per source position that a chunk holds by default (128 KB): the
+#: chunk's items are this over the model's memory + keys width, a power of 2 in 16 .. 256.
+#: onnxruntime's per-call overhead is small, and larger chunks stop paying once a step's carry
+#: leaves the caches, which happens at fewer items the wider a model's carry: the bi-GRU 256
+#: G2P model (512 floats: 64 items) decoded 1.3x (greedy) the words/s in chunks of 64 as of 256
+#: on one thread and 1.4x (beam 5) with two workers, a hidden-256 Luong model ran at 43.6
+#: GFLOP/s in a batch of 64 against 32.8 in one of 256, while the hidden-64 reversal model (128
+#: floats: 256 items) was 1.2-1.3x faster in chunks of 256 than of 64 with two workers
+#: (``benchmarks/bench_runtime_chunks.py``, ``benchmarks/results/infer_luong256.txt``). The
+#: estimator's torch path chunks 256 items, where per-operator overhead favours large chunks.
+CHUNK_FLOATS = 32768
+
+
+def default_chunk_items(width: int | None) -> int:
+    """Items per chunk for a model whose memory and keys are ``width`` floats per source
+    position (None, unknown: 64)."""
+    if not width:
+        return 64
+    return int(min(256, max(16, 2 ** round(math.log2(CHUNK_FLOATS / width)))))
+
+
+def _carry_width(encoder) -> int | None:
+    """Floats per source position of the encoder's ``memory`` and ``keys`` (their last axes),
+    or None when a graph leaves one symbolic."""
+    sizes = [o.shape[-1] for o in encoder.get_outputs() if o.name in ("memory", "keys")]
+    if len(sizes) != 2 or not all(isinstance(n, int) for n in sizes):
+        return None
+    return sum(sizes)
 
 
 class Runtime:
@@ -70,8 +94,9 @@ class Runtime:
         A checked artifact (:func:`serving.artifact.read_artifact`).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
     intra_op_num_threads : int, optional
-        Threads per operator. Default: 1 where ``workers`` decode chunks side by side (the CPU
-        by default), else the cores this process may use.
+        Threads per operator (one pool per session, shared by the chunks in flight). Default:
+        1 where ``workers`` is given or defaults to several (the CPU without IO binding), else
+        the cores this process may use.
     io_binding : bool, optional
         Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
     decode_graph : bool, optional
@@ -79,17 +104,17 @@ class Runtime:
         driven from Python, where it is faster (greedy chunks of any size, beam chunks of up to
         ``serving.backends.BEAM_GRAPH_MAX_ITEMS`` items; see the README). Default: whenever
         the artifact holds it. ``True`` for an artifact without it raises ArtifactError.
-    max_batch_size : int, default=64
+    max_batch_size : int, optional
         Larger inputs are sorted by length and decoded in chunks of at most this many items
-        (results do not depend on it).
+        (results do not depend on it). Default: :func:`default_chunk_items` of the model's
+        memory and keys width, e.g. 64 for a bi-GRU 256 model and 256 for a hidden-64 one.
     workers : int, optional
         Chunks decoded at once, each in its own thread (a call's items are cut into at least
-        this many chunks). Default on the CPU when ``intra_op_num_threads`` is not given: one
-        per usable core, each session then running one onnxruntime thread, which decoded
-        1.3-1.8x the words/s of one chunk at a time on two intra-op threads
-        (``benchmarks/bench_runtime_chunks.py``); otherwise 1. With ``workers`` given and
-        ``intra_op_num_threads`` not, the cores are shared out: ``usable cores // workers``
-        threads a session. IO binding (CUDA) decodes one chunk at a time.
+        this many chunks). Default on the CPU without IO binding when
+        ``intra_op_num_threads`` is not given: one per usable core, each on one onnxruntime
+        thread, which on 2 cores decoded 1.19-1.59x the items/s of the previous default (chunks
+        of 256, one at a time on 2 intra-op threads; ``benchmarks/bench_runtime_chunks.py``);
+        otherwise 1. IO binding (CUDA's default) decodes one chunk at a time.
     name : str, optional
         Default: the artifact directory's name.
 
@@ -118,11 +143,12 @@ class Runtime:
         intra_op_num_threads: int | None = None,
         io_binding: bool | None = None,
         decode_graph: bool | None = None,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_batch_size: int | None = None,
         workers: int | None = None,
         name: str | None = None,
     ) -> None:
-        check_int(max_batch_size, "max_batch_size")
+        if max_batch_size is not None:
+            check_int(max_batch_size, "max_batch_size")
         manifest = self.manifest = artifact.manifest
         self.name = name if name is not None else artifact.directory.resolve().name
         self.max_source_length = manifest.max_source_length
@@ -130,8 +156,9 @@ class Runtime:
         self.tokenizer = manifest.tokenizer
 
         device_type, device_id = resolve_device(device)
+        binds = device_type == "cuda" if io_binding is None else bool(io_binding)
         workers, intra_op_num_threads = _share_cores(
-            workers, intra_op_num_threads, device_type == "cpu" and not io_binding
+            workers, intra_op_num_threads, device_type, binds
         )
         options = session_options(intra_op_num_threads)
         providers = providers_for(device_type, device_id)
@@ -182,7 +209,9 @@ class Runtime:
         else:
             backend = NumpyBackend(encoder, decoder, manifest)
         self.backend = backend
-        if self.io_binding and workers > 1:
+        if max_batch_size is None:
+            max_batch_size = default_chunk_items(_carry_width(encoder))
+        if self.io_binding and workers > 1:  # the CUDA provider failed and io_binding was set
             raise ValueError(f"workers={workers}: IO binding decodes one chunk at a time")
         self.workers = workers
         translator_args = (
@@ -400,19 +429,22 @@ class Runtime:
 
 
 def _share_cores(
-    workers: int | None, intra_op_num_threads: int | None, chunk_parallel: bool
+    workers: int | None, intra_op_num_threads: int | None, device_type: str, io_binding: bool
 ) -> tuple[int, int | None]:
     """``(workers, intra_op_num_threads)`` from what the caller gave (see :class:`Runtime`):
-    with neither given and ``chunk_parallel`` (the CPU, no IO binding), one worker per usable
-    core with one onnxruntime thread each; with ``workers`` alone, the cores shared out."""
-    if workers is not None:
-        check_int(workers, "workers")
-        if intra_op_num_threads is None:
-            intra_op_num_threads = max(1, usable_cores() // workers)
-        return workers, intra_op_num_threads
-    if intra_op_num_threads is None and chunk_parallel:
-        return usable_cores(), 1
-    return 1, intra_op_num_threads
+    neither given, on the CPU: one worker per usable core with one onnxruntime thread each;
+    ``workers`` alone: one thread each. IO binding decodes one chunk at a time."""
+    if workers is None:
+        if intra_op_num_threads is None and device_type == "cpu" and not io_binding:
+            return usable_cores(), 1
+        return 1, intra_op_num_threads
+    check_int(workers, "workers")
+    if workers > 1 and io_binding:
+        raise ValueError(
+            f"workers={workers}: IO binding (CUDA's default) decodes one chunk at a time; "
+            "pass workers=1, or io_binding=False"
+        )
+    return workers, 1 if intra_op_num_threads is None else intra_op_num_threads
 
 
 def load(
@@ -422,7 +454,7 @@ def load(
     intra_op_num_threads: int | None = None,
     io_binding: bool | None = None,
     decode_graph: bool | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    max_batch_size: int | None = None,
     workers: int | None = None,
     name: str | None = None,
 ) -> Runtime:
@@ -436,14 +468,15 @@ def load(
         ``"auto"``: CUDA when onnxruntime has the CUDA provider, else CPU. ``"cuda"`` without
         it raises ``ValueError``.
     intra_op_num_threads : int, optional
-        Threads per operator; default: 1 a worker on the CPU, else the cores this process may
-        use (see :class:`Runtime`).
+        Threads per operator; default: 1 where ``workers`` decode side by side (the CPU, by
+        default), else the cores this process may use (see :class:`Runtime`).
     io_binding : bool, optional
         Keep decoder states on the device between steps; default: on for CUDA.
     decode_graph : bool, optional
         Search with ``decode.onnx``; default: whenever the artifact holds it.
-    max_batch_size : int, default=64
-        Inputs are decoded in chunks of at most this many items.
+    max_batch_size : int, optional
+        Inputs are decoded in chunks of at most this many items; default: by the model's
+        width (see :class:`Runtime`).
     workers : int, optional
         Chunks decoded at once; default on the CPU without ``intra_op_num_threads``: one per
         usable core, each on one onnxruntime thread (see :class:`Runtime`).

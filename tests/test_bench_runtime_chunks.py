@@ -35,12 +35,14 @@ def test_every_configuration_loads_as_its_label_says(tmp_path, monkeypatch):
     for label, options in bench_runtime_chunks.configurations(4, quick=False):
         bench_runtime_chunks.load(tmp_path, options, 4)
         got = calls[-1]
-        assert got["max_batch_size"] == options["max_batch_size"]
+        assert got.get("max_batch_size") == options.get("max_batch_size")
         if "1 at a time" in label:
             assert got["workers"] == 1
             assert got["intra_op_num_threads"] == (1 if "1 thread" in label else 4)
         else:  # the runtime's default layout: a worker per core, one thread each
             assert "workers" not in got and "intra_op_num_threads" not in got
+        if "default" in label:  # and its chunks by the model's width
+            assert "max_batch_size" not in got
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--beam-sizes", "0"], ["--g2p-words", "0"]])

@@ -22,7 +22,7 @@ import pytest
 
 import serving
 from serving.artifact import ArtifactError
-from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
+from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, default_chunk_items, session_options
 from skattn import Seq2Seq
 from skattn.core.inference import Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
@@ -198,12 +198,26 @@ def test_chunks_decoded_side_by_side_give_the_same_results(
 ):
     expected, attention = runtime.predict_batch(SOURCES, with_attention=True)
     other = load(artifact, workers=workers, max_batch_size=max_batch_size)
-    assert other.workers == workers
+    assert other.workers == other.translator.workers == other.step_translator.workers == workers
     got, got_attention = other.predict_batch(SOURCES, with_attention=True)
     assert got == expected
     assert_same_attention(attention, got_attention)
     assert other.predict(SOURCES[:1]) == expected[:1]
     assert other.predict([]) == []
+
+
+@pytest.mark.parametrize("decode_graph", [False, True])
+def test_beam_search_in_several_workers_equals_one_worker(tmp_path, decode_graph):
+    """Beam chunks side by side, on the step graphs (the NumPy search) and on decode.onnx."""
+    estimator = fit(beam_size=3, decoder="luong", attention="local-p", scorer="general")
+    directory = estimator.export_onnx(tmp_path / "model")
+    sources = SOURCES[:60]
+    one = load(directory, workers=1, decode_graph=decode_graph, max_batch_size=256)
+    several = load(directory, workers=3, decode_graph=decode_graph, max_batch_size=16)
+    expected, attention = one.predict_batch(sources, with_attention=True)
+    got, got_attention = several.predict_batch(sources, with_attention=True)
+    assert got == expected == estimator.predict(sources)
+    assert_same_attention(attention, got_attention)
 
 
 def test_the_workers_decode_in_several_threads_at_once(artifact, monkeypatch):
@@ -231,6 +245,7 @@ def _predict_in_child(queue) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_decodes_with_workers_of_its_own(artifact):
     """The parent's worker threads are gone in a child forked after they started; the child
     starts its own instead of waiting for ever on the parent's."""
@@ -248,6 +263,22 @@ def test_a_forked_child_decodes_with_workers_of_its_own(artifact):
         if child.is_alive():
             child.kill()
         _FORKED.clear()
+
+
+def test_default_chunks_hold_about_the_same_floats_whatever_the_width(artifact):
+    assert default_chunk_items(512) == 64  # a bi-GRU 256 model: memory 256 + keys 256
+    assert default_chunk_items(128) == 256  # hidden 64
+    assert default_chunk_items(1024) == 32  # an ensemble of two bi-GRU 256 models
+    assert default_chunk_items(10) == 256 and default_chunk_items(10**6) == 16  # the bounds
+    assert default_chunk_items(None) == 64  # a graph with a symbolic width
+    runtime = serving.load(artifact, device="cpu")
+    carry = runtime.backend.encode(np.array([[4, 2]]), np.array([2]))
+    width = carry["memory"].shape[-1] + carry["keys"].shape[-1]
+    assert runtime.translator.max_batch_size == default_chunk_items(width)
+    assert serving.load(artifact, device="cpu", max_batch_size=5).translator.max_batch_size == 5
+    for bad in (0, -1, 2.5, "64"):
+        with pytest.raises(ValueError, match="max_batch_size"):
+            serving.load(artifact, device="cpu", max_batch_size=bad)
 
 
 def test_chunk_count_cuts_for_the_limit_and_for_every_worker():
@@ -275,10 +306,14 @@ def test_cores_go_to_workers_unless_threads_are_asked_for(artifact, monkeypatch)
     threads = serving.load(artifact, device="cpu", intra_op_num_threads=3)
     assert threads.workers == 1
     assert threads.backend.decoder.get_session_options().intra_op_num_threads == 3
-    shared = serving.load(artifact, device="cpu", workers=2)
-    assert shared.backend.decoder.get_session_options().intra_op_num_threads == 2
+    shared = serving.load(artifact, device="cpu", workers=2)  # one thread a worker
+    assert shared.workers == 2
+    assert shared.backend.decoder.get_session_options().intra_op_num_threads == 1
+    both = serving.load(artifact, device="cpu", workers=2, intra_op_num_threads=2)
+    assert both.workers == 2
+    assert both.backend.decoder.get_session_options().intra_op_num_threads == 2
     assert serving.load(artifact, device="cpu", io_binding=True).workers == 1
-    with pytest.raises(ValueError, match="workers=2: IO binding"):
+    with pytest.raises(ValueError, match="workers=2: IO binding.*io_binding=False"):
         serving.load(artifact, device="cpu", io_binding=True, workers=2)
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="workers"):
