@@ -112,8 +112,9 @@ class Runtime:
         Chunks decoded at once, each in its own thread (a call's items are cut into at least
         this many chunks). Default on the CPU without IO binding when
         ``intra_op_num_threads`` is not given: one per usable core, each on one onnxruntime
-        thread, which on 2 cores decoded 1.19-1.59x the items/s of the previous default (chunks
-        of 256, one at a time on 2 intra-op threads; ``benchmarks/bench_runtime_chunks.py``);
+        thread: with the chunk sizes below, 1.5-1.8x the items/s of the previous default on 2
+        cores (chunks of 256, one at a time on 2 intra-op threads;
+        ``benchmarks/bench_runtime_chunks.py``);
         otherwise 1. IO binding (CUDA's default) decodes one chunk at a time.
     name : str, optional
         Default: the artifact directory's name.
