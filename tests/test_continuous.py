@@ -5,6 +5,7 @@ the models whose steps read the position are batched dynamically instead."""
 import asyncio
 import logging
 import random
+import time
 
 import httpx
 import numpy as np
@@ -111,9 +112,16 @@ def test_staggered_concurrent_requests_get_the_runtimes_answers(runtimes, kind, 
     assert sum(joined_at) > 0  # items joined rows that were part-way
 
 
-def test_a_short_item_is_answered_while_a_long_one_still_runs(runtimes):
+def test_a_short_item_is_answered_while_a_long_one_still_runs(runtimes, monkeypatch):
     runtime = runtimes["bahdanau-additive"]
     long_source, short_source = "abcdefabcdefabc", "a"
+    step = runtime.backend.step
+
+    def slow_step(*args, **kwargs):  # the long item cannot end before the short one joins
+        time.sleep(0.005)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.backend, "step", slow_step)
 
     async def body():
         batcher = await started(runtime)
