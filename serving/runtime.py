@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from collections.abc import Sequence
 
@@ -36,6 +35,7 @@ from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
 from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
+from serving.layout import carry_width, default_chunk_items, share_cores
 from serving.sessions import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -46,7 +46,7 @@ from serving.sessions import (
 )
 from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
-from skattn.core.checks import check_int, check_real, usable_cores
+from skattn.core.checks import check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import DECODE_FILE, DECODER_FILE
 from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
@@ -54,35 +54,6 @@ from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokeni
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
 
 logger = logging.getLogger(__name__)
-
-#: Floats of memory and keys per source position that a chunk holds by default (128 KB): the
-#: chunk's items are this over the model's memory + keys width, a power of 2 in 16 .. 256.
-#: onnxruntime's per-call overhead is small, and larger chunks stop paying once a step's carry
-#: leaves the caches, which happens at fewer items the wider a model's carry: the bi-GRU 256
-#: G2P model (512 floats: 64 items) decoded 1.3x (greedy) the words/s in chunks of 64 as of 256
-#: on one thread and 1.4x (beam 5) with two workers, a hidden-256 Luong model ran at 43.6
-#: GFLOP/s in a batch of 64 against 32.8 in one of 256, while the hidden-64 reversal model (128
-#: floats: 256 items) was 1.2-1.3x faster in chunks of 256 than of 64 with two workers
-#: (``benchmarks/bench_runtime_chunks.py``, ``benchmarks/results/infer_luong256.txt``). The
-#: estimator's torch path chunks 256 items, where per-operator overhead favours large chunks.
-CHUNK_FLOATS = 32768
-
-
-def default_chunk_items(width: int | None) -> int:
-    """Items per chunk for a model whose memory and keys are ``width`` floats per source
-    position (None, unknown: 64)."""
-    if not width:
-        return 64
-    return int(min(256, max(16, 2 ** round(math.log2(CHUNK_FLOATS / width)))))
-
-
-def _carry_width(encoder) -> int | None:
-    """Floats per source position of the encoder's ``memory`` and ``keys`` (their last axes),
-    or None when a graph leaves one symbolic."""
-    sizes = [o.shape[-1] for o in encoder.get_outputs() if o.name in ("memory", "keys")]
-    if len(sizes) != 2 or not all(isinstance(n, int) for n in sizes):
-        return None
-    return sum(sizes)
 
 
 class Runtime:
@@ -106,8 +77,9 @@ class Runtime:
         the artifact holds it. ``True`` for an artifact without it raises ArtifactError.
     max_batch_size : int, optional
         Larger inputs are sorted by length and decoded in chunks of at most this many items
-        (results do not depend on it). Default: :func:`default_chunk_items` of the model's
-        memory and keys width, e.g. 64 for a bi-GRU 256 model and 256 for a hidden-64 one.
+        (results do not depend on it). Default: by the model's memory and keys width
+        (:func:`serving.layout.default_chunk_items`), e.g. 64 items for a bi-GRU 256 model and
+        256 for a hidden-64 one.
     workers : int, optional
         Chunks decoded at once, each in its own thread (a call's items are cut into at least
         this many chunks). Default on the CPU without IO binding when
@@ -158,7 +130,7 @@ class Runtime:
 
         device_type, device_id = resolve_device(device)
         binds = device_type == "cuda" if io_binding is None else bool(io_binding)
-        workers, intra_op_num_threads = _share_cores(
+        workers, intra_op_num_threads = share_cores(
             workers, intra_op_num_threads, device_type, binds
         )
         options = session_options(intra_op_num_threads)
@@ -211,7 +183,7 @@ class Runtime:
             backend = NumpyBackend(encoder, decoder, manifest)
         self.backend = backend
         if max_batch_size is None:
-            max_batch_size = default_chunk_items(_carry_width(encoder))
+            max_batch_size = default_chunk_items(carry_width(encoder))
         if self.io_binding and workers > 1:  # the CUDA provider failed and io_binding was set
             raise ValueError(f"workers={workers}: IO binding decodes one chunk at a time")
         self.workers = workers
@@ -427,25 +399,6 @@ class Runtime:
     ) -> list[np.ndarray]:
         """Attention maps ``(T_y, T_x)`` of the predictions; see :meth:`predict_batch`."""
         return self.predict_batch(sources, temperature, True, layer=layer, head=head)[1]
-
-
-def _share_cores(
-    workers: int | None, intra_op_num_threads: int | None, device_type: str, io_binding: bool
-) -> tuple[int, int | None]:
-    """``(workers, intra_op_num_threads)`` from what the caller gave (see :class:`Runtime`):
-    neither given, on the CPU: one worker per usable core with one onnxruntime thread each;
-    ``workers`` alone: one thread each. IO binding decodes one chunk at a time."""
-    if workers is None:
-        if intra_op_num_threads is None and device_type == "cpu" and not io_binding:
-            return usable_cores(), 1
-        return 1, intra_op_num_threads
-    check_int(workers, "workers")
-    if workers > 1 and io_binding:
-        raise ValueError(
-            f"workers={workers}: IO binding (CUDA's default) decodes one chunk at a time; "
-            "pass workers=1, or io_binding=False"
-        )
-    return workers, 1 if intra_op_num_threads is None else intra_op_num_threads
 
 
 def load(

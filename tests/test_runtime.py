@@ -22,7 +22,8 @@ import pytest
 
 import serving
 from serving.artifact import ArtifactError
-from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, default_chunk_items, session_options
+from serving.layout import default_chunk_items
+from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
 from skattn import Seq2Seq
 from skattn.core.inference import Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
@@ -299,7 +300,7 @@ def test_chunk_count_cuts_for_the_limit_and_for_every_worker():
 
 
 def test_cores_go_to_workers_unless_threads_are_asked_for(artifact, monkeypatch):
-    monkeypatch.setattr("serving.runtime.usable_cores", lambda: 4)
+    monkeypatch.setattr("serving.layout.usable_cores", lambda: 4)
     default = serving.load(artifact, device="cpu")
     assert default.workers == 4
     assert default.backend.decoder.get_session_options().intra_op_num_threads == 1

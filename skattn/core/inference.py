@@ -37,7 +37,7 @@ from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
 __all__ = ["Backend", "SearchSettings", "Translator", "as_text", "attention_rows", "source_ids"]
 
 #: Items per encoder call unless a caller says otherwise: torch's per-operator overhead favours
-#: large chunks (``Seq2Seq.predict``); ``serving.Runtime`` sets its own (64).
+#: large chunks (``Seq2Seq.predict``); ``serving.Runtime`` sizes its own by the model's width.
 DEFAULT_MAX_BATCH_SIZE = 256
 
 
