@@ -13,7 +13,8 @@ rotate the configurations' order (a slow spell of a shared machine hits each ali
 gives the median words/s and its ratio to the first row, the runtime's previous default
 (chunks of 256 on every core's intra-op thread).
 
-Models: the small reversal model (Bahdanau / additive, hidden 64), trained here briefly, and,
+Models: the small reversal model (Bahdanau / additive, hidden 64; ``bench_decode_graph``'s,
+trained here briefly), and,
 with ``--g2p PATH`` (a fitted G2P ``Seq2Seq`` saved with joblib, e.g.
 ``benchmarks/results/g2p/member0cc.joblib``, bi-GRU 256), the G2P model on CMUdict test words;
 each greedy and with beam 5.
@@ -25,12 +26,13 @@ each greedy and with beam 5.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import bench_decode_graph
 
 import serving
 from skattn.core.checks import usable_cores
@@ -63,28 +65,10 @@ def load(directory: Path, options: dict, cores: int):
 
 
 def reversal_model(train_steps: int, seed: int):
-    import torch
-
-    from skattn import Seq2Seq
-
-    torch.set_num_threads(1)
-    rng = random.Random(seed)
-    X = ["".join(rng.choices("abcdefghij", k=rng.randint(4, 12))) for _ in range(1024)]
-    print(f"training the reversal model for {train_steps} steps ...", file=sys.stderr, flush=True)
-    model = Seq2Seq(
-        decoder="bahdanau",
-        scorer="additive",
-        hidden_size=64,
-        embedding_dim=32,
-        max_steps=train_steps,
-        early_stopping=False,
-        learning_rate=3e-3,
-        random_state=seed,
-        device="cpu",
-    )
-    model.fit(X, [x[::-1] for x in X])
-    sources = ["".join(rng.choices("abcdefghij", k=rng.randint(4, 12))) for _ in range(8192)]
-    return model, sources
+    """``bench_decode_graph``'s small reversal model, fitted for ``train_steps``, and 8,192
+    sources to decode."""
+    args = SimpleNamespace(train_steps=train_steps, seed=seed)
+    return bench_decode_graph.fit("small", args), bench_decode_graph.reversal_data(8192, seed + 1)
 
 
 def g2p_model(path: Path, n_words: int):

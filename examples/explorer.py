@@ -29,9 +29,9 @@ import httpx
 import uvicorn
 
 import serving
-from serving.__main__ import default_intra_op_threads
 from serving.app import create_app
 from serving.explorer import mount_explorer
+from serving.layout import default_intra_op_threads
 from skattn import Seq2Seq
 from skattn.datasets import make_reversal
 

@@ -22,20 +22,12 @@ import uvicorn
 from serving.app import create_app
 from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
 from serving.interface import Runtime
+from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
 from serving.settings import BATCHING, ServerSettings, check_model_name
-from skattn.core.checks import DEVICE_PATTERN, check_int, check_real, usable_cores
+from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
 logger = logging.getLogger("serving")
-
-
-def default_intra_op_threads() -> int:
-    """One core fewer than this process may use (at least 1): the event loop needs one.
-
-    On a small machine the difference matters: with every core given to onnxruntime, its
-    threads and the HTTP event loop preempt each other on every operator of a large batch.
-    """
-    return max(1, usable_cores() - 1)
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")

@@ -4,7 +4,8 @@
 ``max_batch_size`` items and decodes ``workers`` chunks at once, each in its own thread
 (``skattn.core.inference.Translator``). The defaults come from here: chunks sized by the model's
 width (:func:`default_chunk_items`) and, on the CPU, one worker per usable core with one
-onnxruntime thread each (:func:`share_cores`). Imports ``skattn.core`` only.
+onnxruntime thread each (:func:`share_cores`); a server's one batch at a time gets the cores
+but one (:func:`default_intra_op_threads`). Imports ``skattn.core`` only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import math
 
 from skattn.core.checks import check_int, usable_cores
 
-__all__ = ["CHUNK_FLOATS", "carry_width", "default_chunk_items", "share_cores"]
+__all__ = [
+    "CHUNK_FLOATS",
+    "carry_width",
+    "default_chunk_items",
+    "default_intra_op_threads",
+    "share_cores",
+]
 
 #: Floats of memory and keys per source position that a chunk holds by default (128 KB): the
 #: chunk's items are this over the model's memory + keys width, a power of 2 in 16 .. 256.
@@ -44,6 +51,15 @@ def carry_width(encoder) -> int | None:
     if len(sizes) != 2 or not all(isinstance(n, int) for n in sizes):
         return None
     return sum(sizes)
+
+
+def default_intra_op_threads() -> int:
+    """One core fewer than this process may use (at least 1): the event loop needs one.
+
+    On a small machine the difference matters: with every core given to onnxruntime, its
+    threads and the HTTP event loop preempt each other on every operator of a large batch.
+    """
+    return max(1, usable_cores() - 1)
 
 
 def share_cores(

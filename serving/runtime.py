@@ -84,10 +84,9 @@ class Runtime:
         Chunks decoded at once, each in its own thread (a call's items are cut into at least
         this many chunks). Default on the CPU without IO binding when
         ``intra_op_num_threads`` is not given: one per usable core, each on one onnxruntime
-        thread: with the chunk sizes below, 1.5-1.8x the items/s of the previous default on 2
-        cores (chunks of 256, one at a time on 2 intra-op threads;
-        ``benchmarks/bench_runtime_chunks.py``);
-        otherwise 1. IO binding (CUDA's default) decodes one chunk at a time.
+        thread (with the default chunks, 1.5-1.8x the items/s of one chunk of 256 at a time
+        on 2 intra-op threads, on 2 cores: ``benchmarks/bench_runtime_chunks.py``); otherwise
+        1. IO binding (CUDA's default) decodes one chunk at a time.
     name : str, optional
         Default: the artifact directory's name.
 
@@ -184,8 +183,6 @@ class Runtime:
         self.backend = backend
         if max_batch_size is None:
             max_batch_size = default_chunk_items(carry_width(encoder))
-        if self.io_binding and workers > 1:  # the CUDA provider failed and io_binding was set
-            raise ValueError(f"workers={workers}: IO binding decodes one chunk at a time")
         self.workers = workers
         translator_args = (
             backend,
