@@ -127,7 +127,7 @@ class Runtime:
         self.max_output_length = manifest.max_output_length
         self.tokenizer = manifest.tokenizer
 
-        device_type, device_id = resolve_device(device)
+        device_type, device_id = resolve_device(device, manifest.quantization)
         binds = device_type == "cuda" if io_binding is None else bool(io_binding)
         workers, intra_op_num_threads = share_cores(
             workers, intra_op_num_threads, device_type, binds

@@ -62,13 +62,17 @@ def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptio
     return options
 
 
-def resolve_device(device: str) -> tuple[str, int]:
+def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
     """Map ``device`` to ``(device_type, device_id)`` for onnxruntime.
 
     Parameters
     ----------
     device : {"auto", "cpu", "cuda", "cuda:N"}
-        ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider.
+        ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider (and the
+        graphs are not quantized).
+    quantization : {"none", "int8"}
+        The artifact's (its manifest's). onnxruntime has CPU kernels only for the int8
+        graphs' ``DynamicQuantizeMatMul``: ``"auto"`` then means the CPU, and CUDA is refused.
 
     Returns
     -------
@@ -77,6 +81,14 @@ def resolve_device(device: str) -> tuple[str, int]:
     """
     kind, index = parse_device(device)
     available = ort.get_available_providers()
+    if quantization != "none" and kind != "cpu":
+        if kind == "auto":
+            return "cpu", 0
+        raise ValueError(
+            f"device={device!r}: this artifact's graphs are {quantization}-quantized, which "
+            "onnxruntime runs on the CPU only; use device='cpu' or 'auto', or serve an "
+            "artifact exported without quantize on CUDA"
+        )
     if kind == "auto":
         return ("cuda", 0) if CUDA_PROVIDER in available else ("cpu", 0)
     if kind == "cpu":

@@ -56,6 +56,7 @@ __all__ = [
     "MANIFEST_FILE",
     "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
+    "QUANTIZATIONS",
     "ArtifactError",
     "Manifest",
     "binding_digest",
@@ -79,6 +80,8 @@ BINDING_KEY = "skattn.binding"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")
+#: How the graphs' weight products are stored besides float32 (:mod:`skattn.quantize`).
+QUANTIZATIONS = ("int8",)
 #: Upper bounds a manifest may ask for: past them one request could hold the server for hours.
 MAX_BEAM_SIZE = 64
 MAX_OUTPUT_LENGTH = 4096
@@ -122,6 +125,9 @@ class Manifest:
     format_version : int
     writer : mapping
         Who wrote it (``opset``, ``torch_version``); informative only.
+    quantization : {"none", "int8"}
+        ``"int8"``: the weight products are onnxruntime's ``DynamicQuantizeMatMul`` with int8
+        weights (:mod:`skattn.quantize`), which runs on the CPU only. Absent means ``"none"``.
     """
 
     tokenizer: str
@@ -143,6 +149,7 @@ class Manifest:
     model: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     writer: Mapping[str, Any] = field(default_factory=dict)
+    quantization: str = "none"
 
     # -- graph names ------------------------------------------------------------------------
 
@@ -284,6 +291,9 @@ class Manifest:
             files=reader.files(),
             model=model,
             writer={k: data[k] for k in ("opset", "torch_version") if k in data},
+            quantization=reader.choice("quantization", ("none", *QUANTIZATIONS))
+            if "quantization" in data
+            else "none",
         )
         if version >= 2 and reader.take("binding", str) != manifest.binding:
             raise ArtifactError(

@@ -1,0 +1,362 @@
+"""Tests for skattn.quantize: the recurrent cells written as products equal onnxruntime's own
+cells, the int8 products stay close to float32, and int8 artifacts export, load and serve.
+
+Exactness is asserted where the arithmetic is exact (the float32 expansion, and integer sums
+that do not depend on the batch); int8 results are compared with float32 within the error of
+7-bit weights and 8-bit activations.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from test_export import SOURCE_VOCABULARY, TARGET_VOCABULARY, export, make_module, random_source
+
+import serving
+from serving.sessions import resolve_device
+from skattn.core.manifest import ArtifactError, Manifest
+from skattn.models import Seq2SeqModule
+from skattn.models.config import ModelConfig
+from skattn.quantize import (
+    WEIGHT_LEVELS,
+    expand_recurrent,
+    main,
+    quantize_artifact,
+    quantize_matmuls,
+    quantize_weight,
+)
+
+OPSET = 17
+
+
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def op_types(model: onnx.ModelProto) -> list[str]:
+    """Every node's op type, in the graph and its subgraphs."""
+    found = []
+
+    def walk(graph):
+        for node in graph.node:
+            found.append(node.op_type)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g)
+
+    walk(model.graph)
+    return found
+
+
+# ---------------------------------------------------------------- weights
+
+
+def test_weights_are_7_bit_per_column_within_half_a_step():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((40, 24)).astype(np.float32) * rng.uniform(0.01, 3, 24)
+    weight[:, 5] = 0.0  # an all-zero column
+    q, scale = quantize_weight(weight)
+    assert q.dtype == np.int8 and scale.shape == (24,)
+    assert np.abs(q).max() == WEIGHT_LEVELS  # each non-zero column reaches its peak
+    assert scale[5] == 1.0 and not q[:, 5].any()
+    assert np.all(np.abs(weight - q * scale) <= scale / 2 + 1e-7)
+
+
+# ---------------------------------------------------------------- pass 1: the cells
+
+
+def recurrent_model(op, *, direction="forward", steps=5, initial=True, bias=True, seed=0, **attrs):
+    """One GRU or LSTM node with random weights: inputs X (T, B, I) and its initial states."""
+    rng = np.random.default_rng(seed)
+    gates = {"GRU": 3, "LSTM": 4}[op]
+    hidden, width = 7, 5
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((1, gates * hidden, width), np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal((1, gates * hidden, hidden), np.float32), "R"),
+    ]
+    if bias:
+        b = rng.standard_normal((1, 2 * gates * hidden), np.float32)
+        weights.append(numpy_helper.from_array(b, "B"))
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [steps, None, width])]
+    states = ["h0", "c0"][: 1 + (op == "LSTM")] if initial else []
+    for name in states:
+        inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, None, hidden]))
+    node_inputs = ["X", "W", "R", "B" if bias else "", "", *(states or [])]
+    if op == "GRU":
+        attrs.setdefault("linear_before_reset", 1)
+    outputs = ["Y", "Y_h", "Y_c"][: 2 + (op == "LSTM")]
+    node = helper.make_node(
+        op, node_inputs, outputs, hidden_size=hidden, direction=direction, **attrs
+    )
+    graph = helper.make_graph(
+        [node],
+        "cell",
+        inputs,
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * (3 + (n == "Y")))
+            for n in outputs
+        ],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def feeds_for(model, batch=4, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value or batch for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("steps", [1, 6, None])
+@pytest.mark.parametrize("initial, bias", [(True, True), (False, False)])
+def test_the_expanded_cell_equals_onnxruntimes(op, direction, steps, initial, bias):
+    model = recurrent_model(op, direction=direction, steps=steps, initial=initial, bias=bias)
+    expanded, count = expand_recurrent(model)
+    assert count == 1 and op not in op_types(expanded)
+    # A node seen to run one step is written without a Scan; any other runs one.
+    assert ("Scan" in op_types(expanded)) == (steps != 1)
+    onnx.checker.check_model(expanded, full_check=True)
+    for batch, seed in [(4, 1), (1, 2), (9, 3)]:
+        feeds = feeds_for(model, batch, seed)
+        if steps is None:  # a dynamic length: run it at several
+            feeds["X"] = np.random.default_rng(seed).standard_normal((seed + 1, batch, 5))
+            feeds["X"] = feeds["X"].astype(np.float32)
+        expected = session(model).run(None, feeds)
+        actual = session(expanded).run(None, feeds)
+        for got, want in zip(actual, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        dict(direction="bidirectional"),
+        dict(linear_before_reset=0),
+        dict(clip=1.0),
+    ],
+)
+def test_cells_it_cannot_write_are_left_as_they_are(attrs):
+    model = recurrent_model("GRU", **attrs)
+    if attrs.get("direction") == "bidirectional":  # two directions' weights
+        for tensor in model.graph.initializer:
+            array = numpy_helper.to_array(tensor)
+            tensor.CopyFrom(numpy_helper.from_array(np.concatenate([array, array]), tensor.name))
+    expanded, count = expand_recurrent(model)
+    assert count == 0 and op_types(expanded) == ["GRU"]
+
+
+# ---------------------------------------------------------------- pass 2: the products
+
+
+def products_model(rows: int = 6) -> onnx.ModelProto:
+    """``Y = A W + b`` (MatMul and Add), ``Z = Gemm(Y, V, c, transB=1)``, ``S = Z Z^T`` (two
+    activations) and ``U = Z u`` with a ``(32, 1)`` weight."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "W": rng.standard_normal((48, 32), np.float32),
+        "b": rng.standard_normal(32).astype(np.float32),
+        "V": rng.standard_normal((32, 32), np.float32) / 4,
+        "c": rng.standard_normal(32).astype(np.float32),
+        "u": rng.standard_normal((32, 1), np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["A", "W"], ["AW"]),
+        helper.make_node("Add", ["AW", "b"], ["Y"]),
+        helper.make_node("Gemm", ["Y", "V", "c"], ["Z"], transB=1),
+        helper.make_node("Transpose", ["Z"], ["Zt"]),
+        helper.make_node("MatMul", ["Z", "Zt"], ["S"]),
+        helper.make_node("MatMul", ["Z", "u"], ["U"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, 48])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZSU"],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def test_weight_products_become_int8_and_stay_close():
+    model = products_model()
+    quantized, count = quantize_matmuls(model)
+    types = op_types(quantized)
+    # A W + b (the Add folded in) and the Gemm; Z Z^T reads no weight, Z u is too narrow.
+    assert count == 2 and types.count("DynamicQuantizeMatMul") == 2
+    assert "Add" not in types and "Gemm" not in types and types.count("MatMul") == 2
+    assert {t.name for t in quantized.graph.initializer}.isdisjoint({"W", "V"})  # int8 only
+    feeds = {"A": np.random.default_rng(1).standard_normal((6, 48)).astype(np.float32)}
+    expected = session(model).run(None, feeds)
+    actual = session(quantized).run(None, feeds)
+    for got, want in zip(actual, expected, strict=True):
+        assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+
+
+def test_an_int8_row_does_not_change_with_the_rows_beside_it_only_within_the_scale():
+    """The activations are quantized per call: a row's result moves with its batch-mates'
+    range (the documented caveat), but by far less than the int8 error itself."""
+    quantized, _ = quantize_matmuls(products_model())
+    rng = np.random.default_rng(2)
+    row = rng.standard_normal((1, 48)).astype(np.float32)
+    others = rng.standard_normal((5, 48)).astype(np.float32) * 3
+    alone = session(quantized).run(["Y"], {"A": row})[0][0]
+    batched = session(quantized).run(["Y"], {"A": np.concatenate([row, others])})[0][0]
+    exact = session(products_model()).run(["Y"], {"A": row})[0][0]
+    assert np.abs(alone - batched).max() <= 0.05 * np.abs(exact).max()
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def test_every_kind_exports_its_expanded_cells_checked_against_torch(tmp_path):
+    """Export checks the expanded graphs against the torch module at 1e-4 (verify_graphs), so
+    each kind exporting is that check passing; the cells are gone from every graph."""
+    kinds = [
+        dict(decoder="bahdanau", attention="global", scorer="additive"),
+        dict(decoder="luong", attention="local-p", scorer="general", cell="lstm"),
+        dict(decoder="bahdanau", attention="local-m", scorer="dot", cell="lstm", num_layers=2),
+        dict(decoder="luong", attention="global", scorer="dot", input_feeding=False),
+    ]
+    for i, kind in enumerate(kinds):
+        directory = export(make_module(**kind), tmp_path / str(i), quantize="int8")
+        manifest = Manifest.from_json((directory / "manifest.json").read_text())
+        assert manifest.quantization == "int8"
+        for name in manifest.files:
+            types = op_types(onnx.load(directory / name))
+            assert "GRU" not in types and "LSTM" not in types, (kind, name)
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(fitted_reversal, tmp_path_factory):
+    """The fitted reversal model exported as float32 and int8, greedy and beam 3."""
+    directory = tmp_path_factory.mktemp("quantized")
+    model = fitted_reversal
+    paths = {}
+    for beam in (1, 3):
+        model.set_params(beam_size=beam)
+        paths[beam] = (
+            model.export_onnx(directory / f"float{beam}"),
+            model.export_onnx(directory / f"int8_{beam}", quantize="int8"),
+        )
+    model.set_params(beam_size=1)
+    return paths
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_int8_artifact_serves_the_float_models_answers(int8_artifacts, reversal_data, beam):
+    _, _, X_test, y_test = reversal_data
+    floats, int8 = int8_artifacts[beam]
+    assert "DynamicQuantizeMatMul" in op_types(onnx.load(int8 / "decoder_step.onnx"))
+    expected = serving.load(floats, "cpu").predict(X_test)
+    runtime = serving.load(int8, "cpu")
+    assert runtime.manifest.quantization == "int8" and runtime.decode_graph
+    answers = runtime.predict(X_test)
+    agreement = np.mean([a == e for a, e in zip(answers, expected, strict=True)])
+    assert agreement >= 0.97, agreement
+    # The search graph runs the same int8 products as the step-wise search.
+    stepwise = serving.load(int8, "cpu", decode_graph=False).predict(X_test)
+    if beam == 1:  # the same batches: the same integer sums, so the same answers
+        assert stepwise == answers
+    else:
+        assert np.mean([a == s for a, s in zip(answers, stepwise, strict=True)]) >= 0.97
+
+
+def test_int8_attention_maps_are_close_to_the_float_ones(int8_artifacts, reversal_data):
+    _, _, X_test, _ = reversal_data
+    floats, int8 = int8_artifacts[1]
+    expected = serving.load(floats, "cpu").predict_batch(X_test[:40], None, True)
+    actual = serving.load(int8, "cpu").predict_batch(X_test[:40], None, True)
+    compared = 0
+    for answer, weights, want_answer, want in zip(*actual, *expected, strict=True):
+        weights = np.asarray(weights)
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+        if answer == want_answer:
+            compared += 1
+            assert np.abs(weights - np.asarray(want)).max() <= 0.05
+    assert compared >= 38
+
+
+def test_quantize_artifact_and_its_command_match_export(
+    int8_artifacts, reversal_data, tmp_path, capsys
+):
+    floats, exported = int8_artifacts[1]
+    copied = quantize_artifact(floats, tmp_path / "copy")
+    main([str(floats), str(tmp_path / "cli")])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
+    files = json.loads((exported / "manifest.json").read_text())["files"]
+    expected = serving.load(exported, "cpu").predict(reversal_data[2])
+    for directory in (copied, tmp_path / "cli"):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["quantization"] == "int8"
+        for name in ("encoder.onnx", "decoder_step.onnx"):  # the very same bytes
+            assert manifest["files"][name] == files[name]
+        # decode.onnx inlines the cells expanded under other names: the same answers.
+        assert serving.load(directory, "cpu").predict(reversal_data[2]) == expected
+
+
+def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, tmp_path):
+    floats, int8 = int8_artifacts[1]
+    with pytest.raises(ValueError, match="quantize must be None or one of"):
+        fitted_reversal.export_onnx(tmp_path / "x", quantize="int4")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        quantize_artifact(floats, tmp_path / "y", quantization="fp16")
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_artifact(int8, tmp_path / "z")
+    with pytest.raises(ValueError, match="exists"):
+        quantize_artifact(floats, int8)
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path / "missing"), str(tmp_path / "out")])
+    assert exited.value.code == 2
+
+
+def test_int8_artifacts_run_on_the_cpu_only():
+    assert resolve_device("auto", "int8") == ("cpu", 0)
+    assert resolve_device("cpu", "int8") == ("cpu", 0)
+    with pytest.raises(ValueError, match="device='cuda'.*int8-quantized.*CPU only"):
+        resolve_device("cuda", "int8")
+
+
+def test_the_manifest_reads_quantization_and_defaults_to_none(int8_artifacts):
+    data = json.loads((int8_artifacts[1][1] / "manifest.json").read_text())
+    assert Manifest.from_dict(dict(data)).quantization == "int8"
+    data.pop("quantization")
+    assert Manifest.from_dict(dict(data)).quantization == "none"  # written before it existed
+    data["quantization"] = "int4"
+    with pytest.raises(ArtifactError, match="'quantization' must be one of"):
+        Manifest.from_dict(data)
+
+
+def test_an_int8_transformer_exports_and_its_encoding_stays_close(tmp_path):
+    torch.manual_seed(0)
+    config = ModelConfig(
+        len(SOURCE_VOCABULARY),
+        len(TARGET_VOCABULARY),
+        hidden_size=32,
+        num_heads=2,
+        encoder="transformer",
+        decoder="transformer",
+    )
+    module = Seq2SeqModule(config).eval()
+    floats = export(module, tmp_path / "float")
+    int8 = export(module, tmp_path / "int8", quantize="int8")
+    assert "DynamicQuantizeMatMul" in op_types(onnx.load(int8 / "attention.onnx"))
+    src, lengths = random_source(5, 7, np.random.default_rng(0))
+    encoded = [
+        session(onnx.load(d / "encoder.onnx")).run(None, {"src": src, "src_lengths": lengths})
+        for d in (floats, int8)
+    ]
+    for got, want in zip(encoded[1], encoded[0], strict=True):
+        if want.dtype == np.float32 and want.size:  # the empty self-attention cache too
+            assert np.abs(got - want).max() <= 0.05 * max(np.abs(want).max(), 1e-3)
