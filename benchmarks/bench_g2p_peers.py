@@ -20,9 +20,11 @@ and WER on the test words, words/s.
   or an ensemble) are scored greedy and with their beam through ``predict`` (torch), then
   exported and served through ``serving.load(dir).predict`` over all test words (onnxruntime:
   the runtime's length-sorted chunks of 64 words, ``--serving-workers`` at a time, one thread
-  each). An exported artifact directory is scored as served
-  only, at its beam. Training time: ``train_seconds`` of the JSON beside the model (what
-  ``examples/g2p_cmudict.py --out`` writes) or else the sum of ``history_``'s epoch seconds.
+  each), as float32 and (``--serving-int8``, the default) with the weight products in int8
+  (``export_onnx(quantize="int8")``, ``skattn.quantize``). An exported artifact directory is
+  scored as served only, at its beam (and quantized with ``quantize_artifact``). Training
+  time: ``train_seconds`` of the JSON beside the model (what ``examples/g2p_cmudict.py --out``
+  writes) or else the sum of ``history_``'s epoch seconds.
   ``--skattn-train`` trains the example's configuration here (``--skattn-args`` passes more of
   its options) within ``--max-minutes``: a complete comparison in one command.
 - **g2p_en** 2.1, inference only: its network was trained on all of CMUdict, these test words
@@ -76,6 +78,8 @@ sys.path.insert(0, str(HERE))
 import g2p_cmudict  # noqa: E402
 import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import build_model, evaluate, load_g2p_en, load_splits  # noqa: E402
+
+from skattn.quantize import quantize_artifact  # noqa: E402
 
 #: The recipe of ``phonetisaurus-train``'s usage line: ``--seq2_del``, order 8.
 DEFAULT_OPTIONS = ps.Options()
@@ -201,8 +205,11 @@ def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, arg
         print(f"  {format_row(rows[-1])}", flush=True)
         if args.serving_workers:
             with tempfile.TemporaryDirectory() as directory:
-                artifact = model.export_onnx(Path(directory) / name)
-                rows.append(served_row(name, artifact, data, args, train_seconds, train_cpu))
+                for quantize in (None, "int8")[: 1 + args.serving_int8]:
+                    artifact = model.export_onnx(
+                        Path(directory) / f"{name}-{quantize}", quantize=quantize
+                    )
+                    rows.append(served_row(name, artifact, data, args, train_seconds, train_cpu))
     model.set_params(beam_size=beam)
     return rows
 
@@ -216,12 +223,15 @@ def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_
     runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=args.serving_workers)
     cores = len(os.sched_getaffinity(0))
     beam = runtime.manifest.beam_size
+    int8 = ", int8" if runtime.manifest.quantization == "int8" else ""
     scores = evaluate(runtime.predict, *data["test"])
     note = (
         f"served: onnxruntime, {runtime.workers} chunks of {runtime.translator.max_batch_size} "
         f"at a time on one thread each, {cores} core(s)"
     )
-    row = make_row(f"{name}, {search_name(beam)}, served", scores, train_seconds, train_cpu, note)
+    row = make_row(
+        f"{name}, {search_name(beam)}, served{int8}", scores, train_seconds, train_cpu, note
+    )
     print(f"  {format_row(row)}", flush=True)
     return row
 
@@ -322,6 +332,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=2,
         help="served rows: chunks decoded at once, one onnxruntime thread each (0: skip)",
     )
+    add(
+        "--serving-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="served rows: each artifact also in int8 (export_onnx(quantize='int8'))",
+    )
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True)
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--table", type=Path, default=None, help="write the markdown table here")
@@ -369,6 +385,10 @@ def main(argv: list[str] | None = None) -> dict:
     for name, path in args.skattn_paths.items():
         if path.is_dir():
             rows.append(served_row(name, path, data, args))
+            if args.serving_int8:
+                with tempfile.TemporaryDirectory() as directory:
+                    quantized = quantize_artifact(path, Path(directory) / name)
+                    rows.append(served_row(name, quantized, data, args))
         else:
             model, seconds, note = load_skattn(path)
             models.append((name, model, seconds, None, note))
