@@ -50,13 +50,25 @@ def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys)
 # ---------------------------------------------------------------- the shipped G2P model
 
 G2P = "cmudict-g2p"
+#: The same ensemble exported with int8 weight products, for the CPU (skattn.quantize).
+G2P_INT8 = "cmudict-g2p-int8"
 
 
-@pytest.fixture(scope="module")
-def g2p_dir():
-    if G2P not in serving.packaged_models():
-        pytest.skip(f"{G2P} is not in this install")
-    return serving.packaged_model_dir(G2P)
+@pytest.fixture(scope="module", params=[G2P, G2P_INT8])
+def g2p_dir(request):
+    if request.param not in serving.packaged_models():
+        pytest.skip(f"{request.param} is not in this install")
+    return serving.packaged_model_dir(request.param)
+
+
+def test_the_int8_g2p_model_is_the_float_ones_quantized():
+    float_dir, int8_dir = (serving.packaged_model_dir(name) for name in (G2P, G2P_INT8))
+    manifests = [serving.load(d, "cpu").manifest for d in (float_dir, int8_dir)]
+    assert [m.quantization for m in manifests] == ["none", "int8"]
+    assert manifests[0].binding == manifests[1].binding  # the same vocabularies and members
+    assert "decode.onnx" in manifests[1].files  # small enough to keep the search graph
+    figures = [json.loads((d / "figures.json").read_text()) for d in (float_dir, int8_dir)]
+    assert abs(figures[0]["test_wer"] - figures[1]["test_wer"]) <= 0.5
 
 
 def test_the_g2p_model_ships_with_its_recipe_figures_and_license(g2p_dir):
