@@ -7,11 +7,12 @@ artifacts' order over the same inputs; the table gives each one's median items/s
 its rounds, the int8 / float32 ratio of the medians, the accuracy of each, how many answers the
 two share, and the artifacts' sizes.
 
-Models: the small reversal model (``bench_decode_graph``'s, trained here briefly), scored by
+Models: the small reversal model (``bench_runtime_chunks``', trained here briefly), scored by
 exact match; with ``--g2p PATH`` (a fitted G2P ``Seq2Seq`` or ensemble saved with joblib, e.g.
 ``benchmarks/results/g2p/member0cc.joblib``), that model on the CMUdict test words, scored by
 PER and WER (a word is right when it matches any of its pronunciations); each greedy and with
-beam 5.
+beam 5. ``--packaged`` adds the two packaged G2P artifacts as they ship (``cmudict-g2p``, without
+``decode.onnx``, and ``cmudict-g2p-int8``, with it), at their beam.
 
     python benchmarks/bench_quantize.py --g2p benchmarks/results/g2p/member0cc.joblib
     python benchmarks/bench_quantize.py --quick     # seconds: the small model, greedy
@@ -24,9 +25,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-import bench_decode_graph
+import bench_runtime_chunks
 
 import serving
 from skattn.core.checks import usable_cores
@@ -41,10 +41,9 @@ def directory_megabytes(directory: Path) -> float:
 
 
 def reversal_task(train_steps: int, seed: int, count: int):
-    """``bench_decode_graph``'s small reversal model, ``count`` sources and a scorer."""
-    args = SimpleNamespace(train_steps=train_steps, seed=seed)
-    model = bench_decode_graph.fit("small", args)
-    sources = bench_decode_graph.reversal_data(count, seed + 1)
+    """``bench_runtime_chunks``' small reversal model, ``count`` of its sources and a scorer."""
+    model, sources = bench_runtime_chunks.reversal_model(train_steps, seed)
+    sources = sources[:count]
     targets = [source[::-1] for source in sources]
     return model, sources, lambda answers: {"exact": exact_match(targets, answers)}
 
@@ -65,10 +64,48 @@ def g2p_task(path: Path, n_words: int):
             "wer": 100 * word_error_rate(references, answers),
         }
 
-    return joblib.load(path), words, score
+    return (joblib.load(path) if path is not None else None), words, score
+
+
+def compare(name: str, beam_size: int, directories: dict, sources, score, args) -> dict:
+    """The two artifacts of ``directories`` (kind -> directory) over ``sources``, rounds
+    alternating; one row."""
+    runtimes = {kind: serving.load(d, "cpu") for kind, d in directories.items()}
+    for runtime in runtimes.values():
+        runtime.predict(sources[:8])  # warm up the sessions
+    rates = {kind: [] for kind in KINDS}
+    answers = {}
+    for round_ in range(args.repeats):
+        for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
+            start = time.perf_counter()
+            answers[kind] = runtimes[kind].predict(sources)
+            rates[kind].append(len(sources) / (time.perf_counter() - start))
+    shared = sum(a == b for a, b in zip(*answers.values(), strict=True)) / len(sources)
+    medians = {kind: statistics.median(rates[kind]) for kind in KINDS}
+    int8 = runtimes["int8"]
+    row = {
+        "model": name,
+        "beam_size": beam_size,
+        "items": len(sources),
+        "layout": f"chunks of {int8.translator.max_batch_size}, {int8.workers} at a time, "
+        f"decode.onnx: {int8.decode_graph}",
+        "shared_answers": shared,
+        "ratio": medians["int8"] / medians["float32"],
+        "round_ratios": [i / f for f, i in zip(rates["float32"], rates["int8"], strict=True)],
+    }
+    for kind in KINDS:
+        row[kind] = {
+            "items_per_second": medians[kind],
+            "spread": (max(rates[kind]) - min(rates[kind])) / medians[kind],
+            "megabytes": directory_megabytes(directories[kind]),
+            **score(answers[kind]),
+        }
+    print_row(row)
+    return row
 
 
 def measure(name: str, task, args) -> list[dict]:
+    """A fitted model exported both ways at each of ``args.beam_sizes``."""
     model, sources, score = task
     rows = []
     for beam_size in args.beam_sizes:
@@ -80,42 +117,19 @@ def measure(name: str, task, args) -> list[dict]:
                 )
                 for kind in KINDS
             }
-            runtimes = {kind: serving.load(d, "cpu") for kind, d in directories.items()}
-            for runtime in runtimes.values():
-                runtime.predict(sources[:8])  # warm up the sessions
-            rates = {kind: [] for kind in KINDS}
-            answers = {}
-            for round_ in range(args.repeats):
-                order = KINDS if round_ % 2 == 0 else KINDS[::-1]
-                for kind in order:
-                    start = time.perf_counter()
-                    answers[kind] = runtimes[kind].predict(sources)
-                    rates[kind].append(len(sources) / (time.perf_counter() - start))
-            shared = sum(a == b for a, b in zip(*answers.values(), strict=True)) / len(sources)
-            medians = {kind: statistics.median(rates[kind]) for kind in KINDS}
-            row = {
-                "model": name,
-                "beam_size": beam_size,
-                "items": len(sources),
-                "layout": f"chunks of {runtimes['int8'].translator.max_batch_size}, "
-                f"{runtimes['int8'].workers} at a time",
-                "shared_answers": shared,
-                "ratio": medians["int8"] / medians["float32"],
-                "round_ratios": [
-                    i / f for f, i in zip(rates["float32"], rates["int8"], strict=True)
-                ],
-            }
-            for kind in KINDS:
-                spread = (max(rates[kind]) - min(rates[kind])) / medians[kind]
-                row[kind] = {
-                    "items_per_second": medians[kind],
-                    "spread": spread,
-                    "megabytes": directory_megabytes(directories[kind]),
-                    **score(answers[kind]),
-                }
-            rows.append(row)
-            print_row(row)
+            rows.append(compare(name, beam_size, directories, sources, score, args))
     return rows
+
+
+def packaged(args) -> dict:
+    """The two packaged G2P artifacts as they ship (``cmudict-g2p`` and ``-int8``)."""
+    directories = {
+        "float32": serving.packaged_model_dir("cmudict-g2p"),
+        "int8": serving.packaged_model_dir("cmudict-g2p-int8"),
+    }
+    _, words, score = g2p_task(None, args.g2p_words)
+    beam = serving.load(directories["int8"], "cpu").manifest.beam_size
+    return compare("packaged", beam, directories, words, score, args)
 
 
 def format_scores(result: dict) -> str:
@@ -146,6 +160,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--g2p", type=Path, default=None, help="a fitted G2P model (joblib)")
     parser.add_argument("--g2p-words", type=int, default=0, help="test words (0: all 11,994)")
+    parser.add_argument(
+        "--packaged",
+        action="store_true",
+        help="also the packaged cmudict-g2p against cmudict-g2p-int8, as they ship",
+    )
     parser.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=6, help="rounds, order alternating")
@@ -158,6 +177,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--beam-sizes must be >= 1")
     if args.quick:
         args.g2p, args.train_steps, args.repeats, args.beam_sizes = None, 30, 2, [1]
+        args.packaged = False
     return args
 
 
@@ -168,6 +188,8 @@ def main(argv=None) -> list[dict]:
     rows = measure("reversal", task, args)
     if args.g2p is not None:
         rows += measure("g2p", g2p_task(args.g2p, args.g2p_words), args)
+    if args.packaged:
+        rows.append(packaged(args))
     return rows
 
 

@@ -75,12 +75,9 @@ def build_decode_graph(
         helper.make_tensor_value_info("scores", FLOAT, ["B"]),
     ]
     search_name = "greedy" if manifest.beam_size == 1 else f"beam{manifest.beam_size}"
-    # The step graphs' other domains too (com.microsoft: skattn.quantize's int8 products).
-    domains = {o.domain: o.version for g in (encoder, decoder) for o in g.opset_import}
-    domains[""] = OPSET
     model = helper.make_model(
         b.graph(f"skattn_decode_{search_name}", inputs, outputs),
-        opset_imports=[helper.make_opsetid(domain, v) for domain, v in sorted(domains.items())],
+        opset_imports=[helper.make_opsetid("", OPSET)],
         producer_name="skattn",
     )
     model.ir_version = 8

@@ -334,8 +334,10 @@ def export_module(
         Limits in tokens (EOS not counted).
     quantize : {None, "int8"}, default=None
         ``"int8"``: every graph's weight products in int8, for onnxruntime on the CPU
-        (:mod:`skattn.quantize`). The recurrent cells written as products are checked against
-        torch like the traced graphs; the search graph against the search over the int8 steps.
+        (:mod:`skattn.quantize`). The graphs with their recurrent cells written as products
+        are checked against torch, and ``decode.onnx`` against the NumPy search, in float32;
+        then every graph's weight products are replaced alike (the int8 graphs themselves are
+        not compared with anything: their answers are close to the float ones, not equal).
 
     Returns
     -------

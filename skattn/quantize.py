@@ -42,7 +42,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from skattn.core.manifest import BINDING_KEY, MANIFEST_FILE, QUANTIZATIONS, Manifest
+from skattn.core.manifest import (
+    MANIFEST_FILE,
+    QUANTIZATIONS,
+    ArtifactError,
+    Manifest,
+    sha256_file,
+)
 
 __all__ = [
     "MIN_QUANTIZED_SIDE",
@@ -64,8 +70,16 @@ MS_DOMAIN = "com.microsoft"
 
 def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(K, N)`` float weight -> ``(K, N)`` int8 in ``[-63, 63]`` and ``(N,)`` float32 scales,
-    one per output column, with ``weight ~= q * scale``. An all-zero column gets scale 1."""
+    one per output column, with ``weight ~= q * scale``. An all-zero column gets scale 1.
+
+    Raises
+    ------
+    ValueError
+        ``weight`` is not a finite 2-D array.
+    """
     weight = np.asarray(weight, dtype=np.float32)
+    if weight.ndim != 2 or not np.isfinite(weight).all():
+        raise ValueError(f"weight must be a finite 2-D array, got shape {weight.shape}")
     peak = np.abs(weight).max(axis=0)  # (N,)
     scale = np.where(peak > 0, peak / WEIGHT_LEVELS, 1.0).astype(np.float32)
     q = np.clip(np.rint(weight / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
@@ -76,23 +90,41 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Rewriter:
-    """The model's initializers by name, fresh names, and new initializers (all in the main
-    graph, which every subgraph sees)."""
+    """The model's constant weights by name, fresh names, and new initializers (all in the
+    main graph, which every subgraph sees)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
-        self.weights = {t.name: t for g in _graphs(model.graph) for t in g.initializer}
-        self.shapes = _static_shapes(model)
+        graphs = list(_graphs(model.graph))
+        inputs = {value.name for g in graphs for value in g.input}
+        # An initializer that is also a graph input is a default a caller may override: no
+        # constant.
+        self.weights = {t.name: t for g in graphs for t in g.initializer if t.name not in inputs}
+        self.taken = inputs | {t.name for g in graphs for t in g.initializer}
+        self.taken |= {name for g in graphs for n in g.node for name in (*n.output, n.name)}
+        self._shapes: dict | None = None
         self._names = itertools.count()
+        self._axes: dict[int, str] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.readers: dict[str, list] = {}
-        self.folded: set[int] = set()  # id() of the Adds folded into a product
-        self.current: set[int] = set()  # id() of the nodes of the graph being rewritten
+        self.folded: set[str] = set()  # outputs of the Adds folded into a product
+        self.current: set[str] = set()  # outputs of the nodes of the graph being rewritten
+
+    @property
+    def shapes(self) -> dict[str, list[int | None]]:
+        if self._shapes is None:
+            self._shapes = _static_shapes(self.model)
+        return self._shapes
 
     def name(self, hint: str) -> str:
-        return f"quantize/{hint}_{next(self._names)}"
+        """A name no value, initializer or node of the model has (nor had when read)."""
+        while (name := f"quantize/{hint}_{next(self._names)}") in self.taken:
+            pass
+        self.taken.add(name)
+        return name
 
     def constant(self, name: str) -> np.ndarray | None:
-        """An initializer's value (None for anything computed)."""
+        """An initializer's value (None for anything computed or overridable)."""
         tensor = self.weights.get(name)
         return None if tensor is None else numpy_helper.to_array(tensor)
 
@@ -102,6 +134,12 @@ class _Rewriter:
         self.model.graph.initializer.append(tensor)
         self.weights[name] = tensor
         return name
+
+    def axis(self, axis: int) -> str:
+        """The int64 ``[axis]`` initializer (one per model) for Squeeze / Unsqueeze."""
+        if axis not in self._axes:
+            self._axes[axis] = self.add(np.array([axis], np.int64), "axis")
+        return self._axes[axis]
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -138,7 +176,7 @@ def _rewrite_nodes(
     count = 0
     # Children before parents: rewriting a graph copies its nodes, subgraphs included.
     for graph in reversed(list(_graphs(rewriter.model.graph))):
-        rewriter.current = {id(node) for node in graph.node}
+        rewriter.current = {name for node in graph.node for name in node.output}
         nodes = []
         for node in graph.node:
             replacement = rewrite(rewriter, node)
@@ -153,8 +191,9 @@ def _rewrite_nodes(
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = {name for g in _graphs(model.graph) for n in g.node for name in n.input}
-    used |= {value.name for value in model.graph.output}
+    graphs = list(_graphs(model.graph))
+    used = {name for g in graphs for n in g.node for name in n.input}
+    used |= {value.name for g in graphs for value in (*g.output, *g.input)}
     for graph in _graphs(model.graph):
         kept = [t for t in graph.initializer if t.name in used]
         del graph.initializer[:]
@@ -230,9 +269,11 @@ def _expandable(rewriter: _Rewriter, node: onnx.NodeProto) -> bool:
         and attrs.get("input_forget", 0) == 0
         and (node.op_type == "LSTM" or attrs.get("linear_before_reset", 0) == 1)
     )
-    constant = all(rewriter.constant(name) is not None for name in inputs[1:3])
-    no_bias_or_constant = not inputs[3] or rewriter.constant(inputs[3]) is not None
-    return plain and constant and no_bias_or_constant and not inputs[4] and not inputs[7]
+    W, R, B = (rewriter.constant(name) if name else None for name in inputs[1:4])
+    floats = lambda w: w is not None and w.dtype == np.float32  # noqa: E731
+    constant = floats(W) and floats(R) and (not inputs[3] or floats(B))
+    # The ops written need opset 15 (Shape's start / end; Squeeze's axes as an input).
+    return plain and constant and rewriter.opset >= 15 and not inputs[4] and not inputs[7]
 
 
 class _Emitter:
@@ -242,6 +283,8 @@ class _Emitter:
         self.rewriter, self.nodes = rewriter, nodes
 
     def __call__(self, op_type: str, *inputs: str, outputs: int = 1, **attrs):
+        if op_type == "Split" and self.rewriter.opset >= 18:  # equal parts: named from 18 on
+            attrs["num_outputs"] = outputs
         names = [self.rewriter.name(op_type) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
         return names[0] if outputs == 1 else names
@@ -281,22 +324,23 @@ def _expand(rewriter: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto] |
     states = []
     for name in inputs[5 : 5 + cell.n_states]:
         if name:
-            states.append(emit("Squeeze", name, rewriter.add(np.array([0]), "axis")))
+            states.append(emit("Squeeze", name, rewriter.axis(0)))
             continue
         if zeros is None:
             batch = emit("Shape", x, start=1, end=2)
-            shape = emit("Concat", batch, rewriter.add(np.array([hidden]), "hidden"), axis=0)
+            shape = emit(
+                "Concat", batch, rewriter.add(np.array([hidden], np.int64), "hidden"), axis=0
+            )
             zeros = emit(
                 "ConstantOfShape", shape, value=numpy_helper.from_array(np.zeros(1, np.float32))
             )
         states.append(zeros)
 
     if rewriter.shapes.get(x, [None])[:1] == [1]:  # one step (a decoder step): no Scan
-        axis0 = rewriter.add(np.array([0]), "axis")
-        x_t = [emit("Squeeze", xg, axis0) for xg in xs]
+        x_t = [emit("Squeeze", xg, rewriter.axis(0)) for xg in xs]
         h_t = [emit("Gemm", states[0], r, b) for r, b in recurrent]
         new_states = cell.step(emit, x_t, h_t, states)
-        ys = emit("Unsqueeze", new_states[0], axis0)
+        ys = emit("Unsqueeze", new_states[0], rewriter.axis(0))
     else:
         body_nodes: list[onnx.NodeProto] = []
         body_emit = _Emitter(rewriter, body_nodes)
@@ -327,7 +371,7 @@ def _expand(rewriter: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto] |
         )
         new_states, ys = scanned[: cell.n_states], scanned[cell.n_states]  # ys (T, B, H)
     # ONNX's outputs: Y (T, 1, B, H), Y_h (1, B, H), Y_c (1, B, H); each may be unused.
-    axis0, axis1 = rewriter.add(np.array([0]), "axis"), rewriter.add(np.array([1]), "axis")
+    axis0, axis1 = rewriter.axis(0), rewriter.axis(1)
     if outputs[0]:
         nodes.append(helper.make_node("Unsqueeze", [ys, axis1], [outputs[0]]))
     for state, name in zip(new_states, outputs[1 : 1 + cell.n_states], strict=True):
@@ -336,10 +380,20 @@ def _expand(rewriter: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto] |
     return nodes
 
 
+def _check_model(model) -> onnx.ModelProto:
+    if not isinstance(model, onnx.ModelProto):
+        raise ValueError(f"model must be an onnx.ModelProto, got {type(model).__name__}")
+    return copy.deepcopy(model)
+
+
 def expand_recurrent(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with each plain one-direction ``GRU`` / ``LSTM`` node written as
-    ``MatMul``s, gates and (over more than one step) a ``Scan``; returns it and the count."""
-    model = copy.deepcopy(model)
+    ``MatMul``s, gates and (over more than one step) a ``Scan``; returns it and the count.
+
+    Left as they are: bidirectional cells, sequence lengths, peepholes, clipping, other
+    activations, ``linear_before_reset=0``, weights that are not float32 constants, and
+    models below opset 15."""
+    model = _check_model(model)
     rewriter = _Rewriter(model)
     count = _rewrite_nodes(rewriter, _expand)
     _drop_unused_initializers(model)
@@ -367,7 +421,7 @@ def _bias_add(rewriter: _Rewriter, product: onnx.NodeProto, columns: int):
     ``(columns,)`` vector to it, with that vector; else ``(None, None)``."""
     readers = rewriter.readers.get(product.output[0], [])
     add = readers[0] if len(readers) == 1 else None
-    if add is None or add.op_type != "Add" or id(add) not in rewriter.current:
+    if add is None or add.op_type != "Add" or add.output[0] not in rewriter.current:
         return None, None
     other = [name for name in add.input if name != product.output[0]]
     bias = rewriter.constant(other[0]) if len(other) == 1 else None
@@ -380,7 +434,7 @@ def _quantize_product(rewriter: _Rewriter, node: onnx.NodeProto) -> list | None:
     """``MatMul(A, W)`` (and the ``Add`` of a bias that alone reads it) or ``Gemm(A, W, c)``
     with a constant 2-D ``W`` -> ``DynamicQuantizeMatMul(A, q(W), scale, 0[, bias])``; an
     ``Add`` folded into an earlier product is dropped."""
-    if id(node) in rewriter.folded:
+    if node.op_type == "Add" and node.output[0] in rewriter.folded:
         return []
     if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
         return None
@@ -404,7 +458,7 @@ def _quantize_product(rewriter: _Rewriter, node: onnx.NodeProto) -> list | None:
     if node.op_type == "MatMul":
         add, bias = _bias_add(rewriter, node, weight.shape[1])
         if add is not None:
-            rewriter.folded.add(id(add))
+            rewriter.folded.add(add.output[0])
             output = add.output[0]
     q, scale = quantize_weight(weight)
     inputs = [
@@ -425,7 +479,7 @@ def quantize_matmuls(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose constant-weight ``MatMul`` / ``Gemm`` nodes (subgraphs too)
     are ``DynamicQuantizeMatMul`` with int8 weights, a bias ``Add`` folded in; returns it and
     the count of products."""
-    model = copy.deepcopy(model)
+    model = _check_model(model)
     rewriter = _Rewriter(model)
     rewriter.readers = _consumers(model)
     count = _rewrite_nodes(rewriter, _quantize_product) - len(rewriter.folded)
@@ -456,29 +510,39 @@ def quantize_model(model: onnx.ModelProto, quantization: str = "int8") -> onnx.M
 
 def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """Copy the artifact directory ``source`` to ``destination`` with every graph quantized
-    (:func:`quantize_model`) and the manifest saying so; returns ``destination``.
+    (:func:`quantize_model`) and the manifest saying so; other files (a packaged model's
+    ``RECIPE.md``, ``LICENSE``) are copied as they are. Returns ``destination``.
 
     Raises
     ------
     ValueError
-        ``quantization`` is unknown, ``source`` is already quantized, or ``destination`` is
-        ``source`` or exists (an :class:`~skattn.core.manifest.ArtifactError` for a source
-        that is not an artifact).
+        ``quantization`` is unknown, ``source`` is already quantized, or ``destination``
+        exists; an :class:`~skattn.core.manifest.ArtifactError` (a ``ValueError``) when
+        ``source`` is not an intact artifact (no manifest, a graph whose checksum differs).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     source, destination = Path(source), Path(destination)
-    manifest = Manifest.from_json((source / MANIFEST_FILE).read_text(encoding="utf-8"))
+    where = source / MANIFEST_FILE
+    if not where.is_file():
+        raise ArtifactError(f"source: {source} is not an artifact directory (no {MANIFEST_FILE})")
+    manifest = Manifest.from_json(where.read_text(encoding="utf-8"), str(where))
+    for name, digest in manifest.files.items():
+        if not (source / name).is_file() or sha256_file(source / name) != digest:
+            raise ArtifactError(f"{where}: {name} is missing or its SHA-256 differs")
     if manifest.quantization != "none":
         raise ValueError(f"source: {source} is already quantized ({manifest.quantization})")
     if destination.exists():
         raise ValueError(f"destination: {destination} exists; name a new directory")
     destination.mkdir(parents=True)
     try:
-        for name in manifest.files:
-            model = quantize_model(onnx.load(source / name), quantization)
-            onnx.helper.set_model_props(model, {BINDING_KEY: manifest.binding})
-            onnx.save_model(model, destination / name)
+        for path in source.iterdir():
+            if path.name in manifest.files:
+                onnx.save_model(
+                    quantize_model(onnx.load(path), quantization), destination / path.name
+                )
+            elif path.is_file() and path.name != MANIFEST_FILE:
+                shutil.copy2(path, destination / path.name)
         quantized = dataclasses.replace(manifest, quantization=quantization)
         quantized = quantized.with_files(destination)
         (destination / MANIFEST_FILE).write_text(quantized.to_json(), encoding="utf-8")

@@ -52,9 +52,11 @@ def test_quick_run_tables_every_peer_on_the_same_test_words(tmp_path):
     ]  # fmt: skip
     for name in trained:
         assert rows[name]["train_seconds"] > 0 and rows[name]["train_cpu_seconds"] > 0
-    for torch_row, served_row, _ in (trained[:3], trained[3:]):
-        # onnxruntime and torch may break a near-tie differently on a word or two
+    for torch_row, served_row, int8_row in (trained[:3], trained[3:]):
+        # onnxruntime and torch may break a near-tie differently on a word or two; int8 on
+        # a few more (its answers are close to the float ones, not equal)
         assert abs(rows[torch_row]["wer"] - rows[served_row]["wer"]) <= 1.0
+        assert abs(rows[served_row]["wer"] - rows[int8_row]["wer"]) <= 3.0
 
     reason = phonetisaurus_g2p.unavailable_reason()
     if reason is not None:

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_quantize  # noqa: E402
 
+import serving  # noqa: E402
 from skattn import Seq2Seq  # noqa: E402
 from skattn.datasets import load_cmudict  # noqa: E402
 
@@ -48,6 +49,15 @@ def test_a_g2p_model_is_scored_by_per_and_wer(tmp_path):
         check_row(row, 40)
         for kind in bench_quantize.KINDS:
             assert 0.0 <= row[kind]["per"] and 0.0 <= row[kind]["wer"] <= 100.0
+
+
+def test_the_packaged_artifacts_are_compared_as_they_ship():
+    if not {"cmudict-g2p", "cmudict-g2p-int8"} <= set(serving.packaged_models()):
+        pytest.skip("the packaged G2P models are not in this install")
+    row = bench_quantize.packaged(SimpleNamespace(g2p_words=30, repeats=1))
+    assert (row["model"], row["beam_size"]) == ("packaged", 5)
+    check_row(row, 30)
+    assert "decode.onnx: True" in row["layout"]  # the int8 one ships its search graph
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--beam-sizes", "0"], ["--g2p-words", "-1"]])

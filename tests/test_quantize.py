@@ -22,11 +22,13 @@ from skattn.core.manifest import ArtifactError, Manifest
 from skattn.models import Seq2SeqModule
 from skattn.models.config import ModelConfig
 from skattn.quantize import (
+    MIN_QUANTIZED_SIDE,
     WEIGHT_LEVELS,
     expand_recurrent,
     main,
     quantize_artifact,
     quantize_matmuls,
+    quantize_model,
     quantize_weight,
 )
 
@@ -71,8 +73,11 @@ def test_weights_are_7_bit_per_column_within_half_a_step():
 # ---------------------------------------------------------------- pass 1: the cells
 
 
-def recurrent_model(op, *, direction="forward", steps=5, initial=True, bias=True, seed=0, **attrs):
-    """One GRU or LSTM node with random weights: inputs X (T, B, I) and its initial states."""
+def recurrent_model(
+    op, *, direction="forward", steps=5, initial=True, bias=True, seed=0, extra=(), **attrs
+):
+    """One GRU or LSTM node with random weights: inputs X (T, B, I) and its initial states;
+    ``extra`` adds ``"lengths"`` (sequence_lens) or ``"peepholes"`` (P, an LSTM's)."""
     rng = np.random.default_rng(seed)
     gates = {"GRU": 3, "LSTM": 4}[op]
     hidden, width = 7, 5
@@ -88,6 +93,13 @@ def recurrent_model(op, *, direction="forward", steps=5, initial=True, bias=True
     for name in states:
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, None, hidden]))
     node_inputs = ["X", "W", "R", "B" if bias else "", "", *(states or [])]
+    if "lengths" in extra:
+        lengths = numpy_helper.from_array(np.full(4, 3, np.int32), "lengths")
+        weights.append(lengths)
+        node_inputs[4] = "lengths"
+    if "peepholes" in extra:
+        node_inputs += [""] * (7 - len(node_inputs)) + ["P"]
+        weights.append(numpy_helper.from_array(np.ones((1, 3 * hidden), np.float32), "P"))
     if op == "GRU":
         attrs.setdefault("linear_before_reset", 1)
     outputs = ["Y", "Y_h", "Y_c"][: 2 + (op == "LSTM")]
@@ -119,7 +131,8 @@ def feeds_for(model, batch=4, seed=1):
 @pytest.mark.parametrize("op", ["GRU", "LSTM"])
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 @pytest.mark.parametrize("steps", [1, 6, None])
-@pytest.mark.parametrize("initial, bias", [(True, True), (False, False)])
+@pytest.mark.parametrize("initial", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
 def test_the_expanded_cell_equals_onnxruntimes(op, direction, steps, initial, bias):
     model = recurrent_model(op, direction=direction, steps=steps, initial=initial, bias=bias)
     expanded, count = expand_recurrent(model)
@@ -139,21 +152,43 @@ def test_the_expanded_cell_equals_onnxruntimes(op, direction, steps, initial, bi
 
 
 @pytest.mark.parametrize(
-    "attrs",
+    "op, attrs",
     [
-        dict(direction="bidirectional"),
-        dict(linear_before_reset=0),
-        dict(clip=1.0),
+        ("GRU", dict(direction="bidirectional")),
+        ("GRU", dict(linear_before_reset=0)),
+        ("GRU", dict(clip=1.0)),
+        ("GRU", dict(layout=1)),
+        ("GRU", dict(extra=("lengths",))),
+        ("LSTM", dict(input_forget=1)),
+        ("LSTM", dict(extra=("peepholes",))),
+        ("LSTM", dict(activations=["Sigmoid", "Relu", "Tanh"])),
     ],
 )
-def test_cells_it_cannot_write_are_left_as_they_are(attrs):
-    model = recurrent_model("GRU", **attrs)
+def test_cells_it_cannot_write_are_left_as_they_are(op, attrs):
+    model = recurrent_model(op, **attrs)
     if attrs.get("direction") == "bidirectional":  # two directions' weights
         for tensor in model.graph.initializer:
             array = numpy_helper.to_array(tensor)
             tensor.CopyFrom(numpy_helper.from_array(np.concatenate([array, array]), tensor.name))
     expanded, count = expand_recurrent(model)
-    assert count == 0 and op_types(expanded) == ["GRU"]
+    assert count == 0 and op_types(expanded) == [op]
+
+
+def test_below_opset_15_the_cells_are_left_and_from_18_split_names_its_parts():
+    """The expansion writes Shape(start, end) and Squeeze's axes as an input (opset 15), and
+    Split into equal parts, which names num_outputs from opset 18."""
+    model = recurrent_model("GRU")
+    model.opset_import[0].version = 14
+    assert expand_recurrent(model)[1] == 0
+    model = recurrent_model("GRU", steps=None, initial=False)
+    model.opset_import[0].version = 18
+    expanded, count = expand_recurrent(model)
+    assert count == 1
+    feeds = feeds_for(model)
+    feeds["X"] = np.ones((3, 4, 5), np.float32)
+    expected = session(model).run(None, feeds)
+    for got, want in zip(session(expanded).run(None, feeds), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- pass 2: the products
@@ -214,6 +249,66 @@ def test_an_int8_row_does_not_change_with_the_rows_beside_it_only_within_the_sca
     batched = session(quantized).run(["Y"], {"A": np.concatenate([row, others])})[0][0]
     exact = session(products_model()).run(["Y"], {"A": row})[0][0]
     assert np.abs(alone - batched).max() <= 0.05 * np.abs(exact).max()
+
+
+def test_overridable_defaults_and_subgraph_outputs_keep_their_initializers():
+    """An initializer that is also a graph input is a default a caller may override: not a
+    constant to quantize. One that only a subgraph outputs is still used."""
+    model = products_model()
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [48, 32]))
+    quantized, count = quantize_matmuls(model)
+    assert count == 1 and "W" in {t.name for t in quantized.graph.initializer}  # the Gemm only
+    feeds = {"A": np.ones((2, 48), np.float32), "W": np.zeros((48, 32), np.float32)}
+    np.testing.assert_allclose(
+        session(quantized).run(["Y"], feeds)[0], session(model).run(["Y"], feeds)[0]
+    )
+
+    def branch(name, value):  # an If branch whose output is its own initializer
+        k = numpy_helper.from_array(np.array(value, np.float32), "K")
+        output = helper.make_tensor_value_info("K", TensorProto.FLOAT, [2])
+        return helper.make_graph([], name, [], [output], [k])
+
+    graph = products_model().graph
+    graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    graph.node.append(
+        helper.make_node(
+            "If",
+            ["flag"],
+            ["picked"],
+            then_branch=branch("a", [1, 2]),
+            else_branch=branch("b", [3, 4]),
+        )
+    )
+    graph.output.append(helper.make_tensor_value_info("picked", TensorProto.FLOAT, [2]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    quantized, _ = quantize_matmuls(model)
+    feeds = {"A": np.ones((2, 48), np.float32), "flag": np.array(True)}
+    np.testing.assert_array_equal(session(quantized).run(["picked"], feeds)[0], [1.0, 2.0])
+
+
+def test_a_second_pass_never_reuses_a_name():
+    """quantize_matmuls, then quantize_model over its result: the new weights, scales and
+    zero points get names the first pass's do not have."""
+    model = products_model()
+    once, _ = quantize_matmuls(model)
+    twice = quantize_model(once)
+    names = [t.name for t in twice.graph.initializer]
+    assert len(names) == len(set(names))
+    feeds = {"A": np.random.default_rng(3).standard_normal((4, 48)).astype(np.float32)}
+    for a, b in zip(session(once).run(None, feeds), session(twice).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("weight", [np.ones(4), np.ones((2, 2, 2)), np.array([[1.0, np.nan]])])
+def test_a_weight_that_is_not_a_finite_matrix_is_refused(weight):
+    with pytest.raises(ValueError, match="weight must be a finite 2-D array"):
+        quantize_weight(weight)
+
+
+@pytest.mark.parametrize("rewrite", [expand_recurrent, quantize_matmuls, quantize_model])
+def test_a_model_that_is_not_a_model_is_refused(rewrite, tmp_path):
+    with pytest.raises(ValueError, match="model must be an onnx.ModelProto, got str"):
+        rewrite(str(tmp_path / "encoder.onnx"))
 
 
 # ---------------------------------------------------------------- artifacts
@@ -319,6 +414,61 @@ def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, 
     with pytest.raises(SystemExit) as exited:
         main([str(tmp_path / "missing"), str(tmp_path / "out")])
     assert exited.value.code == 2
+
+
+def float_products(model: onnx.ModelProto) -> list[str]:
+    """The MatMul / Gemm nodes (any graph) that still multiply by a constant weight at least
+    MIN_QUANTIZED_SIDE on each side."""
+    weights = {t.name: t for t in model.graph.initializer}
+    left = []
+
+    def walk(graph):
+        weights.update({t.name: t for t in graph.initializer})
+        for node in graph.node:
+            weight = weights.get(node.input[1]) if len(node.input) > 1 else None
+            if node.op_type in ("MatMul", "Gemm") and weight is not None:
+                if len(weight.dims) == 2 and min(weight.dims) >= MIN_QUANTIZED_SIDE:
+                    left.append(node.name or node.output[0])
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g)
+
+    walk(model.graph)
+    return left
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_every_graph_and_body_multiplies_its_weights_in_int8(int8_artifacts, beam):
+    """decode.onnx's Loop body (the step) and the encoder's Scan bodies included."""
+    floats, int8 = int8_artifacts[beam]
+    for name in ("encoder.onnx", "decoder_step.onnx", "decode.onnx"):
+        assert float_products(onnx.load(floats / name)), name  # the check sees them
+        quantized = onnx.load(int8 / name)
+        assert float_products(quantized) == [], name
+        assert "Scan" in op_types(quantized) or name == "decoder_step.onnx"
+
+
+def test_an_int8_artifact_is_refused_on_cuda_before_any_gpu_is_looked_for(int8_artifacts):
+    with pytest.raises(ValueError, match="int8-quantized.*CPU only"):
+        serving.load(int8_artifacts[1][1], "cuda")
+
+
+def test_quantize_artifact_checks_its_source_and_copies_the_other_files(int8_artifacts, tmp_path):
+    floats = int8_artifacts[1][0]
+    source = tmp_path / "source"
+    source.mkdir()
+    for path in floats.iterdir():
+        (source / path.name).write_bytes(path.read_bytes())
+    (source / "LICENSE").write_text("the data's license")
+    copied = quantize_artifact(source, tmp_path / "copy")
+    assert (copied / "LICENSE").read_text() == "the data's license"
+    with open(source / "encoder.onnx", "ab") as f:  # damaged after export
+        f.write(b"\0")
+    with pytest.raises(ArtifactError, match="encoder.onnx is missing or its SHA-256 differs"):
+        quantize_artifact(source, tmp_path / "again")
+    with pytest.raises(ArtifactError, match="not an artifact directory"):
+        quantize_artifact(tmp_path / "nowhere", tmp_path / "more")
+    assert not (tmp_path / "again").exists() and not (tmp_path / "more").exists()
 
 
 def test_int8_artifacts_run_on_the_cpu_only():
