@@ -79,12 +79,8 @@ import g2p_cmudict  # noqa: E402
 import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import build_model, evaluate, load_g2p_en, load_splits  # noqa: E402
 
-from skattn.core.manifest import MANIFEST_FILE, Manifest  # noqa: E402
+from skattn.core.artifact import read_artifact  # noqa: E402
 from skattn.quantize import quantize_artifact  # noqa: E402
-
-
-def read_manifest(directory: Path) -> Manifest:
-    return Manifest.from_json((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
 
 #: The recipe of ``phonetisaurus-train``'s usage line: ``--seq2_del``, order 8.
 DEFAULT_OPTIONS = ps.Options()
@@ -390,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, path in args.skattn_paths.items():
         if path.is_dir():
             rows.append(served_row(name, path, data, args))
-            if args.serving_int8 and read_manifest(path).quantization == "none":
+            if args.serving_int8 and read_artifact(path).manifest.quantization == "none":
                 with tempfile.TemporaryDirectory() as directory:
                     quantized = quantize_artifact(path, Path(directory) / name)
                     rows.append(served_row(name, quantized, data, args))

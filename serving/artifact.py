@@ -9,116 +9,20 @@ each graph's metadata names the same binding as the manifest, so a graph exporte
 vocabulary or model is refused even when the checksums were updated. Any failure raises
 :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
 
-Torch-free: JSON, bytes and the ``onnx`` protobuf reader is not needed either (the graphs'
-metadata is read by onnxruntime when the runtime opens them; see :func:`check_binding`).
+The directory, manifest and checksum checks are :mod:`skattn.core.artifact`'s
+(:func:`read_artifact`, re-exported here), which the exporter side shares; this module adds
+:func:`check_binding`. Torch-free: JSON, bytes and the ``onnx`` protobuf reader is not needed
+either (the graphs' metadata is read by onnxruntime when the runtime opens them).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from skattn.core.manifest import (
-    ATTENTION_FILE,
-    BINDING_KEY,
-    DECODE_FILE,
-    DECODER_FILE,
-    ENCODER_FILE,
-    GRAPH_FILES,
-    MANIFEST_FILE,
-    ArtifactError,
-    Manifest,
-    sha256_file,
-)
+from skattn.core.artifact import Artifact, read_artifact
+from skattn.core.manifest import BINDING_KEY, MANIFEST_FILE, ArtifactError, Manifest
 
 __all__ = ["Artifact", "ArtifactError", "check_binding", "read_artifact"]
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A checked artifact directory.
-
-    Attributes
-    ----------
-    directory : Path
-    manifest : Manifest
-    encoder_path, decoder_path : Path
-        The graphs, whose bytes matched the manifest's checksums when read.
-    decode_path, attention_path : Path or None
-        ``decode.onnx``, ``attention.onnx`` when the manifest lists them (checked likewise).
-    """
-
-    directory: Path
-    manifest: Manifest
-
-    @property
-    def manifest_path(self) -> Path:
-        return self.directory / MANIFEST_FILE
-
-    @property
-    def encoder_path(self) -> Path:
-        return self.directory / ENCODER_FILE
-
-    @property
-    def decoder_path(self) -> Path:
-        return self.directory / DECODER_FILE
-
-    @property
-    def decode_path(self) -> Path | None:
-        """``decode.onnx`` (the whole search in one graph), or None: an artifact without it."""
-        return self.directory / DECODE_FILE if DECODE_FILE in self.manifest.files else None
-
-    @property
-    def attention_path(self) -> Path | None:
-        """``attention.onnx`` (every layer's and head's maps), or None: an artifact without it."""
-        return self.directory / ATTENTION_FILE if ATTENTION_FILE in self.manifest.files else None
-
-
-def read_artifact(path: str | os.PathLike) -> Artifact:
-    """Read and check an artifact directory (everything but the graphs' metadata).
-
-    Parameters
-    ----------
-    path : path
-        The directory written by ``Seq2Seq.export_onnx``.
-
-    Returns
-    -------
-    Artifact
-
-    Raises
-    ------
-    ArtifactError
-        The directory or a file is missing, the manifest is malformed, edited or from a newer
-        format, or a graph's SHA-256 differs from the manifest's; the message names the file.
-    """
-    directory = Path(path)
-    if not directory.is_dir():
-        raise ArtifactError(f"{directory}: not an artifact directory (no such directory)")
-    manifest_path = directory / MANIFEST_FILE
-    try:
-        text = manifest_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ArtifactError(f"{manifest_path}: missing manifest file") from None
-    except (OSError, UnicodeDecodeError) as error:  # a directory, unreadable, not UTF-8
-        raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
-    manifest = Manifest.from_json(text, where=str(manifest_path))
-    if not set(GRAPH_FILES) <= set(manifest.files):
-        raise ArtifactError(
-            f"{manifest_path}: 'files' must list {list(GRAPH_FILES)} (and may list {DECODE_FILE})"
-        )
-    for name, expected in manifest.files.items():
-        file_path = directory / name
-        if not file_path.is_file():
-            raise ArtifactError(f"{file_path}: missing file listed in {MANIFEST_FILE}")
-        actual = sha256_file(file_path)
-        if actual != expected:
-            raise ArtifactError(
-                f"{file_path}: checksum mismatch (sha256 {actual[:12]}..., "
-                f"{MANIFEST_FILE} says {str(expected)[:12]}...); the file is corrupt or replaced"
-            )
-    return Artifact(directory=directory, manifest=manifest)
 
 
 def check_binding(path: Path, metadata: dict[str, str], manifest: Manifest) -> None:

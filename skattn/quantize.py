@@ -42,13 +42,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from skattn.core.manifest import (
-    MANIFEST_FILE,
-    QUANTIZATIONS,
-    ArtifactError,
-    Manifest,
-    sha256_file,
-)
+from skattn.core.artifact import read_artifact
+from skattn.core.manifest import MANIFEST_FILE, QUANTIZATIONS
 
 __all__ = [
     "MIN_QUANTIZED_SIDE",
@@ -518,18 +513,12 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     ValueError
         ``quantization`` is unknown, ``source`` is already quantized, or ``destination``
         exists; an :class:`~skattn.core.manifest.ArtifactError` (a ``ValueError``) when
-        ``source`` is not an intact artifact (no manifest, a graph whose checksum differs).
+        ``source`` is not an intact artifact (:func:`skattn.core.artifact.read_artifact`).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     source, destination = Path(source), Path(destination)
-    where = source / MANIFEST_FILE
-    if not where.is_file():
-        raise ArtifactError(f"source: {source} is not an artifact directory (no {MANIFEST_FILE})")
-    manifest = Manifest.from_json(where.read_text(encoding="utf-8"), str(where))
-    for name, digest in manifest.files.items():
-        if not (source / name).is_file() or sha256_file(source / name) != digest:
-            raise ArtifactError(f"{where}: {name} is missing or its SHA-256 differs")
+    manifest = read_artifact(source).manifest
     if manifest.quantization != "none":
         raise ValueError(f"source: {source} is already quantized ({manifest.quantization})")
     if destination.exists():
