@@ -65,7 +65,8 @@ from skattn.core.manifest import (
 )
 from skattn.core.text import EOS, tokenize
 from skattn.decode_graph import build_decode_graph, verify_decode_graph
-from skattn.quantize import expand_recurrent, quantize_model
+from skattn.quantize import quantize_model
+from skattn.recurrent_graph import expand_recurrent
 
 __all__ = ["OPSET", "export_module", "export_onnx"]
 

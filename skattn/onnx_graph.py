@@ -1,21 +1,37 @@
-"""Building ONNX graphs by hand: a small node builder, and inlining an exported graph.
+"""Building ONNX graphs by hand: a small node builder, inlining an exported graph, and
+rewriting a graph's nodes in place.
 
 :mod:`skattn.decode_graph` assembles ``decode.onnx`` from ``encoder.onnx`` and
 ``decoder_step.onnx`` with these two tools: :class:`GraphBuilder` writes nodes one call each
 (``b.op("Add", x, y)`` returns the output's name), and :func:`inline` copies another graph's
 nodes into a builder under a prefix, so the search's ``Loop`` body runs the very decoder step
-that export verified against torch. The ``onnx`` protobuf package only; no torch.
+that export verified against torch. :class:`GraphRewriter` and :func:`rewrite_nodes` replace
+nodes in a graph and its subgraphs (:mod:`skattn.recurrent_graph`, :mod:`skattn.quantize`).
+The ``onnx`` protobuf package only; no torch.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["GraphBuilder", "inline", "value_info"]
+__all__ = [
+    "GraphBuilder",
+    "GraphRewriter",
+    "drop_unused_initializers",
+    "inline",
+    "model_copy",
+    "node_attributes",
+    "rewrite_nodes",
+    "static_shapes",
+    "subgraphs",
+    "value_info",
+]
 
 ELEM_TYPES = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -115,21 +131,16 @@ class GraphBuilder:
 
 def _rename_graph(graph: onnx.GraphProto, rename) -> None:
     """Rename every value of ``graph`` (and of its subgraphs) in place with ``rename``."""
-    for values in (graph.input, graph.output, graph.value_info):
-        for value in values:
-            value.name = rename(value.name)
-    for tensor in graph.initializer:
-        tensor.name = rename(tensor.name)
-    for node in graph.node:
-        node.input[:] = [rename(n) for n in node.input]
-        node.output[:] = [rename(n) for n in node.output]
-        node.name = rename(node.name)
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _rename_graph(attribute.g, rename)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    _rename_graph(subgraph, rename)
+    for each in subgraphs(graph):
+        for values in (each.input, each.output, each.value_info):
+            for value in values:
+                value.name = rename(value.name)
+        for tensor in each.initializer:
+            tensor.name = rename(tensor.name)
+        for node in each.node:
+            node.input[:] = [rename(n) for n in node.input]
+            node.output[:] = [rename(n) for n in node.output]
+            node.name = rename(node.name)
 
 
 def inline(
@@ -170,3 +181,136 @@ def inline(
                 dim.Clear()
         builder.value_info.append(typed)
     return {f"{value.name[len(prefix) :]}": value.name for value in graph.output}
+
+
+# -- rewriting a graph in place (skattn.recurrent_graph, skattn.quantize) -----------------
+
+
+class GraphRewriter:
+    """A model being rewritten in place: its constant weights by name, fresh names, and new
+    initializers (all in the main graph, which every subgraph sees).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place (copy it first).
+    prefix : str
+        The fresh names' prefix.
+    """
+
+    def __init__(self, model: onnx.ModelProto, prefix: str) -> None:
+        self.model, self.prefix = model, prefix
+        graphs = list(subgraphs(model.graph))
+        inputs = {value.name for g in graphs for value in g.input}
+        # An initializer that is also a graph input is a default a caller may override: no
+        # constant.
+        self.weights = {t.name: t for g in graphs for t in g.initializer if t.name not in inputs}
+        self.taken = inputs | {t.name for g in graphs for t in g.initializer}
+        self.taken |= {name for g in graphs for n in g.node for name in (*n.output, n.name)}
+        self._shapes: dict | None = None
+        self._names = itertools.count()
+        self._axes: dict[int, str] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.current: set[str] = set()  # outputs of the nodes of the graph being rewritten
+
+    @property
+    def shapes(self) -> dict[str, list[int | None]]:
+        if self._shapes is None:
+            self._shapes = static_shapes(self.model)
+        return self._shapes
+
+    def name(self, hint: str) -> str:
+        """A name no value, initializer or node of the model has (nor had when read)."""
+        while (name := f"{self.prefix}{hint}_{next(self._names)}") in self.taken:
+            pass
+        self.taken.add(name)
+        return name
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """An initializer's value (None for anything computed or overridable)."""
+        tensor = self.weights.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
+
+    def add(self, array: np.ndarray, hint: str) -> str:
+        name = self.name(hint)
+        tensor = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        self.model.graph.initializer.append(tensor)
+        self.weights[name] = tensor
+        return name
+
+    def axis(self, axis: int) -> str:
+        """The int64 ``[axis]`` initializer (one per model) for Squeeze / Unsqueeze."""
+        if axis not in self._axes:
+            self._axes[axis] = self.add(np.array([axis], np.int64), "axis")
+        return self._axes[axis]
+
+
+def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph below it (``Loop``, ``Scan`` and ``If`` bodies)."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from subgraphs(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from subgraphs(subgraph)
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Value name -> its inferred dims (None where unknown), subgraphs included."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 (inference is a hint: an unknown shape only costs a Scan)
+        return {}
+    shapes = {}
+    for graph in subgraphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            dims = value.type.tensor_type.shape.dim
+            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    return shapes
+
+
+def rewrite_nodes(
+    rewriter: GraphRewriter, rewrite: Callable[[GraphRewriter, onnx.NodeProto], list | None]
+) -> int:
+    """Replace each node (in every graph) for which ``rewrite`` returns nodes; returns how
+    many were replaced."""
+    count = 0
+    # Children before parents: rewriting a graph copies its nodes, subgraphs included.
+    for graph in reversed(list(subgraphs(rewriter.model.graph))):
+        rewriter.current = {name for node in graph.node for name in node.output}
+        nodes = []
+        for node in graph.node:
+            replacement = rewrite(rewriter, node)
+            if replacement is None:
+                nodes.append(node)
+            else:
+                nodes.extend(replacement)
+                count += 1
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
+
+
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove the initializers no node, graph input or graph output (any graph) names."""
+    graphs = list(subgraphs(model.graph))
+    used = {name for g in graphs for n in g.node for name in n.input}
+    used |= {value.name for g in graphs for value in (*g.output, *g.input)}
+    for graph in graphs:
+        kept = [t for t in graph.initializer if t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def node_attributes(node: onnx.NodeProto) -> dict:
+    """A node's attributes by name, as Python values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def model_copy(model) -> onnx.ModelProto:
+    """A deep copy of ``model``; ``ValueError`` naming ``model`` for anything else."""
+    if not isinstance(model, onnx.ModelProto):
+        raise ValueError(f"model must be an onnx.ModelProto, got {type(model).__name__}")
+    return copy.deepcopy(model)

@@ -21,16 +21,17 @@ from serving.sessions import resolve_device
 from skattn.core.manifest import ArtifactError, Manifest
 from skattn.models import Seq2SeqModule
 from skattn.models.config import ModelConfig
+from skattn.onnx_graph import subgraphs
 from skattn.quantize import (
     MIN_QUANTIZED_SIDE,
     WEIGHT_LEVELS,
-    expand_recurrent,
     main,
     quantize_artifact,
     quantize_matmuls,
     quantize_model,
     quantize_weight,
 )
+from skattn.recurrent_graph import expand_recurrent
 
 OPSET = 17
 
@@ -43,17 +44,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 def op_types(model: onnx.ModelProto) -> list[str]:
     """Every node's op type, in the graph and its subgraphs."""
-    found = []
-
-    def walk(graph):
-        for node in graph.node:
-            found.append(node.op_type)
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    walk(attribute.g)
-
-    walk(model.graph)
-    return found
+    return [node.op_type for graph in subgraphs(model.graph) for node in graph.node]
 
 
 # ---------------------------------------------------------------- weights
@@ -419,21 +410,14 @@ def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, 
 def float_products(model: onnx.ModelProto) -> list[str]:
     """The MatMul / Gemm nodes (any graph) that still multiply by a constant weight at least
     MIN_QUANTIZED_SIDE on each side."""
-    weights = {t.name: t for t in model.graph.initializer}
+    graphs = list(subgraphs(model.graph))
+    weights = {t.name: t for graph in graphs for t in graph.initializer}
     left = []
-
-    def walk(graph):
-        weights.update({t.name: t for t in graph.initializer})
-        for node in graph.node:
-            weight = weights.get(node.input[1]) if len(node.input) > 1 else None
-            if node.op_type in ("MatMul", "Gemm") and weight is not None:
-                if len(weight.dims) == 2 and min(weight.dims) >= MIN_QUANTIZED_SIDE:
-                    left.append(node.name or node.output[0])
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    walk(attribute.g)
-
-    walk(model.graph)
+    for node in (node for graph in graphs for node in graph.node):
+        weight = weights.get(node.input[1]) if len(node.input) > 1 else None
+        if node.op_type in ("MatMul", "Gemm") and weight is not None:
+            if len(weight.dims) == 2 and min(weight.dims) >= MIN_QUANTIZED_SIDE:
+                left.append(node.name or node.output[0])
     return left
 
 
