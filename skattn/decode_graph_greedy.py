@@ -2,8 +2,9 @@
 
 The same decisions as :func:`skattn.core.greedy.greedy_decode`: ``y_i = argmax_y log p(y | ...)``
 with PAD, BOS and UNK ruled out and ties to the lowest id, until EOS or ``max_length`` tokens.
-The graph keeps every row in the batch (a finished row's step is computed and ignored) and
-stops when no row is alive; a row's result reads only its own values, as in the NumPy search.
+The loop carries only the rows still decoding: a row that emits EOS is dropped (``Gather``)
+before the next step, and the loop stops when no row is left; a row's result reads only its
+own values, as in the NumPy search.
 """
 
 from __future__ import annotations
