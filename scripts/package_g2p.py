@@ -139,9 +139,10 @@ def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str
             [
                 "",
                 'Exported with `quantize="int8"`: the weight products in int8 '
-                "(`skattn.quantize`), for onnxruntime on the CPU only. Its answers are close to "
-                "the float32 model's, not equal to them, and can move with the words batched "
-                "beside them; the figures below are this artifact's own.",
+                "(`skattn.quantize`, each product's input range measured once at export), for "
+                "onnxruntime on the CPU only. Its answers are close to the float32 model's, not "
+                "equal to them, and never depend on the words batched beside them; the figures "
+                "below are this artifact's own.",
             ]
             if args.quantize
             else []

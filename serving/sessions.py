@@ -71,8 +71,9 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
         ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider (and the
         graphs are not quantized).
     quantization : {"none", "int8"}
-        The artifact's (its manifest's). onnxruntime has CPU kernels only for the int8
-        graphs' ``DynamicQuantizeMatMul``: ``"auto"`` then means the CPU, and CUDA is refused.
+        The artifact's (its manifest's). The int8 graphs are built for onnxruntime's CPU
+        kernels (``MatMulIntegerToFloat``; never checked on CUDA): ``"auto"`` then means the
+        CPU, and CUDA is refused.
 
     Returns
     -------
@@ -85,9 +86,9 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
         if kind == "auto":
             return "cpu", 0
         raise ValueError(
-            f"device={device!r}: this artifact's graphs are {quantization}-quantized, which "
-            "onnxruntime runs on the CPU only; use device='cpu' or 'auto', or serve an "
-            "artifact exported without quantize on CUDA"
+            f"device={device!r}: this artifact's graphs are {quantization}-quantized for "
+            "onnxruntime's CPU kernels and served on the CPU only; use device='cpu' or "
+            "'auto', or serve an artifact exported without quantize on CUDA"
         )
     if kind == "auto":
         return ("cuda", 0) if CUDA_PROVIDER in available else ("cpu", 0)

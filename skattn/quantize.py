@@ -1,18 +1,28 @@
-"""Dynamic int8 quantization of an artifact's graphs, for onnxruntime on the CPU.
+"""Static int8 quantization of an artifact's graphs, for onnxruntime on the CPU.
 
 A served G2P or translation model spends nearly all of its time in products with its weights:
 the encoder's and decoder's recurrent cells, the attention's projections, the output layers.
-On a CPU without fp16 units the one lever on that arithmetic is integers: onnxruntime's
-``com.microsoft.DynamicQuantizeMatMul`` quantizes its input row block to uint8 at run time (one
-scale and zero point per call), multiplies it by int8 weights quantized once, here, per output
-column, and rescales the int32 sums to float32. Two passes, each a plain graph rewrite:
+On a CPU without fp16 units the one lever on that arithmetic is integers: each product becomes
+``QuantizeLinear`` (its input to uint8, ``q = 128 + round(127 x / r)``, saturating) and
+onnxruntime's ``com.microsoft.MatMulIntegerToFloat`` (uint8 x int8 with int32 sums, rescaled
+to float32, the bias added). The weights are quantized here, per output column; the input's
+range ``r`` is fixed in the graph, measured once by :mod:`skattn.calibrate` while the float32
+search decodes calibration sources. A fixed range quantizes each row on its own, so an
+answer never depends on the items batched beside it, as with float32; onnxruntime's
+``DynamicQuantizeMatMul``, which takes the range of each call's rows, costs the same and does
+not have that property (6 % of a served G2P model's answers moved with their batch). Three
+passes, each a plain graph rewrite or run:
 
 1. :func:`~skattn.recurrent_graph.expand_recurrent` writes every ``GRU`` / ``LSTM`` node as
    the products and gates it computes, so that its weights become ``MatMul`` / ``Gemm``
    inputs (the whole sequence's input products at once, then a ``Scan`` over time); exact in
    float32.
-2. :func:`quantize_matmuls` turns every ``MatMul`` and ``Gemm`` whose weight is a constant
-   into ``DynamicQuantizeMatMul``, in subgraphs (``Loop`` bodies, ``Scan`` bodies) too.
+2. :func:`decode_ranges` runs ``decode.onnx`` so expanded on :func:`skattn.calibrate.decode_feeds`
+   and keeps the largest ``|input|`` of every product, in ``Loop`` and ``Scan`` bodies too;
+   a product is named by its weight, so one range serves it in every graph of the artifact.
+3. :func:`quantize_matmuls` turns every ``MatMul`` and ``Gemm`` whose weight is a constant
+   and whose range was measured into the two nodes above, in subgraphs too; a product never
+   reached stays float32.
 
 Weights are symmetric per output column, in 7 bits (``[-63, 63]``): x86's AVX2 int8 product
 (``vpmaddubsw``) adds two ``uint8 x int8`` products in a saturating int16, and 8-bit weights can
@@ -20,10 +30,11 @@ overflow it (onnxruntime's ``reduce_range``). Products too small to gain (a side
 :data:`MIN_QUANTIZED_SIDE`, such as the additive scorer's ``v``) stay float32, as do products
 of two activations (attention scores, contexts).
 
-:func:`quantize_model` runs both passes; ``Seq2Seq.export_onnx(path, quantize="int8")`` applies
-it to every graph of an artifact and records ``"quantization": "int8"`` in the manifest, and
-:func:`quantize_artifact` (``python -m skattn.quantize SRC DST``) does the same to an artifact
-already written. The ``onnx`` protobuf package and NumPy only; no torch.
+:func:`quantize_model` runs passes 1 and 3 over one graph with given ranges;
+``Seq2Seq.export_onnx(path, quantize="int8")`` measures the ranges on the search it has just
+verified and quantizes every graph of the artifact, recording ``"quantization": "int8"`` in the
+manifest, and :func:`quantize_artifact` (``python -m skattn.quantize SRC DST``) does the same to
+an artifact already written. The ``onnx`` protobuf package, NumPy and onnxruntime; no torch.
 """
 
 from __future__ import annotations
@@ -38,7 +49,16 @@ import onnx
 from onnx import helper
 
 from skattn.core.artifact import read_artifact
-from skattn.core.manifest import MANIFEST_FILE, QUANTIZATIONS
+from skattn.calibrate import activation_ranges, decode_feeds, product_key
+from skattn.core.manifest import (
+    DECODE_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    MANIFEST_FILE,
+    QUANTIZATIONS,
+    Manifest,
+)
+from skattn.decode_graph import build_decode_graph
 from skattn.onnx_graph import (
     GraphRewriter,
     drop_unused_initializers,
@@ -52,6 +72,9 @@ from skattn.recurrent_graph import expand_recurrent
 __all__ = [
     "MIN_QUANTIZED_SIDE",
     "QUANTIZATIONS",
+    "decode_ranges",
+    "input_bound",
+    "product_finder",
     "quantize_artifact",
     "quantize_matmuls",
     "quantize_model",
@@ -63,6 +86,9 @@ __all__ = [
 MIN_QUANTIZED_SIDE = 16
 #: Largest weight magnitude: 7 bits (see the module docstring).
 WEIGHT_LEVELS = 63
+#: An input is quantized as ``q = 128 + round(127 x / r)`` in uint8 (``r``: its range).
+INPUT_LEVELS = 127
+INPUT_ZERO = 128
 MS_DOMAIN = "com.microsoft"
 
 
@@ -84,7 +110,7 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-# ---------------------------------------------------------------- pass 2: weight products
+# ---------------------------------------------------------------- passes 2 and 3: ranges, products
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
@@ -103,10 +129,19 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
 class _ProductRewriter(GraphRewriter):
     """The rewriter of pass 2: also who reads each value, and the bias ``Add``s folded."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, ranges: dict[str, float]) -> None:
         super().__init__(model, "quantize/")
+        self.ranges = ranges
         self.readers = _consumers(model)
         self.folded: set[str] = set()  # outputs of the Adds folded into a product
+        self._input_zero: str | None = None
+
+    @property
+    def input_zero(self) -> str:
+        """The uint8 ``128`` initializer (one per model): every input's zero point."""
+        if self._input_zero is None:
+            self._input_zero = self.add(np.array(INPUT_ZERO, np.uint8), "input_zero")
+        return self._input_zero
 
 
 def _bias_add(rewriter: _ProductRewriter, product: onnx.NodeProto, columns: int):
@@ -123,18 +158,17 @@ def _bias_add(rewriter: _ProductRewriter, product: onnx.NodeProto, columns: int)
     return add, bias
 
 
-def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list | None:
-    """``MatMul(A, W)`` (and the ``Add`` of a bias that alone reads it) or ``Gemm(A, W, c)``
-    with a constant 2-D ``W`` -> ``DynamicQuantizeMatMul(A, q(W), scale, 0[, bias])``; an
-    ``Add`` folded into an earlier product is dropped."""
-    if node.op_type == "Add" and node.output[0] in rewriter.folded:
-        return []
+def _product_weight(constant, node: onnx.NodeProto) -> tuple | None:
+    """``(W (K, N) as multiplied, the Gemm's bias or None)`` when ``node`` is a product pass 2
+    quantizes: ``MatMul(A, W)`` or ``Gemm(A, W[, c])`` with a constant 2-D float32 ``W`` at
+    least :data:`MIN_QUANTIZED_SIDE` on each side; else None. ``constant(name)`` reads an
+    initializer."""
     if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
         return None
-    weight = rewriter.constant(node.input[1])
+    weight = constant(node.input[1])
     if weight is None or weight.ndim != 2 or weight.dtype != np.float32:
         return None
-    bias, output = None, node.output[0]
+    bias = None
     if node.op_type == "Gemm":
         attrs = node_attributes(node)
         if attrs.get("alpha", 1.0) != 1.0 or attrs.get("transA", 0):
@@ -142,38 +176,77 @@ def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list 
         if attrs.get("transB", 0):
             weight = weight.T
         if len(node.input) > 2 and node.input[2]:
-            bias = rewriter.constant(node.input[2])
+            bias = constant(node.input[2])
             if bias is None or bias.shape != (weight.shape[1],):
                 return None
             bias = bias * attrs.get("beta", 1.0)
     if min(weight.shape) < MIN_QUANTIZED_SIDE:
         return None
+    return weight, bias
+
+
+def product_finder(model: onnx.ModelProto):
+    """``node -> (product key, input name)`` for the products pass 2 quantizes in ``model``
+    (else None): what :func:`skattn.calibrate.activation_ranges` measures."""
+    constant = GraphRewriter(model, "calibrate/").constant
+
+    def find(node: onnx.NodeProto) -> tuple[str, str] | None:
+        found = _product_weight(constant, node)
+        return None if found is None else (product_key(found[0]), node.input[0])
+
+    return find
+
+
+def input_bound(peak: float) -> float:
+    """The quantized range ``[-r, r]`` for an input whose largest ``|x|`` was ``peak``: the
+    next power of 2^(1/8) (up to 9 % of headroom; a measured peak a few ulps away reads the
+    same bound)."""
+    return float(2.0 ** (np.ceil(8 * np.log2(peak)) / 8))
+
+
+def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list | None:
+    """``MatMul(A, W)`` (and the ``Add`` of a bias that alone reads it) or ``Gemm(A, W, c)``
+    with a constant 2-D ``W`` and a measured input range ``r`` ->
+    ``QuantizeLinear(A, r / 127, 128)`` then ``MatMulIntegerToFloat`` with ``q(W)`` and the
+    bias; an ``Add`` folded into an earlier product is dropped."""
+    if node.op_type == "Add" and node.output[0] in rewriter.folded:
+        return []
+    found = _product_weight(rewriter.constant, node)
+    if found is None:
+        return None
+    weight, bias = found
+    peak = rewriter.ranges.get(product_key(weight), 0.0)
+    if not np.isfinite(peak) or peak <= 0:
+        return None  # never measured (or only zeros): left in float32
+    output = node.output[0]
     if node.op_type == "MatMul":
         add, bias = _bias_add(rewriter, node, weight.shape[1])
         if add is not None:
             rewriter.folded.add(add.output[0])
             output = add.output[0]
     q, scale = quantize_weight(weight)
-    inputs = [
-        node.input[0],
-        rewriter.add(q, "weight_int8"),
-        rewriter.add(scale, "weight_scale"),
-        rewriter.add(np.zeros(scale.shape, np.int8), "weight_zero"),
-    ]
+    input_scale = rewriter.add(np.array(input_bound(peak) / INPUT_LEVELS, np.float32), "input_scale")
+    quantized = rewriter.name("input_uint8")
+    inputs = [quantized, rewriter.add(q, "weight_int8"), input_scale]
+    inputs += [rewriter.add(scale, "weight_scale"), rewriter.input_zero, ""]
     if bias is not None:
         inputs.append(rewriter.add(bias.astype(np.float32), "bias"))
     name = node.name or rewriter.name("product")
     return [
-        helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=name, domain=MS_DOMAIN)
+        helper.make_node(
+            "QuantizeLinear", [node.input[0], input_scale, rewriter.input_zero], [quantized]
+        ),
+        helper.make_node("MatMulIntegerToFloat", inputs, [output], name=name, domain=MS_DOMAIN),
     ]
 
 
-def quantize_matmuls(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+def quantize_matmuls(model: onnx.ModelProto, ranges: dict[str, float]) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose constant-weight ``MatMul`` / ``Gemm`` nodes (subgraphs too)
-    are ``DynamicQuantizeMatMul`` with int8 weights, a bias ``Add`` folded in; returns it and
-    the count of products."""
+    with a range in ``ranges`` (product key -> largest ``|input|``, from
+    :func:`skattn.calibrate.activation_ranges`) multiply in int8, a bias ``Add`` folded in;
+    returns it and the count of products. Products without a range stay float32."""
     model = model_copy(model)
-    rewriter = _ProductRewriter(model)
+    rewriter = _ProductRewriter(model, ranges)
     count = rewrite_nodes(rewriter, _quantize_product) - len(rewriter.folded)
     if count:
         drop_unused_initializers(model)
@@ -182,8 +255,18 @@ def quantize_matmuls(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return model, count
 
 
-def quantize_model(model: onnx.ModelProto, quantization: str = "int8") -> onnx.ModelProto:
-    """Both passes: the recurrent cells expanded, then every weight product in int8.
+def decode_ranges(decode: onnx.ModelProto, manifest: Manifest) -> dict[str, float]:
+    """Every product's input range, measured on ``decode.onnx`` (its cells expanded) decoding
+    :func:`skattn.calibrate.decode_feeds`' sources in float32."""
+    expanded, _ = expand_recurrent(decode)
+    return activation_ranges(expanded, product_finder(expanded), decode_feeds(manifest))
+
+
+def quantize_model(
+    model: onnx.ModelProto, ranges: dict[str, float], quantization: str = "int8"
+) -> onnx.ModelProto:
+    """Both passes: the recurrent cells expanded, then every weight product with a range in
+    ``ranges`` in int8.
 
     Raises
     ------
@@ -193,7 +276,7 @@ def quantize_model(model: onnx.ModelProto, quantization: str = "int8") -> onnx.M
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     expanded, _ = expand_recurrent(model)
-    quantized, _ = quantize_matmuls(expanded)
+    quantized, _ = quantize_matmuls(expanded, ranges)
     return quantized
 
 
@@ -202,7 +285,9 @@ def quantize_model(model: onnx.ModelProto, quantization: str = "int8") -> onnx.M
 
 def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """Copy the artifact directory ``source`` to ``destination`` with every graph quantized
-    (:func:`quantize_model`) and the manifest saying so; other files (a packaged model's
+    (:func:`quantize_model`, with the ranges :func:`decode_ranges` measures on its
+    ``decode.onnx``, built for the purpose where the artifact has none) and the manifest
+    saying so; other files (a packaged model's
     ``RECIPE.md``, ``LICENSE``) are copied as they are. Returns ``destination``.
 
     Raises
@@ -222,11 +307,16 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
         raise ValueError(f"destination: {destination} exists; name a new directory")
     destination.mkdir(parents=True)
     try:
+        if DECODE_FILE in manifest.files:
+            decode = onnx.load(source / DECODE_FILE)
+        else:  # the search graph, for measuring the ranges only
+            encoder, decoder = (onnx.load(source / name) for name in (ENCODER_FILE, DECODER_FILE))
+            decode = build_decode_graph(encoder, decoder, manifest)
+        ranges = decode_ranges(decode, manifest)
         for path in source.iterdir():
             if path.name in manifest.files:
-                onnx.save_model(
-                    quantize_model(onnx.load(path), quantization), destination / path.name
-                )
+                graph = quantize_model(onnx.load(path), ranges, quantization)
+                onnx.save_model(graph, destination / path.name)
             elif path.is_file() and path.name != MANIFEST_FILE:
                 shutil.copy2(path, destination / path.name)
         quantized = dataclasses.replace(manifest, quantization=quantization)

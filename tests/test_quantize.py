@@ -1,11 +1,14 @@
-"""Tests for skattn.quantize: the recurrent cells written as products equal onnxruntime's own
-cells, the int8 products stay close to float32, and int8 artifacts export, load and serve.
+"""Tests for skattn.quantize and skattn.calibrate: the recurrent cells written as products
+equal onnxruntime's own cells, the products' input ranges are measured in every graph and
+body, the int8 products stay close to float32 and never depend on the rows beside them, and
+int8 artifacts export, load and serve.
 
-Exactness is asserted where the arithmetic is exact (the float32 expansion, and integer sums
-that do not depend on the batch); int8 results are compared with float32 within the error of
-7-bit weights and 8-bit activations.
+Exactness is asserted where the arithmetic is exact (the float32 expansion, and a row's int8
+result, which its own values alone decide); int8 results are compared with float32 within the
+error of 7-bit weights and 8-bit activations.
 """
 
+import functools
 import json
 
 import numpy as np
@@ -18,14 +21,18 @@ from test_export import SOURCE_VOCABULARY, TARGET_VOCABULARY, export, make_modul
 
 import serving
 from serving.sessions import resolve_device
+from skattn.calibrate import activation_ranges, decode_feeds, product_key
 from skattn.core.manifest import ArtifactError, Manifest
+from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.models import Seq2SeqModule
 from skattn.models.config import ModelConfig
 from skattn.onnx_graph import subgraphs
 from skattn.quantize import (
     MIN_QUANTIZED_SIDE,
     WEIGHT_LEVELS,
+    input_bound,
     main,
+    product_finder,
     quantize_artifact,
     quantize_matmuls,
     quantize_model,
@@ -65,13 +72,22 @@ def test_weights_are_7_bit_per_column_within_half_a_step():
 
 
 def recurrent_model(
-    op, *, direction="forward", steps=5, initial=True, bias=True, seed=0, extra=(), **attrs
+    op,
+    *,
+    direction="forward",
+    steps=5,
+    initial=True,
+    bias=True,
+    seed=0,
+    extra=(),
+    hidden=7,
+    width=5,
+    **attrs,
 ):
     """One GRU or LSTM node with random weights: inputs X (T, B, I) and its initial states;
     ``extra`` adds ``"lengths"`` (sequence_lens) or ``"peepholes"`` (P, an LSTM's)."""
     rng = np.random.default_rng(seed)
     gates = {"GRU": 3, "LSTM": 4}[op]
-    hidden, width = 7, 5
     weights = [
         numpy_helper.from_array(rng.standard_normal((1, gates * hidden, width), np.float32), "W"),
         numpy_helper.from_array(rng.standard_normal((1, gates * hidden, hidden), np.float32), "R"),
@@ -214,32 +230,149 @@ def products_model(rows: int = 6) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def ranges_of(model: onnx.ModelProto, *batches: np.ndarray) -> dict[str, float]:
+    """The products' input ranges measured on ``batches`` of ``A``."""
+    return activation_ranges(model, product_finder(model), [{"A": a} for a in batches])
+
+
+def calibrated(model: onnx.ModelProto, seed: int = 1) -> onnx.ModelProto:
+    """``model`` quantized with ranges measured on 6 rows of standard normal ``A``."""
+    rows = np.random.default_rng(seed).standard_normal((6, 48)).astype(np.float32)
+    return quantize_matmuls(model, ranges_of(model, rows))[0]
+
+
 def test_weight_products_become_int8_and_stay_close():
     model = products_model()
-    quantized, count = quantize_matmuls(model)
+    feeds = {"A": np.random.default_rng(1).standard_normal((6, 48)).astype(np.float32)}
+    ranges = ranges_of(model, feeds["A"])
+    quantized, count = quantize_matmuls(model, ranges)
     types = op_types(quantized)
     # A W + b (the Add folded in) and the Gemm; Z Z^T reads no weight, Z u is too narrow.
-    assert count == 2 and types.count("DynamicQuantizeMatMul") == 2
+    assert count == 2 and types.count("MatMulIntegerToFloat") == 2
+    assert types.count("QuantizeLinear") == 2
     assert "Add" not in types and "Gemm" not in types and types.count("MatMul") == 2
     assert {t.name for t in quantized.graph.initializer}.isdisjoint({"W", "V"})  # int8 only
-    feeds = {"A": np.random.default_rng(1).standard_normal((6, 48)).astype(np.float32)}
     expected = session(model).run(None, feeds)
     actual = session(quantized).run(None, feeds)
     for got, want in zip(actual, expected, strict=True):
         assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
-def test_an_int8_row_does_not_change_with_the_rows_beside_it_only_within_the_scale():
-    """The activations are quantized per call: a row's result moves with its batch-mates'
-    range (the documented caveat), but by far less than the int8 error itself."""
-    quantized, _ = quantize_matmuls(products_model())
+def test_the_ranges_are_the_largest_inputs_each_product_met():
+    model = products_model()
+    rng = np.random.default_rng(4)
+    batches = [rng.standard_normal((n, 48)).astype(np.float32) for n in (3, 5)]
+    ranges = ranges_of(model, *batches)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    first = product_key(weights["W"])  # A W: its input is A
+    assert ranges[first] == max(np.abs(b).max() for b in batches)
+    gemm = product_key(weights["V"].T)  # Gemm(Y, V, transB=1): named by V^T as multiplied
+    ys = [session(model).run(["Y"], {"A": b})[0] for b in batches]
+    assert ranges[gemm] == pytest.approx(max(np.abs(y).max() for y in ys), rel=1e-6)
+    assert set(ranges) == {first, gemm}  # Z u is too narrow to quantize: not measured
+    with pytest.raises(ValueError, match="feeds must hold at least one batch"):
+        activation_ranges(model, product_finder(model), [])
+
+
+def test_an_int8_row_never_changes_with_the_rows_beside_it():
+    """Each product's input scale is fixed in the graph: a row's integers, and so its result,
+    are its own, even beside rows far outside the measured range (which saturate)."""
+    quantized = calibrated(products_model())
     rng = np.random.default_rng(2)
-    row = rng.standard_normal((1, 48)).astype(np.float32)
+    rows = rng.standard_normal((4, 48)).astype(np.float32)
     others = rng.standard_normal((5, 48)).astype(np.float32) * 3
-    alone = session(quantized).run(["Y"], {"A": row})[0][0]
-    batched = session(quantized).run(["Y"], {"A": np.concatenate([row, others])})[0][0]
-    exact = session(products_model()).run(["Y"], {"A": row})[0][0]
-    assert np.abs(alone - batched).max() <= 0.05 * np.abs(exact).max()
+    per_item = ["Y", "Z", "U"]  # one row per item (S is Z Z^T)
+    alone = [session(quantized).run(per_item, {"A": rows[i : i + 1]}) for i in range(4)]
+    batched = session(quantized).run(per_item, {"A": np.concatenate([others[:2], rows, others])})
+    for i in range(4):
+        for got, want in zip(alone[i], batched, strict=True):
+            np.testing.assert_array_equal(got[0], want[2 + i])
+
+
+def test_a_product_never_measured_stays_float32():
+    model = products_model()
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    only_the_gemm = {product_key(weights["V"].T): 4.0}
+    quantized, count = quantize_matmuls(model, only_the_gemm)
+    assert count == 1 and op_types(quantized).count("MatMulIntegerToFloat") == 1
+    assert "W" in {t.name for t in quantized.graph.initializer}
+    zero = {product_key(weights["V"].T): 0.0}  # an input that was only ever zeros
+    assert quantize_matmuls(model, zero)[1] == 0
+
+
+def test_an_input_range_rounds_up_to_a_coarse_grid():
+    peaks = np.geomspace(1e-3, 1e3, 200)
+    bounds = np.array([input_bound(p) for p in peaks])
+    assert (bounds >= peaks).all() and (bounds < peaks * 2 ** (1 / 8) * (1 + 1e-9)).all()
+    assert input_bound(1.0) == 1.0 and input_bound(np.nextafter(1.7, 2.0)) == input_bound(1.7)
+
+
+def test_ranges_are_measured_inside_scan_and_loop_bodies():
+    """An expanded cell's recurrent product runs inside the Scan; a Loop around a product
+    reports it per iteration. Both come out as the largest value over time."""
+    model, _ = expand_recurrent(recurrent_model("GRU", initial=False, hidden=16, width=16))
+    feeds = feeds_for(model)
+    find = product_finder(model)
+    ranges = activation_ranges(model, find, [feeds])
+    assert len(ranges) == 4  # two input products, two recurrent ones
+    recurrent = [key for key in ranges if ranges[key] < 1.0]
+    assert len(recurrent) == 2 and all(0 < ranges[key] < 1 for key in recurrent)  # |h| < 1
+    inputs = [ranges[key] for key in ranges if key not in recurrent]
+    assert inputs == [np.abs(feeds["X"]).max()] * 2
+
+    rng = np.random.default_rng(5)
+    weight = (rng.standard_normal((16, 16)) / 4).astype(np.float32)  # contracting: no blow-up
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x_in", "W"], ["y"]),
+            helper.make_node("Tanh", ["y"], ["x_out"]),
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [None, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [None, 16]),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "x"], ["x_last"], body=body)],
+        "loop",
+        [
+            helper.make_tensor_value_info("n", TensorProto.INT64, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16]),
+        ],
+        [helper.make_tensor_value_info("x_last", TensorProto.FLOAT, [None, 16])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    looped = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    ranges = activation_ranges(looped, product_finder(looped), [{"n": np.array(3), "x": x}])
+    assert ranges == {product_key(weight): pytest.approx(np.abs(x).max())}  # then |tanh| < 1
+    quantized, count = quantize_matmuls(looped, ranges)
+    assert count == 1 and "MatMulIntegerToFloat" in op_types(quantized)
+    got = session(quantized).run(None, {"n": np.array(3), "x": x})[0]
+    want = session(looped).run(None, {"n": np.array(3), "x": x})[0]
+    assert np.abs(got - want).max() <= 0.05
+
+
+def test_decode_feeds_are_sources_of_the_vocabulary_with_their_end_marker(int8_artifacts):
+    manifest = serving.load(int8_artifacts[1][0], "cpu").manifest
+    feeds = decode_feeds(manifest, count=70, max_length=9, batch=32)
+    assert [len(f["src"]) for f in feeds] == [32, 32, 6]
+    for feed in feeds:
+        src, lengths = feed["src"], feed["src_lengths"]
+        assert (1 < lengths).all() and (lengths <= 10).all()  # 1-9 tokens and EOS
+        for row, n in zip(src, lengths, strict=True):
+            assert row[n - 1] == EOS and (row[n:] == 0).all()
+            assert (row[: n - 1] >= len(SPECIAL_TOKENS)).all()
+        assert feed["max_length"].shape == () and feed["temperature"].dtype == np.float32
+    again = decode_feeds(manifest, count=70, max_length=9, batch=32)
+    assert all((a["src"] == b["src"]).all() for a, b in zip(feeds, again, strict=True))
 
 
 def test_overridable_defaults_and_subgraph_outputs_keep_their_initializers():
@@ -247,7 +380,9 @@ def test_overridable_defaults_and_subgraph_outputs_keep_their_initializers():
     constant to quantize. One that only a subgraph outputs is still used."""
     model = products_model()
     model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [48, 32]))
-    quantized, count = quantize_matmuls(model)
+    rows = np.random.default_rng(1).standard_normal((6, 48)).astype(np.float32)
+    ranges = ranges_of(products_model(), rows)  # W measured as a constant: still not quantized
+    quantized, count = quantize_matmuls(model, ranges)
     assert count == 1 and "W" in {t.name for t in quantized.graph.initializer}  # the Gemm only
     feeds = {"A": np.ones((2, 48), np.float32), "W": np.zeros((48, 32), np.float32)}
     np.testing.assert_allclose(
@@ -272,7 +407,7 @@ def test_overridable_defaults_and_subgraph_outputs_keep_their_initializers():
     )
     graph.output.append(helper.make_tensor_value_info("picked", TensorProto.FLOAT, [2]))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    quantized, _ = quantize_matmuls(model)
+    quantized, _ = quantize_matmuls(model, ranges)
     feeds = {"A": np.ones((2, 48), np.float32), "flag": np.array(True)}
     np.testing.assert_array_equal(session(quantized).run(["picked"], feeds)[0], [1.0, 2.0])
 
@@ -281,8 +416,10 @@ def test_a_second_pass_never_reuses_a_name():
     """quantize_matmuls, then quantize_model over its result: the new weights, scales and
     zero points get names the first pass's do not have."""
     model = products_model()
-    once, _ = quantize_matmuls(model)
-    twice = quantize_model(once)
+    rows = np.random.default_rng(1).standard_normal((6, 48)).astype(np.float32)
+    ranges = ranges_of(model, rows)
+    once, _ = quantize_matmuls(model, ranges)
+    twice = quantize_model(once, ranges)
     names = [t.name for t in twice.graph.initializer]
     assert len(names) == len(set(names))
     feeds = {"A": np.random.default_rng(3).standard_normal((4, 48)).astype(np.float32)}
@@ -296,7 +433,15 @@ def test_a_weight_that_is_not_a_finite_matrix_is_refused(weight):
         quantize_weight(weight)
 
 
-@pytest.mark.parametrize("rewrite", [expand_recurrent, quantize_matmuls, quantize_model])
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        expand_recurrent,
+        functools.partial(quantize_matmuls, ranges={}),
+        functools.partial(quantize_model, ranges={}),
+        functools.partial(activation_ranges, find=lambda node: None, feeds=[{}]),
+    ],
+)
 def test_a_model_that_is_not_a_model_is_refused(rewrite, tmp_path):
     with pytest.raises(ValueError, match="model must be an onnx.ModelProto, got str"):
         rewrite(str(tmp_path / "encoder.onnx"))
@@ -343,19 +488,25 @@ def int8_artifacts(fitted_reversal, tmp_path_factory):
 def test_an_int8_artifact_serves_the_float_models_answers(int8_artifacts, reversal_data, beam):
     _, _, X_test, y_test = reversal_data
     floats, int8 = int8_artifacts[beam]
-    assert "DynamicQuantizeMatMul" in op_types(onnx.load(int8 / "decoder_step.onnx"))
+    assert "MatMulIntegerToFloat" in op_types(onnx.load(int8 / "decoder_step.onnx"))
     expected = serving.load(floats, "cpu").predict(X_test)
     runtime = serving.load(int8, "cpu")
     assert runtime.manifest.quantization == "int8" and runtime.decode_graph
     answers = runtime.predict(X_test)
     agreement = np.mean([a == e for a, e in zip(answers, expected, strict=True)])
     assert agreement >= 0.97, agreement
-    # The search graph runs the same int8 products as the step-wise search.
-    stepwise = serving.load(int8, "cpu", decode_graph=False).predict(X_test)
-    if beam == 1:  # the same batches: the same integer sums, so the same answers
-        assert stepwise == answers
-    else:
-        assert np.mean([a == s for a, s in zip(answers, stepwise, strict=True)]) >= 0.97
+    # The search graph runs the same int8 products as the step-wise search, row by row.
+    assert serving.load(int8, "cpu", decode_graph=False).predict(X_test) == answers
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batch_composition_never_changes_an_int8_prediction(int8_artifacts, reversal_data, beam):
+    _, _, X_test, _ = reversal_data
+    runtime = serving.load(int8_artifacts[beam][1], "cpu")
+    sources = X_test[:48]
+    alone = [runtime.predict([source])[0] for source in sources]
+    assert runtime.predict(sources) == alone
+    assert runtime.predict(sources[::-1])[::-1] == alone  # other neighbours, other chunks
 
 
 def test_int8_attention_maps_are_close_to_the_float_ones(int8_artifacts, reversal_data):
@@ -485,7 +636,7 @@ def test_an_int8_transformer_exports_and_its_encoding_stays_close(tmp_path):
     module = Seq2SeqModule(config).eval()
     floats = export(module, tmp_path / "float")
     int8 = export(module, tmp_path / "int8", quantize="int8")
-    assert "DynamicQuantizeMatMul" in op_types(onnx.load(int8 / "attention.onnx"))
+    assert "MatMulIntegerToFloat" in op_types(onnx.load(int8 / "attention.onnx"))
     src, lengths = random_source(5, 7, np.random.default_rng(0))
     encoded = [
         session(onnx.load(d / "encoder.onnx")).run(None, {"src": src, "src_lengths": lengths})

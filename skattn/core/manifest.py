@@ -126,8 +126,9 @@ class Manifest:
     writer : mapping
         Who wrote it (``opset``, ``torch_version``); informative only.
     quantization : {"none", "int8"}
-        ``"int8"``: the weight products are onnxruntime's ``DynamicQuantizeMatMul`` with int8
-        weights (:mod:`skattn.quantize`), which runs on the CPU only. Absent means ``"none"``.
+        ``"int8"``: the weight products are onnxruntime's ``MatMulIntegerToFloat`` with int8
+        weights and fixed input ranges (:mod:`skattn.quantize`), which runs on the CPU only.
+        Absent means ``"none"``.
     """
 
     tokenizer: str
