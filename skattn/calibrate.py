@@ -20,6 +20,7 @@ package, NumPy and onnxruntime; no torch.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -46,7 +47,7 @@ def product_key(weight: np.ndarray) -> str:
     return digest[:24]
 
 
-# A product finder: node -> (key, input name) for a constant-weight product, else None.
+#: A product finder: node -> (product key, input name) for a weight product, else None.
 Finder = Callable[[onnx.NodeProto], "tuple[str, str] | None"]
 
 
@@ -93,16 +94,18 @@ def activation_ranges(
         ``model`` is not an ``onnx.ModelProto``, or ``feeds`` is empty.
     """
     model = model_copy(model)
-    counter = iter(range(1 << 62))
+    feeds = list(feeds)
+    if not feeds:
+        raise ValueError("feeds must hold at least one batch of inputs")
     taken = {name for g in subgraphs(model.graph) for n in g.node for name in n.output}
-    names = (f"calibrate/{i}" for i in counter if f"calibrate/{i}" not in taken)
+    names = (f"calibrate/{i}" for i in itertools.count() if f"calibrate/{i}" not in taken)
     found = _instrument(model.graph, find, names)
+    if not found:
+        return {}
     del model.graph.output[:]  # only the peaks: the search's outputs are not needed
     model.graph.output.extend(
         helper.make_tensor_value_info(peak, TensorProto.FLOAT, []) for _, peak in found
     )
-    if not found:
-        return {}
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -110,13 +113,9 @@ def activation_ranges(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     ranges: dict[str, float] = {}
-    ran = False
     for feed in feeds:
-        ran = True
         for (key, _), peak in zip(found, session.run(None, feed), strict=True):
             ranges[key] = max(ranges.get(key, 0.0), float(peak))
-    if not ran:
-        raise ValueError("feeds must hold at least one batch of inputs")
     return ranges
 
 
