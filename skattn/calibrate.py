@@ -20,7 +20,6 @@ package, NumPy and onnxruntime; no torch.
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -29,8 +28,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from skattn.core.manifest import Manifest
-from skattn.core.text import EOS, SPECIAL_TOKENS
-from skattn.onnx_graph import model_copy, subgraphs
+from skattn.decode_graph import random_sources
+from skattn.onnx_graph import GraphRewriter, model_copy
 
 __all__ = ["activation_ranges", "decode_feeds", "product_key"]
 
@@ -51,9 +50,20 @@ def product_key(weight: np.ndarray) -> str:
 Finder = Callable[[onnx.NodeProto], "tuple[str, str] | None"]
 
 
-def _instrument(graph: onnx.GraphProto, find: Finder, names) -> list[tuple[str, str]]:
-    """Add to ``graph`` (in place) a ``ReduceMax(Abs(x))`` scalar per product input ``x`` and
-    return ``(key, scalar)``; a ``Loop`` or ``Scan`` node's bodies report theirs as extra scan
+def _peak(rewriter: GraphRewriter, x: str, added: list[onnx.NodeProto]) -> str:
+    """``max(|x|)`` as a scalar, 0 for an empty ``x`` (a step with no rows, a loop of no
+    iterations): ``ReduceMax`` of ``|x|`` flattened beside a 0, which never raises the peak."""
+    flat, padded, peak = (rewriter.name(hint) for hint in ("flat", "padded", "peak"))
+    added.append(helper.make_node("Abs", [x], [rewriter.name("abs")]))
+    added.append(helper.make_node("Reshape", [added[-1].output[0], rewriter.flat], [flat]))
+    added.append(helper.make_node("Concat", [flat, rewriter.zero], [padded], axis=0))
+    added.append(helper.make_node("ReduceMax", [padded], [peak], keepdims=0))
+    return peak
+
+
+def _instrument(graph: onnx.GraphProto, find: Finder, rewriter) -> list[tuple[str, str]]:
+    """Add to ``graph`` (in place) a scalar ``max(|x|)`` per product input ``x`` and return
+    ``(key, scalar)``; a ``Loop`` or ``Scan`` node's bodies report theirs as extra scan
     outputs, reduced again here. ``If`` branches are not entered."""
     found: list[tuple[str, str]] = []
     added: list[onnx.NodeProto] = []
@@ -61,25 +71,30 @@ def _instrument(graph: onnx.GraphProto, find: Finder, names) -> list[tuple[str, 
         product = find(node)
         if product is not None:
             key, x = product
-            magnitude, peak = next(names), next(names)
-            added.append(helper.make_node("Abs", [x], [magnitude]))
-            added.append(helper.make_node("ReduceMax", [magnitude], [peak], keepdims=0))
-            found.append((key, peak))
+            found.append((key, _peak(rewriter, x, added)))
         if node.op_type not in ("Loop", "Scan"):
             continue
         body = next(a.g for a in node.attribute if a.name == "body")
-        inner = _instrument(body, find, names)
+        inner = _instrument(body, find, rewriter)
         for key, peak in inner:
             body.output.append(helper.make_tensor_value_info(peak, TensorProto.FLOAT, []))
-            stacked, outer = next(names), next(names)
+            stacked = rewriter.name("stacked")
             node.output.append(stacked)  # (iterations,)
-            added.append(helper.make_node("ReduceMax", [stacked], [outer], keepdims=0))
-            found.append((key, outer))
+            found.append((key, _peak(rewriter, stacked, added)))
         for attribute in node.attribute:
             if attribute.name in ("scan_output_directions", "scan_output_axes"):
                 attribute.ints.extend([0] * len(inner))
     graph.node.extend(added)  # after every node: each reads a value already computed
     return found
+
+
+class _Instrumenter(GraphRewriter):
+    """Fresh names, and the two constants every peak reads (in the main graph)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model, "calibrate/")
+        self.flat = self.add(np.array([-1], np.int64), "flat_shape")
+        self.zero = self.add(np.zeros(1, np.float32), "zero")
 
 
 def activation_ranges(
@@ -97,9 +112,7 @@ def activation_ranges(
     feeds = list(feeds)
     if not feeds:
         raise ValueError("feeds must hold at least one batch of inputs")
-    taken = {name for g in subgraphs(model.graph) for n in g.node for name in n.output}
-    names = (f"calibrate/{i}" for i in itertools.count() if f"calibrate/{i}" not in taken)
-    found = _instrument(model.graph, find, names)
+    found = _instrument(model.graph, find, _Instrumenter(model))
     if not found:
         return {}
     del model.graph.output[:]  # only the peaks: the search's outputs are not needed
@@ -128,26 +141,17 @@ def decode_feeds(
 ) -> list[dict[str, np.ndarray]]:
     """Inputs of ``decode.onnx``: ``count`` random sources of 1 to ``max_length`` tokens
     (at most the manifest's limit) over the source vocabulary's tokens, with the end-of-source
-    marker, in batches of ``batch``; the manifest's temperature and output limit."""
+    marker, in batches of ``batch``; the manifest's temperature, and room for outputs twice as
+    long as the longest source (within the manifest's limit)."""
     rng = np.random.default_rng(seed)
-    tokens = np.arange(len(SPECIAL_TOKENS), len(manifest.source_vocabulary))
     longest = max(1, min(max_length, manifest.max_source_length))
-    lengths = rng.integers(1, longest + 1, size=count)
+    lengths = rng.integers(1, longest + 1, size=count) + 1  # EOS counted
     max_output = np.asarray(min(manifest.max_output_length, 2 * longest + 8), dtype=np.int64)
     temperature = np.asarray(manifest.temperature, dtype=np.float32)
+    vocabulary = len(manifest.source_vocabulary)
     feeds = []
     for start in range(0, count, batch):
-        part = lengths[start : start + batch] + 1  # EOS counted
-        src = np.zeros((len(part), part.max()), dtype=np.int64)
-        for row, n in enumerate(part):
-            src[row, : n - 1] = rng.choice(tokens, size=n - 1) if len(tokens) else EOS
-            src[row, n - 1] = EOS
-        feeds.append(
-            {
-                "src": src,
-                "src_lengths": part.astype(np.int64),
-                "max_length": max_output,
-                "temperature": temperature,
-            }
-        )
+        src, src_lengths = random_sources(lengths[start : start + batch], vocabulary, rng)
+        values = (src, src_lengths, max_output, temperature)
+        feeds.append(dict(zip(manifest.decode_inputs(), values, strict=True)))
     return feeds

@@ -31,12 +31,12 @@ from onnx import helper
 
 from skattn.core.manifest import Manifest
 from skattn.core.search import beam_decode, greedy_decode
-from skattn.core.text import EOS
+from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.decode_graph_beam import beam_search
 from skattn.decode_graph_greedy import FLOAT, INT64, greedy_search
 from skattn.onnx_graph import GraphBuilder, inline
 
-__all__ = ["build_decode_graph", "reference_search", "verify_decode_graph"]
+__all__ = ["build_decode_graph", "random_sources", "reference_search", "verify_decode_graph"]
 
 OPSET = 17
 # Batch shapes checked at export (different from the traced ones) and the steps they run.
@@ -45,6 +45,18 @@ _VERIFY_MAX_LENGTH = 8
 _VERIFY_TEMPERATURE = 0.8
 _SCORE_TOLERANCE = 1e-5
 _ATTENTION_TOLERANCE = 1e-5
+
+
+def random_sources(lengths, vocabulary_size: int, rng: np.random.Generator) -> tuple:
+    """``src (B, T)`` of random ids past the specials, each ending in EOS at its length (EOS
+    counted) and 0-padded, and ``src_lengths (B,)``: inputs of ``encoder.onnx`` and
+    ``decode.onnx``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    src = np.zeros((lengths.size, lengths.max()), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        src[row, : length - 1] = rng.integers(len(SPECIAL_TOKENS), vocabulary_size, length - 1)
+        src[row, length - 1] = EOS
+    return src, lengths
 
 
 def build_decode_graph(
@@ -148,11 +160,7 @@ def verify_decode_graph(
         A token, a length, a score (1e-5) or an attention row (1e-5) differs.
     """
     rng = np.random.default_rng(seed)
-    lengths = np.array(_VERIFY_LENGTHS, dtype=np.int64)
-    src = np.zeros((lengths.size, lengths.max()), dtype=np.int64)
-    for row, length in enumerate(lengths):
-        src[row, : length - 1] = rng.integers(4, len(manifest.source_vocabulary), length - 1)
-        src[row, length - 1] = EOS
+    src, lengths = random_sources(_VERIFY_LENGTHS, len(manifest.source_vocabulary), rng)
     max_length = min(_VERIFY_MAX_LENGTH, manifest.max_output_length)
     expected = reference_search(
         _session(encoder),

@@ -394,7 +394,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         quantize : {None, "int8"}, default=None
             ``"int8"``: the weight products in int8 for onnxruntime on the CPU only
             (:mod:`skattn.quantize`, each product's input range measured once here, so batch
-            composition never changes an answer): 1.26-1.32x the float32 graphs' speed on wide
+            composition never changes an answer): about 1.26x the float32 graphs' speed on wide
             models (the bi-GRU 256 G2P member), none on small ones (hidden 64).
         """
         check_is_fitted(self)

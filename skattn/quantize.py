@@ -42,14 +42,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from skattn.calibrate import Finder, activation_ranges, decode_feeds, product_key
 from skattn.core.artifact import read_artifact
-from skattn.calibrate import activation_ranges, decode_feeds, product_key
 from skattn.core.manifest import (
     DECODE_FILE,
     DECODER_FILE,
@@ -127,7 +128,8 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
 
 
 class _ProductRewriter(GraphRewriter):
-    """The rewriter of pass 2: also who reads each value, and the bias ``Add``s folded."""
+    """The rewriter of pass 3: the measured ranges, who reads each value, and the bias
+    ``Add``s folded."""
 
     def __init__(self, model: onnx.ModelProto, ranges: dict[str, float]) -> None:
         super().__init__(model, "quantize/")
@@ -158,8 +160,10 @@ def _bias_add(rewriter: _ProductRewriter, product: onnx.NodeProto, columns: int)
     return add, bias
 
 
-def _product_weight(constant, node: onnx.NodeProto) -> tuple | None:
-    """``(W (K, N) as multiplied, the Gemm's bias or None)`` when ``node`` is a product pass 2
+def _product_weight(
+    constant: Callable[[str], np.ndarray | None], node: onnx.NodeProto
+) -> tuple | None:
+    """``(W (K, N) as multiplied, the Gemm's bias or None)`` when ``node`` is a product pass 3
     quantizes: ``MatMul(A, W)`` or ``Gemm(A, W[, c])`` with a constant 2-D float32 ``W`` at
     least :data:`MIN_QUANTIZED_SIDE` on each side; else None. ``constant(name)`` reads an
     initializer."""
@@ -185,8 +189,8 @@ def _product_weight(constant, node: onnx.NodeProto) -> tuple | None:
     return weight, bias
 
 
-def product_finder(model: onnx.ModelProto):
-    """``node -> (product key, input name)`` for the products pass 2 quantizes in ``model``
+def product_finder(model: onnx.ModelProto) -> Finder:
+    """``node -> (product key, input name)`` for the products pass 3 quantizes in ``model``
     (else None): what :func:`skattn.calibrate.activation_ranges` measures."""
     constant = GraphRewriter(model, "calibrate/").constant
 
@@ -199,8 +203,8 @@ def product_finder(model: onnx.ModelProto):
 
 def input_bound(peak: float) -> float:
     """The quantized range ``[-r, r]`` for an input whose largest ``|x|`` was ``peak``: the
-    next power of 2^(1/8) (up to 9 % of headroom; a measured peak a few ulps away reads the
-    same bound)."""
+    next power of 2^(1/8) at or above it (up to 9 % of headroom; peaks a few ulps apart read
+    the same bound unless a power of 2^(1/8) lies between them)."""
     return float(2.0 ** (np.ceil(8 * np.log2(peak)) / 8))
 
 
@@ -212,7 +216,7 @@ def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list 
     if node.op_type == "Add" and node.output[0] in rewriter.folded:
         return []
     found = _product_weight(rewriter.constant, node)
-    if found is None:
+    if found is None or rewriter.opset < 10:  # QuantizeLinear: opset 10
         return None
     weight, bias = found
     peak = rewriter.ranges.get(product_key(weight), 0.0)
@@ -225,7 +229,8 @@ def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list 
             rewriter.folded.add(add.output[0])
             output = add.output[0]
     q, scale = quantize_weight(weight)
-    input_scale = rewriter.add(np.array(input_bound(peak) / INPUT_LEVELS, np.float32), "input_scale")
+    input_scale = np.array(input_bound(peak) / INPUT_LEVELS, np.float32)
+    input_scale = rewriter.add(input_scale, "input_scale")
     quantized = rewriter.name("input_uint8")
     inputs = [quantized, rewriter.add(q, "weight_int8"), input_scale]
     inputs += [rewriter.add(scale, "weight_scale"), rewriter.input_zero, ""]
@@ -240,7 +245,9 @@ def _quantize_product(rewriter: _ProductRewriter, node: onnx.NodeProto) -> list 
     ]
 
 
-def quantize_matmuls(model: onnx.ModelProto, ranges: dict[str, float]) -> tuple[onnx.ModelProto, int]:
+def quantize_matmuls(
+    model: onnx.ModelProto, ranges: dict[str, float]
+) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose constant-weight ``MatMul`` / ``Gemm`` nodes (subgraphs too)
     with a range in ``ranges`` (product key -> largest ``|input|``, from
     :func:`skattn.calibrate.activation_ranges`) multiply in int8, a bias ``Add`` folded in;
@@ -265,7 +272,7 @@ def decode_ranges(decode: onnx.ModelProto, manifest: Manifest) -> dict[str, floa
 def quantize_model(
     model: onnx.ModelProto, ranges: dict[str, float], quantization: str = "int8"
 ) -> onnx.ModelProto:
-    """Both passes: the recurrent cells expanded, then every weight product with a range in
+    """Passes 1 and 3: the recurrent cells expanded, then every weight product with a range in
     ``ranges`` in int8.
 
     Raises

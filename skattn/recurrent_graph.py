@@ -8,7 +8,7 @@ then a ``Scan`` over time whose body multiplies the state by the recurrent weigh
 ``Scan``. Exact in float32 (tests: against onnxruntime's own cells; export: against torch).
 
 It is :mod:`skattn.quantize`'s first pass: the cells' weights become ``MatMul`` / ``Gemm``
-inputs, which the second pass multiplies in int8. The ``onnx`` protobuf package and NumPy only.
+inputs, which its third pass multiplies in int8. The ``onnx`` protobuf package and NumPy only.
 """
 
 from __future__ import annotations
