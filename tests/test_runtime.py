@@ -331,6 +331,27 @@ def test_io_binding_beam_search_equals_the_numpy_backend(tmp_path):
     assert_same_attention(plain.predict_attention(sources), bound.predict_attention(sources))
 
 
+def test_select_copies_the_memory_only_when_rows_change_their_source(runtime):
+    """Beams of one item reordered among themselves keep the memory, keys and mask as they
+    are; a select that drops, repeats or swaps items' rows copies them. Either way every row
+    holds its own source's memory."""
+    backend = runtime.backend
+    carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0]]), np.array([3, 2]))
+    beams = backend.select(carry, np.array([0, 0, 0, 1, 1, 1]))  # 3 beams an item
+    reordered = backend.select(beams, np.array([2, 0, 1, 5, 3, 4]))
+    for name in ("memory", "keys", "mask"):
+        assert reordered[name] is beams[name]  # not copied
+        np.testing.assert_array_equal(beams[name], np.repeat(carry[name], 3, axis=0))
+    np.testing.assert_array_equal(reordered["hidden"], beams["hidden"][[2, 0, 1, 5, 3, 4]])
+    for rows in ([0, 1, 2], [3, 0, 1, 2, 4, 5], [0, 0, 0, 0, 4, 5]):
+        taken = backend.select(beams, np.array(rows))
+        for name in ("memory", "keys", "mask"):
+            np.testing.assert_array_equal(taken[name], beams[name][rows])
+    merged = backend.merge(beams, backend.encode(np.array([[7, 2]]), np.array([2])))
+    np.testing.assert_array_equal(merged["origin"], [0, 0, 0, 1, 1, 1, 2])
+    assert len(merged["memory"]) == 7
+
+
 def test_attention_maps_have_one_row_per_token_and_sum_to_one(runtime):
     predictions, attentions = runtime.predict_batch(SOURCES[:50], with_attention=True)
     for source, prediction, weights in zip(SOURCES[:50], predictions, attentions, strict=True):
