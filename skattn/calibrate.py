@@ -8,13 +8,13 @@ makes a row's int8 arithmetic depend on that row only, so batch composition neve
 answer, as with float32; a value past ``r`` saturates at ``+-r``.
 
 :func:`activation_ranges` runs a copy of a graph in which every product's input also feeds a
-``ReduceMax(Abs(x))``, carried out of ``Loop`` and ``Scan`` bodies as a scan output, and keeps
-the largest value per product. Products are named by their weight (:func:`product_key`), so a
-product has the same range in ``decode.onnx``, where the encoder and the decoder step are
-inlined, as in ``encoder.onnx`` and ``decoder_step.onnx``. :func:`decode_feeds` writes the
-inputs of ``decode.onnx`` from the manifest alone: random sources over the source vocabulary,
-deterministic, so an artifact quantized twice gets the same ranges. The ``onnx`` protobuf
-package, NumPy and onnxruntime; no torch.
+``max(|x|)`` (0 for an empty ``x``), carried out of ``Loop`` and ``Scan`` bodies as a scan
+output, and keeps the largest value per product. Products are named by their weight
+(:func:`product_key`), so a product has the same range in ``decode.onnx``, where the encoder
+and the decoder step are inlined, as in ``encoder.onnx`` and ``decoder_step.onnx``.
+:func:`decode_feeds` writes the inputs of ``decode.onnx`` from the manifest alone: random
+sources over the source vocabulary, deterministic, so an artifact quantized twice gets the
+same ranges. The ``onnx`` protobuf package, NumPy and onnxruntime; no torch.
 """
 
 from __future__ import annotations
