@@ -63,8 +63,8 @@ from skattn.core.manifest import (
     QUANTIZATIONS,
     Manifest,
 )
-from skattn.core.text import EOS, tokenize
-from skattn.decode_graph import build_decode_graph, verify_decode_graph
+from skattn.core.text import tokenize
+from skattn.decode_graph import build_decode_graph, random_sources, verify_decode_graph
 from skattn.quantize import decode_ranges, quantize_model
 from skattn.recurrent_graph import expand_recurrent
 
@@ -121,14 +121,10 @@ class _DecoderStep(nn.Module):
 
 
 def _example_source(lengths: tuple[int, ...], vocab_size: int, seed: int) -> tuple:
-    """Random source ids ``(B, T)`` ending in EOS at each length, padded with 0."""
-    generator = torch.Generator().manual_seed(seed)
-    B, T = len(lengths), max(lengths)
-    src = torch.zeros(B, T, dtype=torch.int64)  # (B, T)
-    for row, length in enumerate(lengths):
-        src[row, : length - 1] = torch.randint(4, vocab_size, (length - 1,), generator=generator)
-        src[row, length - 1] = EOS
-    return src, torch.tensor(lengths, dtype=torch.int64)
+    """Random source ids ``(B, T)`` ending in EOS at each length, padded with 0, as tensors
+    (:func:`skattn.decode_graph.random_sources`)."""
+    src, src_lengths = random_sources(lengths, vocab_size, np.random.default_rng(seed))
+    return torch.from_numpy(src), torch.from_numpy(src_lengths)
 
 
 def _step_inputs(model: nn.Module, src, src_lengths, temperature: float, position: int) -> tuple:
