@@ -119,8 +119,8 @@ def read_stacks(path: Path) -> dict[str, collections.Counter]:
     return threads
 
 
-def run_mode(mode, batch, model_dir, sources, expected, args, scratch) -> dict:
-    with running_server(model_dir, batch, args) as (url, pid):
+def run_mode(mode, model_dir, sources, expected, args, scratch) -> dict:
+    with running_server(model_dir, mode, args) as (url, pid):
         warm_up(url, pid, sources, expected, args)  # a new server's first seconds
         spies = []
         if not args.no_py_spy:
@@ -214,8 +214,8 @@ def main(argv=None) -> int:
         if not args.no_pin:  # the client (and wrk, py-spy) on the core the server does not use
             os.sched_setaffinity(0, args.client_cpus)
         rows = [
-            run_mode(mode, batch, model_dir, sources, expected, args, scratch)
-            for mode, batch in (("batched", args.max_batch_size), ("unbatched", 1))
+            run_mode(mode, model_dir, sources, expected, args, scratch)
+            for mode in ("batched", "unbatched")
         ]
     where = "server, client and py-spy share the cores" if args.no_pin else (
         f"server on cpu {sorted(args.server_cpus)}, client and py-spy on "
