@@ -34,6 +34,16 @@ Two models, side by side in one run (``--models``):
     python benchmarks/bench_server.py --model-dir DIR --device cuda
     python benchmarks/bench_server.py --models reversal --concurrency 1 --repeats 6 --duration 10
 
+``--paired`` measures a level's modes in one window instead of one after the other
+(:mod:`load_clients`' paired drivers): the Python client sends each coroutine's requests to
+the servers in turn, and wrk drives them all at once, one thread and ``concurrency``
+connections per server. The machine's drift then falls on every mode alike: at concurrency 1
+the same server read 198-399 req/s in windows seconds apart, and the ratio of two back-to-back
+windows 0.75-1.29x, while paired windows agree within 2 %. wrk reports no per-server latency
+percentiles (n/a).
+
+    python benchmarks/bench_server.py --models reversal --concurrency 1 --repeats 6 --paired
+
 On a machine with one core, or with ``--no-pin``, the client and the server share the cores.
 """
 
@@ -59,7 +69,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from load_clients import Window, drive_python, drive_wrk, wrk_available
+from load_clients import (
+    Window,
+    drive_python,
+    drive_python_paired,
+    drive_wrk,
+    drive_wrk_paired,
+    wrk_available,
+)
 
 try:
     import uvloop
@@ -146,6 +163,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--intra-op-threads", type=int, help="passed to the servers")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paired", action="store_true",
+                        help="measure a level's modes in the same window (load_clients' paired "
+                        "drivers): the Python client sends to them in turn, wrk drives them "
+                        "at once from one thread each")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1,
                         help="windows per level and mode, the modes' order flipped each time; "
                         "ratios from the medians")  # fmt: skip
@@ -359,6 +380,23 @@ def run_level(client, url, pid, sources, expected, concurrency, args) -> Window:
         return runner.run(level)
 
 
+def run_paired(client, servers, sources, expected, concurrency, args) -> list[Window]:
+    """One window measuring every server of ``servers`` (``(url, pid)`` pairs) at once."""
+    pids = [pid for _, pid in servers]
+    if client == "wrk":
+        path = f"/v2/models/{MODEL}/infer"
+        return drive_wrk_paired(
+            [url for url, _ in servers], path, sources, concurrency, args.duration,
+            args.warmup, pids,
+        )  # fmt: skip
+    urls = [f"{url}/v2/models/{MODEL}/infer" for url, _ in servers]
+    level = drive_python_paired(
+        urls, sources, expected, concurrency, args.duration, args.warmup, pids
+    )
+    with asyncio.Runner(loop_factory=CLIENT_LOOP) as runner:
+        return runner.run(level)
+
+
 def warm_up(url, pid, sources, expected, args) -> None:
     """Unmeasured load on a new server (8 clients for ``--server-warmup`` s): its first seconds
     (allocator arenas growing, first calls of each code path) are not a deployment's steady
@@ -401,9 +439,18 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace) -> list[Le
             sources, expected = mixes[mix]
             for concurrency in args.concurrency:
                 for repeat in range(args.repeats):
-                    for mode in mode_order(modes, turn, repeat):
-                        url, pid = servers[mode]
-                        window = run_level(client, url, pid, sources, expected, concurrency, args)
+                    order = mode_order(modes, turn, repeat)
+                    if args.paired:
+                        windows = run_paired(
+                            client, [servers[m] for m in order], sources, expected,
+                            concurrency, args,
+                        )  # fmt: skip
+                    else:
+                        windows = [
+                            run_level(client, *servers[m], sources, expected, concurrency, args)
+                            for m in order
+                        ]
+                    for mode, window in zip(order, windows, strict=True):
                         labels = dict(model=name, mode=mode, client=client, mix=mix)
                         results.append(
                             LevelResult.of(window, concurrency=concurrency, repeat=repeat, **labels)
@@ -455,9 +502,10 @@ def print_ratios(results: list[LevelResult]) -> None:
             speed = result.throughput / base.throughput if base.throughput else math.inf
             cpu = result.server_cpu_ms / base.server_cpu_ms if base.server_cpu_ms else 0
             p99 = result.p99_ms / base.p99_ms if base.p99_ms else math.inf
+            p99_text = f"{p99:8.2f}x" if not math.isnan(p99) else "     n/a"  # paired wrk
             lines.append(
                 f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.2f}x "
-                f"{p99:8.2f}x"
+                f"{p99_text}"
             )
         if lines:
             print(f"{mode} / {base_mode}:".ljust(27) + "req/s   server cpu/req   p99")

@@ -10,6 +10,17 @@ when the warm-up ends and when the window closes.
 - :func:`drive_wrk`: Debian's ``wrk`` (C, epoll) with a Lua script that cycles through the
   request bodies, the load generator that costs the client least. It counts errors (socket
   errors and non-2xx answers) but does not read the answers.
+
+Each has a paired form that measures several servers in the same window, so that the machine's
+drift (on a shared 2-core VM, the same server read 198-399 req/s in windows a few seconds apart)
+falls on all of them alike:
+
+- :func:`drive_python_paired`: every client coroutine sends its requests to the servers in
+  turn; at concurrency 1 one request is in flight at a time, so no server waits for another.
+  A server's throughput is ``concurrency / mean latency`` (Little's law: what that many clients
+  would get from it alone).
+- :func:`drive_wrk_paired`: one ``wrk`` with one thread per server (``thread.addr``), each
+  with ``concurrency`` connections, all at once: the servers share their core, alike.
 """
 
 from __future__ import annotations
@@ -148,6 +159,85 @@ async def drive_python(
     )
 
 
+async def drive_python_paired(
+    infer_urls: list[str],
+    sources: list[str],
+    expected: dict[str, str],
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    pids: list[int],
+) -> list[Window]:
+    """:func:`drive_python`'s client sending to several servers in turn (request ``k`` of
+    coroutine ``i`` goes to server ``(i + k) mod n``): one :class:`Window` per server, over the
+    same wall-clock window. ``seconds`` is the server's summed latency / ``concurrency``, so
+    that ``requests / seconds`` is ``concurrency / mean latency``."""
+    n = len(infer_urls)
+    latencies: list[list[float]] = [[] for _ in range(n)]
+    errors, mismatches = [0] * n, [0] * n
+    measure_from = time.monotonic() + warmup
+    stop_at = measure_from + duration
+    cpu: dict[int, float] = {}
+
+    async def sample_cpu() -> None:
+        await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
+        cpu.update({k: cpu_seconds(pid) for k, pid in enumerate(pids)})
+
+    async def client(index: int, transports: list[httpx.AsyncHTTPTransport]) -> None:
+        i, k = index, index
+        while (now := time.monotonic()) < stop_at:
+            server = k % n
+            k += 1
+            source = sources[i % len(sources)]
+            i += concurrency
+            request = httpx.Request(
+                "POST", infer_urls[server], content=request_body(source), headers=JSON_HEADERS
+            )
+            try:
+                response = await transports[server].handle_async_request(request)
+                content = await response.aread()
+                ok = response.status_code == 200
+                answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
+            except httpx.HTTPError:
+                ok, answer = False, None
+            done = time.monotonic()
+            if now < measure_from:
+                continue
+            if not ok:
+                errors[server] += 1
+            elif answer != expected[source]:
+                mismatches[server] += 1
+            latencies[server].append(done - now)
+
+    ssl_context = ssl.create_default_context()
+    transports = [
+        [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(n)] for _ in range(concurrency)
+    ]
+    try:
+        sampler = asyncio.create_task(sample_cpu())
+        await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
+        await sampler
+        cpu_after = [cpu_seconds(pid) for pid in pids]
+    finally:
+        for transport in (t for row in transports for t in row):
+            await transport.aclose()
+    windows = []
+    for k in range(n):
+        lat_ms = np.array(latencies[k]) * 1000
+        windows.append(
+            Window(
+                requests=len(lat_ms),
+                errors=errors[k],
+                mismatches=mismatches[k],
+                seconds=float(lat_ms.sum()) / 1000 / concurrency,
+                p50_ms=float(np.percentile(lat_ms, 50)) if len(lat_ms) else float("nan"),
+                p99_ms=float(np.percentile(lat_ms, 99)) if len(lat_ms) else float("nan"),
+                server_cpu_s=cpu_after[k] - cpu[k],
+            )
+        )
+    return windows
+
+
 # -- wrk ---------------------------------------------------------------------------------------
 
 WRK_SCRIPT = """
@@ -167,6 +257,40 @@ end
 """
 
 
+#: The paired script: thread ``k`` connects to server ``k`` and counts its own answers (wrk's
+#: summary adds up the threads; its latency percentiles are not per thread).
+WRK_PAIRED_SCRIPT = """
+local bodies = {%s}
+local targets = {%s}
+local threads = {}
+local i = 0
+setup = function(thread)
+  local k = #threads + 1
+  thread.addr = wrk.lookup(targets[k][1], targets[k][2])[1]
+  table.insert(threads, thread)
+end
+answers, failures = 0, 0
+request = function()
+  i = i %% #bodies + 1
+  return wrk.format("POST", "%s", {["Content-Type"] = "application/json"}, bodies[i])
+end
+response = function(status, headers, body)
+  answers = answers + 1
+  if status ~= 200 then failures = failures + 1 end
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  local rows = {}
+  for k, thread in ipairs(threads) do
+    rows[k] = string.format('[%%d, %%d]', thread:get("answers"), thread:get("failures"))
+  end
+  io.write(string.format(
+    '\\nWRK_RESULT {"threads": [%%s], "socket_errors": %%d, "duration_us": %%d}\\n',
+    table.concat(rows, ", "), e.connect + e.read + e.write + e.timeout, summary.duration))
+end
+"""
+
+
 def wrk_available() -> bool:
     return shutil.which("wrk") is not None
 
@@ -177,9 +301,18 @@ def wrk_script(path: str, sources: list[str]) -> str:
     return WRK_SCRIPT % (bodies, path)
 
 
-def _run_wrk(url: str, script: Path, concurrency: int, seconds: float) -> dict:
-    command = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout",
-               "10s", "-s", str(script), url]  # fmt: skip
+def wrk_paired_script(path: str, sources: list[str], base_urls: list[str]) -> str:
+    """The paired Lua script: thread ``k`` posts to ``base_urls[k]``."""
+    bodies = ", ".join(f"[==[{request_body(s).decode()}]==]" for s in sources)
+    hosts = [httpx.URL(url) for url in base_urls]
+    targets = ", ".join(f'{{"{u.host}", "{u.port}"}}' for u in hosts)
+    return WRK_PAIRED_SCRIPT % (bodies, targets, path)
+
+
+def _run_wrk(url: str, script: Path, concurrency: int, seconds: float, threads: int = 1) -> dict:
+    command = ["wrk", f"-t{threads}", f"-c{concurrency * threads}",
+               f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script),
+               url]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     for line in result.stdout.splitlines():
         if line.startswith("WRK_RESULT "):
@@ -214,3 +347,41 @@ def drive_wrk(
         p99_ms=summary["p99_us"] / 1000,
         server_cpu_s=server_cpu,
     )
+
+
+def drive_wrk_paired(
+    base_urls: list[str],
+    infer_path: str,
+    sources: list[str],
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    pids: list[int],
+) -> list[Window]:
+    """One ``wrk`` with a thread per server, ``concurrency`` connections each, all at once: one
+    :class:`Window` per server over the same window (no per-server percentiles: NaN). wrk's
+    socket errors cannot be told apart by server and count against each."""
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "post_v2_paired.lua"
+        script.write_text(wrk_paired_script(infer_path, sources, base_urls))
+        n = len(base_urls)
+        if warmup > 0:
+            _run_wrk(base_urls[0], script, concurrency, warmup, threads=n)
+        cpu_before = [cpu_seconds(pid) for pid in pids]
+        summary = _run_wrk(base_urls[0], script, concurrency, duration, threads=n)
+        cpu_after = [cpu_seconds(pid) for pid in pids]
+    seconds = summary["duration_us"] / 1e6
+    return [
+        Window(
+            requests=answers,
+            errors=failures + summary["socket_errors"],
+            mismatches=0,
+            seconds=seconds,
+            p50_ms=float("nan"),
+            p99_ms=float("nan"),
+            server_cpu_s=after - before,
+        )
+        for (answers, failures), before, after in zip(
+            summary["threads"], cpu_before, cpu_after, strict=True
+        )
+    ]

@@ -1,8 +1,15 @@
 """benchmarks/bench_server.py's repeated windows (``--repeats`` is checked, and the ratios are
-taken from each level's median window; the full load test runs in gpu_check's test), and
+taken from each level's median window; the full load test runs in gpu_check's test), the paired
+load generators of benchmarks/load_clients.py against real local HTTP servers, and
 benchmarks/bench_batcher_overhead.py."""
 
+import asyncio
+import json
+import os
 import sys
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -10,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_server  # noqa: E402
+import load_clients  # noqa: E402
 
 
 def window(mode: str, throughput: float, cpu_ms: float, p99_ms: float = 5.0, **labels):
@@ -97,3 +105,90 @@ def test_the_batcher_overhead_benchmark_alternates_sizes_and_prints_their_ratio(
     assert set(rows) == {64, 1} and all(x > 0 for row in rows.values() for x in row)
     cpu_ratio = float(out[-1].split()[4].rstrip("x"))  # "64 / 1: cpu 0.99x  wall ..."
     assert abs(cpu_ratio - rows[64][0] / rows[1][0]) <= 0.01  # printed to 0.1 us, 0.01x
+
+
+@contextmanager
+def v2_server(answer):
+    """A local HTTP server answering v2 JSON infer posts with ``answer(source)``: a reversed
+    source (right), anything else (wrong), or None (HTTP 500)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the clients expect
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            output = answer(body["inputs"][0]["data"][0])
+            status = 500 if output is None else 200
+            payload = {"error": "no"} if output is None else {
+                "outputs": [{"name": "output", "shape": [1], "datatype": "BYTES", "data": [output]}]
+            }  # fmt: skip
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+SOURCES = ["abc", "hello", "xy", "qrstu"]
+EXPECTED = {s: s[::-1] for s in SOURCES}
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_paired_python_client_sends_to_the_servers_in_turn(concurrency):
+    with (
+        v2_server(lambda s: s[::-1]) as right,
+        v2_server(lambda s: s.upper()) as wrong,
+        v2_server(lambda s: None) as failing,
+    ):
+        urls = [f"{base}/v2/models/m/infer" for base in (right, wrong, failing)]
+        windows = asyncio.run(
+            load_clients.drive_python_paired(
+                urls, SOURCES, EXPECTED, concurrency, 0.6, 0.1, [os.getpid()] * 3
+            )
+        )
+    counts = [w.requests for w in windows]
+    assert min(counts) > 0 and max(counts) - min(counts) <= concurrency  # in turn
+    assert [w.mismatches for w in windows] == [0, counts[1], 0]
+    assert [w.errors for w in windows] == [0, 0, counts[2]]
+    for w in windows:  # throughput: concurrency / mean latency; the same window's CPU
+        assert 0 < w.seconds < 0.6 and w.p50_ms <= w.p99_ms and w.server_cpu_s >= 0
+    # every coroutine is always waiting on one server: the servers' summed latencies fill the
+    # window concurrency times over (seconds = summed latency / concurrency)
+    assert sum(w.seconds for w in windows) == pytest.approx(0.6, rel=0.25)
+
+
+def test_the_paired_wrk_script_gives_each_thread_its_server():
+    script = load_clients.wrk_paired_script(
+        "/v2/models/m/infer", ["ab"], ["http://127.0.0.1:8001", "http://localhost:9002"]
+    )
+    assert 'local targets = {{"127.0.0.1", "8001"}, {"localhost", "9002"}}' in script
+    assert '"POST", "/v2/models/m/infer"' in script and "thread.addr = wrk.lookup" in script
+
+
+@pytest.mark.skipif(not load_clients.wrk_available(), reason="wrk is not installed")
+def test_paired_wrk_drives_every_server_at_once_and_counts_each_ones_failures():
+    with v2_server(lambda s: s[::-1]) as right, v2_server(lambda s: None) as failing:
+        windows = load_clients.drive_wrk_paired(
+            [right, failing], "/v2/models/m/infer", SOURCES, 1, 1.0, 0.0, [os.getpid()] * 2
+        )
+    assert all(w.requests > 0 for w in windows)
+    assert windows[0].errors == 0 and windows[1].errors == windows[1].requests
+    assert windows[0].seconds == windows[1].seconds  # one window for both
+
+
+def test_paired_is_an_option():
+    assert bench_server.parse_args(["--paired"]).paired
+    assert not bench_server.parse_args([]).paired
