@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from serving.layout import default_beam_graph_items
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import MEMORY_NAMES, Manifest
 from skattn.core.search import Hypothesis
 from skattn.core.text import pad_batch
 
 __all__ = [
-    "BEAM_GRAPH_MAX_ITEMS",
     "BoundBackend",
     "GraphTranslator",
     "NumpyBackend",
@@ -249,11 +249,6 @@ class BoundBackend(NumpyBackend):
         return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
 
 
-#: Beam-search chunks up to this many items run on decode.onnx, larger ones on the step graphs
-#: (see GraphTranslator; set from bench_decode_graph.py: beam 5, batch 1 / 4 / 16 / 32 / 64).
-BEAM_GRAPH_MAX_ITEMS = 32
-
-
 class GraphTranslator(Translator):
     """A :class:`Translator` whose search is ``decode.onnx``: one ``session.run`` per chunk.
 
@@ -266,9 +261,10 @@ class GraphTranslator(Translator):
     Where the graph is the slower path it is not used: a beam-search chunk of more than
     ``beam_graph_max_items`` items runs on the step graphs (the backend), since the graph keeps
     every item's ``K`` rows (and attention paths) until the last item ends, where the NumPy
-    search drops finished items. Measured (1 thread, shared 2-core machine, graph / steps):
-    greedy 0.69-0.79x at batch 1, 0.72-0.82x at 64, 0.72-0.92x at 256; beam 5 0.55-0.73x at
-    batch 1, 0.58x at 4, 0.68x at 16, 0.72x at 32, but 0.96-1.14x at 64 and 1.11x at 256.
+    search drops finished items. The limit falls with the model's width
+    (:func:`serving.layout.default_beam_graph_items`, where the measurements are). Greedy
+    chunks always run on the graph (graph / steps, 1 thread: 0.69-0.79x at batch 1, 0.72-0.82x
+    at 64, 0.72-0.92x at 256).
 
     Parameters
     ----------
@@ -278,7 +274,10 @@ class GraphTranslator(Translator):
         The search the graph runs (``beam_size``, ``length_penalty``).
     *args
         :class:`Translator`'s, after its backend (the step graphs).
-    beam_graph_max_items : int, default=BEAM_GRAPH_MAX_ITEMS
+    beam_graph_max_items : int, optional
+        The largest beam-search chunk run on the graph; default
+        :func:`serving.layout.default_beam_graph_items` of an unknown width (the runtime passes
+        the model's).
     """
 
     def __init__(
@@ -286,10 +285,12 @@ class GraphTranslator(Translator):
         session: ort.InferenceSession,
         manifest: Manifest,
         *args,
-        beam_graph_max_items: int = BEAM_GRAPH_MAX_ITEMS,
+        beam_graph_max_items: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if beam_graph_max_items is None:
+            beam_graph_max_items = default_beam_graph_items(None)
         self.beam_graph_max_items = beam_graph_max_items
         self.session = session
         self.search = (manifest.beam_size, manifest.length_penalty)

@@ -35,7 +35,7 @@ from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
 from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
-from serving.layout import carry_width, default_chunk_items, share_cores
+from serving.layout import carry_width, default_beam_graph_items, default_chunk_items, share_cores
 from serving.sessions import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -73,8 +73,9 @@ class Runtime:
     decode_graph : bool, optional
         Search with ``decode.onnx`` (one ``session.run`` per chunk) instead of the step graphs
         driven from Python, where it is faster (greedy chunks of any size, beam chunks of up to
-        ``serving.backends.BEAM_GRAPH_MAX_ITEMS`` items; see the README). Default: whenever
-        the artifact holds it. ``True`` for an artifact without it raises ArtifactError.
+        :func:`serving.layout.default_beam_graph_items` items, fewer the wider the model).
+        Default: whenever the artifact holds it. ``True`` for an artifact without it raises
+        ArtifactError.
     max_batch_size : int, optional
         Larger inputs are sorted by length and decoded in chunks of at most this many items
         (results do not depend on it). Default: by the model's memory and keys width
@@ -181,8 +182,9 @@ class Runtime:
         else:
             backend = NumpyBackend(encoder, decoder, manifest)
         self.backend = backend
+        width = carry_width(encoder)
         if max_batch_size is None:
-            max_batch_size = default_chunk_items(carry_width(encoder))
+            max_batch_size = default_chunk_items(width)
         self.workers = workers
         translator_args = (
             backend,
@@ -209,7 +211,10 @@ class Runtime:
                 manifest.decode_inputs(),
                 manifest.decode_outputs(),
             )
-            self.translator = GraphTranslator(session, manifest, *translator_args)
+            limit = default_beam_graph_items(width)
+            self.translator = GraphTranslator(
+                session, manifest, *translator_args, beam_graph_max_items=limit
+            )
         self.attention_graph = None  # attention.onnx: every layer's and head's maps
         if artifact.attention_path is not None:
             names = (manifest.attention_inputs(), manifest.attention_outputs())

@@ -46,3 +46,26 @@ def test_metrics_sum_the_series_and_count_batches_of_one(monkeypatch):
     assert values["batch_ones"] == 7.0
     assert values["skattn_inference_seconds_sum"] == 0.5
     assert values["skattn_requests_total"] == 25.0
+
+
+def test_each_mode_starts_its_own_server(monkeypatch, tmp_path):
+    """The unbatched row must come from a server started with --max-batch-size 1: until
+    d4c6764 run_mode passed the batch size where bench_server.running_server takes the mode's
+    name, so both rows were the batched server's."""
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def running_server(model_dir, mode, args):
+        started.append(mode)  # running_server starts "unbatched" with --max-batch-size 1
+        raise Started
+
+    monkeypatch.setattr(profile_server, "running_server", running_server)
+    args = profile_server.parse_args(["--no-py-spy"])
+    for mode in ("batched", "unbatched"):
+        try:
+            profile_server.run_mode(mode, tmp_path, [], {}, args, tmp_path)
+        except Started:
+            pass
+    assert started == ["batched", "unbatched"]
