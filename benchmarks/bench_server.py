@@ -34,13 +34,12 @@ Two models, side by side in one run (``--models``):
     python benchmarks/bench_server.py --model-dir DIR --device cuda
     python benchmarks/bench_server.py --models reversal --concurrency 1 --repeats 6 --duration 10
 
-``--paired`` measures a level's modes in one window instead of one after the other
-(:mod:`load_clients`' paired drivers): the Python client sends each coroutine's requests to
-the servers in turn, and wrk drives them all at once, one thread and ``concurrency``
-connections per server. The machine's drift then falls on every mode alike: at concurrency 1
-the same server read 198-399 req/s in windows seconds apart, and the ratio of two back-to-back
-windows 0.75-1.29x, while paired windows agree within 2 %. wrk reports no per-server latency
-percentiles (n/a).
+``--paired`` drives a level's modes at once instead of one after the other, ``concurrency``
+connections each (:mod:`load_clients`' paired drivers: the Python client's coroutines for every
+server in one event loop, or one wrk thread per server), so that the machine's drift falls on
+every mode alike while they share the server's core: at concurrency 1 the same server read
+198-399 req/s in windows seconds apart, and the ratio of two back-to-back windows 0.75-1.29x.
+wrk reports no per-server latency percentiles (n/a).
 
     python benchmarks/bench_server.py --models reversal --concurrency 1 --repeats 6 --paired
 
@@ -164,9 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paired", action="store_true",
-                        help="measure a level's modes in the same window (load_clients' paired "
-                        "drivers): the Python client sends to them in turn, wrk drives them "
-                        "at once from one thread each")  # fmt: skip
+                        help="drive a level's modes at once, in one window, concurrency "
+                        "connections each (load_clients' paired drivers)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1,
                         help="windows per level and mode, the modes' order flipped each time; "
                         "ratios from the medians")  # fmt: skip

@@ -11,16 +11,11 @@ when the warm-up ends and when the window closes.
   request bodies, the load generator that costs the client least. It counts errors (socket
   errors and non-2xx answers) but does not read the answers.
 
-Each has a paired form that measures several servers in the same window, so that the machine's
-drift (on a shared 2-core VM, the same server read 198-399 req/s in windows a few seconds apart)
-falls on all of them alike:
-
-- :func:`drive_python_paired`: every client coroutine sends its requests to the servers in
-  turn; at concurrency 1 one request is in flight at a time, so no server waits for another.
-  A server's throughput is ``concurrency / mean latency`` (Little's law: what that many clients
-  would get from it alone).
-- :func:`drive_wrk_paired`: one ``wrk`` with one thread per server (``thread.addr``), each
-  with ``concurrency`` connections, all at once: the servers share their core, alike.
+Each has a paired form that drives several servers at once, ``concurrency`` connections each,
+over the same window, so that the machine's drift (on a shared 2-core VM, the same server read
+198-399 req/s in windows a few seconds apart) falls on all of them alike; the servers share
+their core, alike: :func:`drive_python_paired` (one event loop, every server's coroutines) and
+:func:`drive_wrk_paired` (one ``wrk``, one thread per server through ``thread.addr``).
 """
 
 from __future__ import annotations
@@ -168,10 +163,9 @@ async def drive_python_paired(
     warmup: float,
     pids: list[int],
 ) -> list[Window]:
-    """:func:`drive_python`'s client sending to several servers in turn (request ``k`` of
-    coroutine ``i`` goes to server ``(i + k) mod n``): one :class:`Window` per server, over the
-    same wall-clock window. ``seconds`` is the server's summed latency / ``concurrency``, so
-    that ``requests / seconds`` is ``concurrency / mean latency``."""
+    """:func:`drive_python` against several servers at once, ``concurrency`` coroutines (each
+    with its own connection) per server, in one event loop: one :class:`Window` per server,
+    over the same wall-clock window."""
     n = len(infer_urls)
     latencies: list[list[float]] = [[] for _ in range(n)]
     errors, mismatches = [0] * n, [0] * n
@@ -183,18 +177,16 @@ async def drive_python_paired(
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
         cpu.update({k: cpu_seconds(pid) for k, pid in enumerate(pids)})
 
-    async def client(index: int, transports: list[httpx.AsyncHTTPTransport]) -> None:
-        i, k = index, index
+    async def client(server: int, index: int, transport: httpx.AsyncHTTPTransport) -> None:
+        i = index
         while (now := time.monotonic()) < stop_at:
-            server = k % n
-            k += 1
             source = sources[i % len(sources)]
             i += concurrency
             request = httpx.Request(
                 "POST", infer_urls[server], content=request_body(source), headers=JSON_HEADERS
             )
             try:
-                response = await transports[server].handle_async_request(request)
+                response = await transport.handle_async_request(request)
                 content = await response.aread()
                 ok = response.status_code == 200
                 answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
@@ -211,13 +203,20 @@ async def drive_python_paired(
 
     ssl_context = ssl.create_default_context()
     transports = [
-        [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(n)] for _ in range(concurrency)
+        [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)] for _ in range(n)
     ]
     try:
         sampler = asyncio.create_task(sample_cpu())
-        await asyncio.gather(*(client(i, t) for i, t in enumerate(transports)))
+        await asyncio.gather(
+            *(
+                client(server, index, transport)
+                for server, row in enumerate(transports)
+                for index, transport in enumerate(row)
+            )
+        )
         await sampler
         cpu_after = [cpu_seconds(pid) for pid in pids]
+        seconds = time.monotonic() - measure_from
     finally:
         for transport in (t for row in transports for t in row):
             await transport.aclose()
@@ -229,7 +228,7 @@ async def drive_python_paired(
                 requests=len(lat_ms),
                 errors=errors[k],
                 mismatches=mismatches[k],
-                seconds=float(lat_ms.sum()) / 1000 / concurrency,
+                seconds=seconds,
                 p50_ms=float(np.percentile(lat_ms, 50)) if len(lat_ms) else float("nan"),
                 p99_ms=float(np.percentile(lat_ms, 99)) if len(lat_ms) else float("nan"),
                 server_cpu_s=cpu_after[k] - cpu[k],

@@ -147,7 +147,7 @@ EXPECTED = {s: s[::-1] for s in SOURCES}
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
-def test_the_paired_python_client_sends_to_the_servers_in_turn(concurrency):
+def test_the_paired_python_client_drives_every_server_at_once(concurrency):
     with (
         v2_server(lambda s: s[::-1]) as right,
         v2_server(lambda s: s.upper()) as wrong,
@@ -160,14 +160,17 @@ def test_the_paired_python_client_sends_to_the_servers_in_turn(concurrency):
             )
         )
     counts = [w.requests for w in windows]
-    assert min(counts) > 0 and max(counts) - min(counts) <= concurrency  # in turn
+    assert min(counts) > 0
     assert [w.mismatches for w in windows] == [0, counts[1], 0]
     assert [w.errors for w in windows] == [0, 0, counts[2]]
-    for w in windows:  # throughput: concurrency / mean latency; the same window's CPU
-        assert 0 < w.seconds < 0.6 and w.p50_ms <= w.p99_ms and w.server_cpu_s >= 0
-    # every coroutine is always waiting on one server: the servers' summed latencies fill the
-    # window concurrency times over (seconds = summed latency / concurrency)
-    assert sum(w.seconds for w in windows) == pytest.approx(0.6, rel=0.25)
+    assert len({w.seconds for w in windows}) == 1  # one window for all
+    for w in windows:
+        assert w.seconds == pytest.approx(0.6, abs=0.2) and w.p50_ms <= w.p99_ms
+        assert w.server_cpu_s >= 0
+        # each server's coroutines were always waiting on it: its summed latency fills the
+        # window concurrency times over (Little's law)
+        mean_latency = w.seconds * concurrency / w.requests
+        assert w.p50_ms / 1000 <= 3 * mean_latency
 
 
 def test_the_paired_wrk_script_gives_each_thread_its_server():
