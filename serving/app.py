@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.batcher import Batcher
 from serving.continuous import ContinuousBatcher
@@ -111,7 +112,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             logger.info("stopped")
 
     # No /openapi.json, /docs or /redoc: the protocol is the KServe v2 one, documented there.
-    app = FastAPI(
+    app = _ServerApp(
         title="skattn", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
     )
     app.state.models = models
@@ -120,11 +121,34 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     app.state.startup_error = None
     add_routes(app, models, metrics)
     add_error_handlers(app)
-    app.add_middleware(InferRoute, handler=InferHandler(models, settings, metrics, encoder))
-    app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts)  # the outermost
+    inference = InferRoute(app.framework, InferHandler(models, settings, metrics, encoder))
+    app.front = RequestGuard(inference, allowed_hosts=settings.allowed_hosts)
     # GET / (the attention explorer) and GET /v2/models
     mount_explorer(app, runtimes, is_ready=lambda name: models[name].batcher.running)
     return app
+
+
+class _ServerApp(FastAPI):
+    """The FastAPI app behind two plain ASGI layers of its own: every request meets
+    :class:`~serving.guard.RequestGuard` first, then :class:`~serving.infer.InferRoute`
+    answers inference requests, and only the rest reach FastAPI (:meth:`framework`).
+
+    Added with ``add_middleware`` they would sit inside FastAPI's own layers (its error and
+    telemetry middleware and body limit, which wrap every ``send``): a third of the server's
+    time per request with an instant model, at concurrency 64.
+    """
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None:  # before create_app sets it: FastAPI alone
+            await self.framework(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+    async def framework(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own entry point (routes, error handlers, lifespan)."""
+        await super().__call__(scope, receive, send)
 
 
 async def warm_up(model: ServedModel, executor: ThreadPoolExecutor) -> None:

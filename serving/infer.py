@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -296,8 +297,8 @@ async def _read_body(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            message = await asyncio.wait_for(receive(), deadline - time.monotonic())
-        except TimeoutError:
+            message = await _within(receive(), deadline - time.monotonic())
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
             raise ApiError(
                 408,
                 f"request body took longer than body_timeout_s={timeout:g} (--body-timeout-s)",
@@ -314,28 +315,46 @@ async def _read_body(
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable: Awaitable, seconds: float):
+        """``await awaitable``, or ``asyncio.TimeoutError`` after ``seconds``: a timer on this
+        task (``asyncio.wait_for`` runs the awaitable in a task of its own, per request)."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # Python 3.10
+
+    async def _within(awaitable: Awaitable, seconds: float):
+        return await asyncio.wait_for(awaitable, seconds)
+
+
 async def _until_disconnect(
     batcher: Batcher, futures: Sequence[asyncio.Future], receive: Receive
 ) -> list[ItemResult]:
     """The results of a request's futures; if the client leaves first, its items are withdrawn.
 
-    Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``.
+    Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``: a
+    watcher task waits for it and withdraws the items still queued, which cancels their
+    futures, so the wait for them ends at once (one task a request and no ``asyncio.wait``).
     """
+    gone = False
 
     async def wait_disconnect() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        batcher.withdraw(futures)
 
     watcher = asyncio.ensure_future(wait_disconnect())
-    results = []
     try:
-        for future in futures:
-            if not future.done():
-                await asyncio.wait((future, watcher), return_when=asyncio.FIRST_COMPLETED)
-                if not future.done():  # the watcher returned: the client has gone
-                    raise _ClientGoneError
-            results.append(future.result())  # a failed item's BatchError answers the request
-        return results
+        # a failed item's BatchError answers the request
+        return [await future for future in futures]
+    except asyncio.CancelledError:
+        if gone:  # the watcher cancelled the futures, not someone this task
+            raise _ClientGoneError from None
+        raise
     finally:
         watcher.cancel()
         batcher.withdraw(futures)

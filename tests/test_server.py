@@ -562,6 +562,33 @@ def test_a_full_queue_answers_503_with_retry_after(serve):
     assert "c" not in runtime.seen
 
 
+def test_inference_requests_are_answered_in_front_of_fastapi():
+    """The guard and the inference route are the app's outermost layers: an inference request
+    never enters FastAPI's own middleware (error, telemetry, body limit); the rest do."""
+    from serving.guard import RequestGuard
+    from serving.infer import InferRoute
+
+    server = RunningServer(ReverseRuntime(), ServerSettings())
+    front = server.app.front
+    assert isinstance(front, RequestGuard) and isinstance(front.app, InferRoute)
+    reached, framework = [], front.app.app
+
+    async def recording(scope, receive, send):
+        reached.append((scope["type"], scope.get("path")))
+        await framework(scope, receive, send)
+
+    front.app.app = recording
+    with server, httpx.Client(base_url=server.url) as client:  # the lifespan reaches FastAPI
+        answer = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+        assert answer.json()["outputs"][0]["data"] == ["cba"]
+        assert client.get("/v2/health/ready").status_code == 200
+        refused = client.post(f"/v2/models/{MODEL}/infer", content=b"x", headers={
+            "content-type": "text/plain"})  # fmt: skip
+        assert refused.status_code == 415  # the guard still goes first
+    assert [r for r in reached if r[0] == "http"] == [("http", "/v2/health/ready")]
+    assert reached[0] == ("lifespan", None)
+
+
 def test_a_client_that_disconnects_leaves_no_work_behind(serve):
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, max_batch_size=4, max_delay_ms=0)
