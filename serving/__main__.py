@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import ipaddress
 import json
 import logging
@@ -368,6 +369,12 @@ def _load(
         return None
 
 
+#: The garbage collector's thresholds in the server process (Python's default, 700, 10, 10,
+#: collects the youngest generation every 700 allocations): a paired run of the reversal model
+#: at concurrency 64 read 1.03x the req/s and 0.98x the CPU per request with these.
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
 def serve(
     runtimes: Mapping[str, Runtime],
     settings: ServerSettings,
@@ -399,6 +406,7 @@ def serve(
         ``max_connections`` is lowered to fit the file-descriptor limit.
     """
     app = create_app(runtimes, settings)
+    gc.set_threshold(*GC_THRESHOLDS)
     config = uvicorn_config(
         app,
         fit_to_file_limit(ConnectionLimits() if limits is None else limits),

@@ -25,6 +25,7 @@ batcher per model and joins them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +68,8 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     FastAPI
         The ASGI app; its lifespan warms each model up (:func:`warm_up`: start-up fails,
         with ``app.state.startup_error`` naming the model, if one cannot translate), then
-        starts and (draining) stops one batcher per model. All models share one inference
+        starts and (draining) stops one batcher per model, and moves the objects of start-up
+        out of the garbage collector's generations (``gc.freeze``). All models share one inference
         worker thread. ``app.state.models`` maps each name to its
         :class:`serving.infer.ServedModel`.
     """
@@ -101,6 +103,12 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             raise
         for model in models.values():
             await model.batcher.start()
+        # What start-up built (modules, sessions, the app) stays for the process's life: out of
+        # the collector's generations, a full collection walks only what requests leave behind.
+        # Walking start-up's objects took 40 ms, a pause every in-flight request waited out
+        # (p99 at concurrency 64 on the reversal model: 65-92 ms, 35-62 ms frozen).
+        gc.collect()
+        gc.freeze()
         logger.info("server ready", extra={"models": sorted(models)})
         try:
             yield

@@ -7,6 +7,7 @@ tests at the end serve a real exported model.
 
 import asyncio
 import concurrent.futures
+import gc
 import gzip
 import json
 import logging
@@ -587,6 +588,37 @@ def test_inference_requests_are_answered_in_front_of_fastapi():
         assert refused.status_code == 415  # the guard still goes first
     assert [r for r in reached if r[0] == "http"] == [("http", "/v2/health/ready")]
     assert reached[0] == ("lifespan", None)
+
+
+def test_start_up_objects_leave_the_collectors_generations():
+    before = gc.get_freeze_count()
+    server = RunningServer(ReverseRuntime(), ServerSettings())
+    with server:
+        assert gc.get_freeze_count() > before  # frozen once the models were warmed up
+        answer = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["ab"]))
+        assert answer.json()["outputs"][0]["data"] == ["ba"]
+
+
+def test_the_server_process_collects_garbage_less_often(monkeypatch):
+    import serving.__main__ as entry
+
+    seen = []
+
+    class Server:
+        def __init__(self, config):
+            self.started = False
+
+        def run(self):
+            seen.append(gc.get_threshold())
+            self.started = True
+
+    previous = gc.get_threshold()
+    monkeypatch.setattr(entry.uvicorn, "Server", Server)
+    try:
+        entry.serve({MODEL: ReverseRuntime()}, ServerSettings(), port=0)
+    finally:
+        gc.set_threshold(*previous)
+    assert seen == [entry.GC_THRESHOLDS] and entry.GC_THRESHOLDS[0] > 700
 
 
 def test_a_client_that_disconnects_leaves_no_work_behind(serve):
