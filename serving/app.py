@@ -142,8 +142,9 @@ class _ServerApp(FastAPI):
     answers inference requests, and only the rest reach FastAPI (:meth:`framework`).
 
     Added with ``add_middleware`` they would sit inside FastAPI's own layers (its error and
-    telemetry middleware and body limit, which wrap every ``send``): a third of the server's
-    time per request with an instant model, at concurrency 64.
+    telemetry middleware and body limit, which wrap every ``send``): in front of them, the
+    server answered 1.13x the requests per second of the reversal model at 0.91x the CPU per
+    request (1.15x / 0.87x for an instant model; paired windows, concurrency 64).
     """
 
     front: ASGIApp | None = None
