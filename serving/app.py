@@ -69,8 +69,8 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
         The ASGI app; its lifespan warms each model up (:func:`warm_up`: start-up fails,
         with ``app.state.startup_error`` naming the model, if one cannot translate), then
         starts and (draining) stops one batcher per model, and moves the objects of start-up
-        out of the garbage collector's generations (``gc.freeze``). All models share one inference
-        worker thread. ``app.state.models`` maps each name to its
+        out of the garbage collector's generations (``gc.freeze``). All models share one
+        inference worker thread. ``app.state.models`` maps each name to its
         :class:`serving.infer.ServedModel`.
     """
     settings = ServerSettings() if settings is None else settings
