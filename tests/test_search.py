@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
+from skattn.core import beam as beam_module
 from skattn.core.search import (
     BOS_ID,
     EOS_ID,
@@ -180,7 +181,12 @@ def reference_beam(backend, table, beam_size, max_length, length_penalty):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("beam_size", [2, 3, 5])
 @pytest.mark.parametrize("length_penalty", [0.0, 0.6, 1.0])
-def test_beam_matches_the_per_item_reference(seed, beam_size, length_penalty):
+@pytest.mark.parametrize("partition", [False, True], ids=["sorted", "partitioned"])
+def test_beam_matches_the_per_item_reference(
+    seed, beam_size, length_penalty, partition, monkeypatch
+):
+    if partition:  # rank every step's extensions by partition, as large batches do
+        monkeypatch.setattr(beam_module, "_PARTITION_FROM", 0)
     backend = HistoryBackend(n_tables=9, seed=40 + seed, eos_bias=0.5)
     if seed % 2:  # ties: log-probabilities on a coarse grid
         backend.log_p = np.round(backend.log_p * 2) / 2
@@ -198,6 +204,26 @@ def test_beam_matches_the_per_item_reference(seed, beam_size, length_penalty):
         assert hyp.weights.shape[0] in (len(tokens), len(tokens) + 1)
         if np.isfinite(score):
             check_hypothesis(backend, table, hyp, 7)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_columns_are_a_stable_sorts_first_columns(seed):
+    """The partition path of the ranking equals the stable sort it replaces, ties, infinities
+    and NaN included, at sizes past _PARTITION_FROM."""
+    rng = np.random.default_rng(seed)
+    rows, width, m = int(rng.integers(12, 70)), int(rng.integers(300, 500)), 10
+    flat = rng.integers(-4, 4, size=(rows, width)).astype(float)  # many ties
+    if seed % 2:
+        flat += rng.normal(scale=1e-3, size=flat.shape)  # ties only where planted below
+        flat[::3, :40] = flat[::3, :1]
+    flat[rng.random(flat.shape) < 0.4] = -np.inf
+    flat[rng.random(flat.shape) < 0.01] = np.inf
+    if seed >= 3:
+        flat[rng.random(flat.shape) < 0.01] = np.nan
+        flat[0, :] = -np.inf  # a row with no finite value
+    assert flat.size >= beam_module._PARTITION_FROM
+    expected = np.argsort(-flat, axis=1, kind="stable")[:, :m]
+    np.testing.assert_array_equal(beam_module._best_columns(flat, m), expected)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -206,7 +206,7 @@ class _Ranking:
             beams.log_prob[:, None] + log_probs
         )
         flat = totals.reshape(starts.size, K * vocab)
-        ranked = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * K]  # (I, 2K)
+        ranked = _best_columns(flat, 2 * K)  # (I, 2K)
         total = np.take_along_axis(flat, ranked, axis=1)  # (I, 2K), descending
         beam, token = np.divmod(ranked, vocab)
         finite = np.isfinite(total)  # -inf (and NaN) sort last: a finite prefix
@@ -224,9 +224,42 @@ class _Ranking:
         )
 
 
+#: Below this many values :func:`_best_columns` sorts them all: a full sort is then as cheap as
+#: the partition's dozen NumPy calls (16 rows of 215 values: 95 us either way; 1 row: 5 / 48).
+_PARTITION_FROM = 4096
+
+
+def _best_columns(flat: np.ndarray, m: int) -> np.ndarray:
+    """Each row's ``m`` largest columns, largest first, equal values in column order: the first
+    ``m`` of ``np.argsort(-flat, axis=1, kind="stable")``, exactly, ``(I, min(m, width))``.
+
+    A stable sort of every row is most of a beam step's ranking: 232 us for 32 items of beam 5
+    over the G2P model's 43 tokens, 556 us for 64. Here a partition finds each row's ``m``-th
+    largest value and only the ``m`` columns at or above it are sorted: 128 and 204 us. A row
+    where more than ``m`` columns reach that value (a tie across the cut, ``-inf`` or NaN) is
+    sorted in full, as before.
+    """
+    width = flat.shape[1]
+    if width <= m or flat.size < _PARTITION_FROM:
+        return np.argsort(-flat, axis=1, kind="stable")[:, :m]
+    boundary = -np.partition(-flat, m - 1, axis=1)[:, m - 1 : m]  # (I, 1) the m-th largest
+    chosen = flat >= boundary  # (I, width)
+    exact = np.count_nonzero(chosen, axis=1) == m  # (I,)
+    ranked = np.empty((flat.shape[0], m), dtype=np.intp)
+    if exact.any():
+        columns = np.nonzero(chosen[exact])[1].reshape(-1, m)  # ascending within a row
+        values = np.take_along_axis(flat[exact], columns, axis=1)
+        order = np.argsort(-values, axis=1, kind="stable")
+        ranked[exact] = np.take_along_axis(columns, order, axis=1)
+    if not exact.all():
+        ties = ~exact
+        ranked[ties] = np.argsort(-flat[ties], axis=1, kind="stable")[:, :m]
+    return ranked
+
+
 def _runs(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """First index and length of each run of equal values in ``owner`` (empty for no rows)."""
     if owner.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
-    return starts, np.diff(np.r_[starts, owner.size])
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+    return starts, np.diff(starts, append=owner.size)
