@@ -163,78 +163,15 @@ async def drive_python_paired(
     warmup: float,
     pids: list[int],
 ) -> list[Window]:
-    """:func:`drive_python` against several servers at once, ``concurrency`` coroutines (each
-    with its own connection) per server, in one event loop: one :class:`Window` per server,
-    over the same wall-clock window."""
-    n = len(infer_urls)
-    latencies: list[list[float]] = [[] for _ in range(n)]
-    errors, mismatches = [0] * n, [0] * n
-    measure_from = time.monotonic() + warmup
-    stop_at = measure_from + duration
-    cpu: dict[int, float] = {}
-
-    async def sample_cpu() -> None:
-        await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
-        cpu.update({k: cpu_seconds(pid) for k, pid in enumerate(pids)})
-
-    async def client(server: int, index: int, transport: httpx.AsyncHTTPTransport) -> None:
-        i = index
-        while (now := time.monotonic()) < stop_at:
-            source = sources[i % len(sources)]
-            i += concurrency
-            request = httpx.Request(
-                "POST", infer_urls[server], content=request_body(source), headers=JSON_HEADERS
-            )
-            try:
-                response = await transport.handle_async_request(request)
-                content = await response.aread()
-                ok = response.status_code == 200
-                answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
-            except httpx.HTTPError:
-                ok, answer = False, None
-            done = time.monotonic()
-            if now < measure_from:
-                continue
-            if not ok:
-                errors[server] += 1
-            elif answer != expected[source]:
-                mismatches[server] += 1
-            latencies[server].append(done - now)
-
-    ssl_context = ssl.create_default_context()
-    transports = [
-        [httpx.AsyncHTTPTransport(verify=ssl_context) for _ in range(concurrency)] for _ in range(n)
-    ]
-    try:
-        sampler = asyncio.create_task(sample_cpu())
-        await asyncio.gather(
-            *(
-                client(server, index, transport)
-                for server, row in enumerate(transports)
-                for index, transport in enumerate(row)
-            )
+    """:func:`drive_python` against several servers at once, in one event loop (``concurrency``
+    coroutines per server): one :class:`Window` per server, over the same wall-clock window."""
+    windows = await asyncio.gather(
+        *(
+            drive_python(url, sources, expected, concurrency, duration, warmup, pid)
+            for url, pid in zip(infer_urls, pids, strict=True)
         )
-        await sampler
-        cpu_after = [cpu_seconds(pid) for pid in pids]
-        seconds = time.monotonic() - measure_from
-    finally:
-        for transport in (t for row in transports for t in row):
-            await transport.aclose()
-    windows = []
-    for k in range(n):
-        lat_ms = np.array(latencies[k]) * 1000
-        windows.append(
-            Window(
-                requests=len(lat_ms),
-                errors=errors[k],
-                mismatches=mismatches[k],
-                seconds=seconds,
-                p50_ms=float(np.percentile(lat_ms, 50)) if len(lat_ms) else float("nan"),
-                p99_ms=float(np.percentile(lat_ms, 99)) if len(lat_ms) else float("nan"),
-                server_cpu_s=cpu_after[k] - cpu[k],
-            )
-        )
-    return windows
+    )
+    return list(windows)
 
 
 # -- wrk ---------------------------------------------------------------------------------------

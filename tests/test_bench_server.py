@@ -163,7 +163,7 @@ def test_the_paired_python_client_drives_every_server_at_once(concurrency):
     assert min(counts) > 0
     assert [w.mismatches for w in windows] == [0, counts[1], 0]
     assert [w.errors for w in windows] == [0, 0, counts[2]]
-    assert len({w.seconds for w in windows}) == 1  # one window for all
+    assert max(w.seconds for w in windows) - min(w.seconds for w in windows) < 0.1  # one window
     for w in windows:
         assert w.seconds == pytest.approx(0.6, abs=0.2) and w.p50_ms <= w.p99_ms
         assert w.server_cpu_s >= 0
