@@ -547,7 +547,11 @@ def main(argv=None) -> int:
     failures = sum(r.errors + r.mismatches for r in results)
     print(f"errors + mismatched answers: {failures}")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        rows = [  # NaN (paired wrk's percentiles) as null: bare NaN is not JSON
+            {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(r).items()}
+            for r in results
+        ]
+        args.json.write_text(json.dumps(rows, indent=2))
     return 1 if failures else 0
 
 

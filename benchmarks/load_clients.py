@@ -73,15 +73,18 @@ async def drive_python(
     warmup: float,
     pid: int | None = None,
     stock: bool = False,
+    measure_from: float | None = None,
 ) -> Window:
     """``concurrency`` coroutines in this process, each with its own connection; every answer
     checked against ``expected``. ``pid``: the server process whose CPU time to measure (None:
     not measured, ``server_cpu_s`` is NaN). ``stock``: post through one shared
     ``httpx.AsyncClient`` with httpx's default limits (what a user's script does, and costlier
-    per request) instead of one transport per coroutine."""
+    per request) instead of one transport per coroutine. ``measure_from``: when the measured
+    window starts (``time.monotonic()``; default: ``warmup`` seconds from now)."""
     latencies: list[float] = []
     errors = mismatches = 0
-    measure_from = time.monotonic() + warmup
+    if measure_from is None:
+        measure_from = time.monotonic() + warmup
     stop_at = measure_from + duration
     cpu = {}
 
@@ -165,9 +168,12 @@ async def drive_python_paired(
 ) -> list[Window]:
     """:func:`drive_python` against several servers at once, in one event loop (``concurrency``
     coroutines per server): one :class:`Window` per server, over the same wall-clock window."""
+    start = time.monotonic() + warmup
     windows = await asyncio.gather(
         *(
-            drive_python(url, sources, expected, concurrency, duration, warmup, pid)
+            drive_python(
+                url, sources, expected, concurrency, duration, warmup, pid, measure_from=start
+            )  # fmt: skip
             for url, pid in zip(infer_urls, pids, strict=True)
         )
     )

@@ -69,8 +69,8 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
         The ASGI app; its lifespan warms each model up (:func:`warm_up`: start-up fails,
         with ``app.state.startup_error`` naming the model, if one cannot translate), then
         starts and (draining) stops one batcher per model, and moves the objects of start-up
-        out of the garbage collector's generations (``gc.freeze``). All models share one
-        inference worker thread. ``app.state.models`` maps each name to its
+        out of the garbage collector's generations while it runs (``gc.freeze``). All models
+        share one inference worker thread. ``app.state.models`` maps each name to its
         :class:`serving.infer.ServedModel`.
     """
     settings = ServerSettings() if settings is None else settings
@@ -103,7 +103,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             raise
         for model in models.values():
             await model.batcher.start()
-        # What start-up built (modules, sessions, the app) stays for the process's life: out of
+        # What start-up built (modules, sessions, the app) stays while the app runs: out of
         # the collector's generations, a full collection walks only what requests leave behind.
         # Walking start-up's objects took 40 ms, a pause every in-flight request waited out
         # (p99 at concurrency 64 on the reversal model: 65-92 ms, 35-62 ms frozen).
@@ -113,6 +113,7 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
         try:
             yield
         finally:
+            gc.unfreeze()  # a stopped app (in a process that goes on) can be collected again
             logger.info("draining")
             await asyncio.gather(*(model.batcher.stop(drain=True) for model in models.values()))
             executor.shutdown(wait=True)
@@ -148,6 +149,15 @@ class _ServerApp(FastAPI):
     """
 
     front: ASGIApp | None = None
+
+    def add_middleware(self, middleware_class: type, *args, **kwargs) -> None:
+        """Middleware added to the built app (authentication, CORS, tracing) wraps every
+        request, inference included: it goes in front of the guard, outermost, as Starlette
+        puts the middleware added last."""
+        if self.front is None:
+            super().add_middleware(middleware_class, *args, **kwargs)
+        else:
+            self.front = middleware_class(self.front, *args, **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.front is None:  # before create_app sets it: FastAPI alone

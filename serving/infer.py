@@ -329,6 +329,12 @@ else:  # Python 3.10
         return await asyncio.wait_for(awaitable, seconds)
 
 
+def _cancelling() -> bool:
+    """Whether this task was asked to cancel (Python 3.11+; on 3.10 it cannot be told)."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return bool(cancelling and cancelling())
+
+
 async def _until_disconnect(
     batcher: Batcher, futures: Sequence[asyncio.Future], receive: Receive
 ) -> list[ItemResult]:
@@ -352,7 +358,7 @@ async def _until_disconnect(
         # a failed item's BatchError answers the request
         return [await future for future in futures]
     except asyncio.CancelledError:
-        if gone:  # the watcher cancelled the futures, not someone this task
+        if gone and not _cancelling():  # the watcher cancelled the futures, not this task
             raise _ClientGoneError from None
         raise
     finally:

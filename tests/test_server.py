@@ -590,13 +590,76 @@ def test_inference_requests_are_answered_in_front_of_fastapi():
     assert reached[0] == ("lifespan", None)
 
 
-def test_start_up_objects_leave_the_collectors_generations():
+def test_start_up_objects_leave_the_collectors_generations_while_the_app_runs():
     before = gc.get_freeze_count()
     server = RunningServer(ReverseRuntime(), ServerSettings())
     with server:
         assert gc.get_freeze_count() > before  # frozen once the models were warmed up
         answer = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(["ab"]))
         assert answer.json()["outputs"][0]["data"] == ["ba"]
+    assert gc.get_freeze_count() == 0  # unfrozen at shutdown: a stopped app can be collected
+
+
+def test_middleware_added_to_the_app_wraps_inference_requests_too():
+    server = RunningServer(ReverseRuntime(), ServerSettings())
+
+    class Tag:
+        def __init__(self, app, value):
+            self.app, self.value = app, value
+
+        async def __call__(self, scope, receive, send):
+            async def tagged(message):
+                if message["type"] == "http.response.start":
+                    headers = [*message["headers"], (b"x-tag", self.value.encode())]
+                    message = {**message, "headers": headers}
+                await send(message)
+
+            await self.app(scope, receive, tagged if scope["type"] == "http" else send)
+
+    server.app.add_middleware(Tag, value="outer")
+    with server, httpx.Client(base_url=server.url) as client:
+        answer = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(["abc"]))
+        assert answer.json()["outputs"][0]["data"] == ["cba"]
+        assert answer.headers["x-tag"] == "outer"
+        assert client.get("/v2/health/live").headers["x-tag"] == "outer"
+
+
+def test_a_cancelled_request_stays_cancelled_when_its_client_also_leaves():
+    """A disconnect and the task's own cancellation at once (a server's shutdown, Ray Serve):
+    the cancellation is not swallowed as a client that left."""
+    from serving import infer
+
+    class Batcher:
+        def withdraw(self, futures):
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+
+    async def scenario():
+        future = asyncio.get_running_loop().create_future()
+        gone = asyncio.Event()
+
+        async def receive():
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        task = asyncio.ensure_future(infer._until_disconnect(Batcher(), [future], receive))
+        await asyncio.sleep(0.01)  # waiting for its item
+        gone.set()  # the watcher runs first: it withdraws the item
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+
+        alone = asyncio.ensure_future(
+            infer._until_disconnect(
+                Batcher(), [asyncio.get_running_loop().create_future()], receive
+            )  # fmt: skip
+        )
+        with pytest.raises(infer._ClientGoneError):  # a disconnect alone: the client left
+            await alone
+
+    asyncio.run(scenario())
 
 
 def test_the_server_process_collects_garbage_less_often(monkeypatch):
@@ -614,11 +677,9 @@ def test_the_server_process_collects_garbage_less_often(monkeypatch):
 
     previous = gc.get_threshold()
     monkeypatch.setattr(entry.uvicorn, "Server", Server)
-    try:
-        entry.serve({MODEL: ReverseRuntime()}, ServerSettings(), port=0)
-    finally:
-        gc.set_threshold(*previous)
+    entry.serve({MODEL: ReverseRuntime()}, ServerSettings(), port=0)
     assert seen == [entry.GC_THRESHOLDS] and entry.GC_THRESHOLDS[0] > 700
+    assert gc.get_threshold() == previous  # restored when serve() returns
 
 
 def test_a_client_that_disconnects_leaves_no_work_behind(serve):
