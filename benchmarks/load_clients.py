@@ -199,8 +199,10 @@ end
 """
 
 
-#: The paired script: thread ``k`` connects to server ``k`` and counts its own answers (wrk's
-#: summary adds up the threads; its latency percentiles are not per thread).
+#: The paired script: thread ``k`` connects to server ``k`` (its ``Host`` header too) and counts
+#: its own answers (wrk's summary adds up the threads; its latency percentiles are not per
+#: thread). Give the servers as IP addresses: ``wrk.lookup`` may resolve a name to another
+#: family than the one a server listens on.
 WRK_PAIRED_SCRIPT = """
 local bodies = {%s}
 local targets = {%s}
@@ -209,12 +211,14 @@ local i = 0
 setup = function(thread)
   local k = #threads + 1
   thread.addr = wrk.lookup(targets[k][1], targets[k][2])[1]
+  thread:set("host", targets[k][1] .. ":" .. targets[k][2])
   table.insert(threads, thread)
 end
 answers, failures = 0, 0
 request = function()
   i = i %% #bodies + 1
-  return wrk.format("POST", "%s", {["Content-Type"] = "application/json"}, bodies[i])
+  return wrk.format("POST", "%s", {["Content-Type"] = "application/json", ["Host"] = host},
+                    bodies[i])
 end
 response = function(status, headers, body)
   answers = answers + 1

@@ -179,6 +179,7 @@ def test_the_paired_wrk_script_gives_each_thread_its_server():
     )
     assert 'local targets = {{"127.0.0.1", "8001"}, {"localhost", "9002"}}' in script
     assert '"POST", "/v2/models/m/infer"' in script and "thread.addr = wrk.lookup" in script
+    assert '["Host"] = host' in script  # each thread names its own server
 
 
 @pytest.mark.skipif(not load_clients.wrk_available(), reason="wrk is not installed")
