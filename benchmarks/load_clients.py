@@ -241,18 +241,21 @@ def wrk_available() -> bool:
     return shutil.which("wrk") is not None
 
 
+def _lua_bodies(sources: list[str]) -> str:
+    """One v2 JSON body per source, as Lua long strings (no escaping)."""
+    return ", ".join(f"[==[{request_body(s).decode()}]==]" for s in sources)
+
+
 def wrk_script(path: str, sources: list[str]) -> str:
-    """The Lua script: one v2 JSON body per source, as Lua long strings (no escaping)."""
-    bodies = ", ".join(f"[==[{request_body(s).decode()}]==]" for s in sources)
-    return WRK_SCRIPT % (bodies, path)
+    """The Lua script: the bodies of :func:`_lua_bodies`, posted in turn."""
+    return WRK_SCRIPT % (_lua_bodies(sources), path)
 
 
 def wrk_paired_script(path: str, sources: list[str], base_urls: list[str]) -> str:
     """The paired Lua script: thread ``k`` posts to ``base_urls[k]``."""
-    bodies = ", ".join(f"[==[{request_body(s).decode()}]==]" for s in sources)
     hosts = [httpx.URL(url) for url in base_urls]
     targets = ", ".join(f'{{"{u.host}", "{u.port}"}}' for u in hosts)
-    return WRK_PAIRED_SCRIPT % (bodies, targets, path)
+    return WRK_PAIRED_SCRIPT % (_lua_bodies(sources), targets, path)
 
 
 def _run_wrk(url: str, script: Path, concurrency: int, seconds: float, threads: int = 1) -> dict:
@@ -266,6 +269,28 @@ def _run_wrk(url: str, script: Path, concurrency: int, seconds: float, threads: 
     raise RuntimeError(f"wrk failed ({result.returncode}): {result.stderr or result.stdout}")
 
 
+def _measured_wrk(
+    script_text: str,
+    url: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    pids: list[int],
+    threads: int = 1,
+) -> tuple[dict, list[float]]:
+    """Run ``script_text`` in wrk: a warm-up run, then the measured one. Its ``WRK_RESULT``
+    and each of ``pids``' CPU seconds over the measured run."""
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "post_v2.lua"
+        script.write_text(script_text)
+        if warmup > 0:
+            _run_wrk(url, script, concurrency, warmup, threads)
+        cpu_before = [cpu_seconds(pid) for pid in pids]
+        summary = _run_wrk(url, script, concurrency, duration, threads)
+        cpu_after = [cpu_seconds(pid) for pid in pids]
+    return summary, [after - before for before, after in zip(cpu_before, cpu_after, strict=True)]
+
+
 def drive_wrk(
     base_url: str,
     infer_path: str,
@@ -276,14 +301,8 @@ def drive_wrk(
     pid: int,
 ) -> Window:
     """One thread, ``concurrency`` connections: a warm-up run, then the measured one."""
-    with tempfile.TemporaryDirectory() as scratch:
-        script = Path(scratch) / "post_v2.lua"
-        script.write_text(wrk_script(infer_path, sources))
-        if warmup > 0:
-            _run_wrk(base_url, script, concurrency, warmup)
-        cpu_before = cpu_seconds(pid)
-        summary = _run_wrk(base_url, script, concurrency, duration)
-        server_cpu = cpu_seconds(pid) - cpu_before
+    script = wrk_script(infer_path, sources)
+    summary, (server_cpu,) = _measured_wrk(script, base_url, concurrency, duration, warmup, [pid])
     return Window(
         requests=summary["requests"],
         errors=summary["errors"],
@@ -307,15 +326,10 @@ def drive_wrk_paired(
     """One ``wrk`` with a thread per server, ``concurrency`` connections each, all at once: one
     :class:`Window` per server over the same window (no per-server percentiles: NaN). wrk's
     socket errors cannot be told apart by server and count against each."""
-    with tempfile.TemporaryDirectory() as scratch:
-        script = Path(scratch) / "post_v2_paired.lua"
-        script.write_text(wrk_paired_script(infer_path, sources, base_urls))
-        n = len(base_urls)
-        if warmup > 0:
-            _run_wrk(base_urls[0], script, concurrency, warmup, threads=n)
-        cpu_before = [cpu_seconds(pid) for pid in pids]
-        summary = _run_wrk(base_urls[0], script, concurrency, duration, threads=n)
-        cpu_after = [cpu_seconds(pid) for pid in pids]
+    script = wrk_paired_script(infer_path, sources, base_urls)
+    summary, server_cpu = _measured_wrk(
+        script, base_urls[0], concurrency, duration, warmup, pids, threads=len(base_urls)
+    )
     seconds = summary["duration_us"] / 1e6
     return [
         Window(
@@ -325,9 +339,7 @@ def drive_wrk_paired(
             seconds=seconds,
             p50_ms=float("nan"),
             p99_ms=float("nan"),
-            server_cpu_s=after - before,
+            server_cpu_s=cpu,
         )
-        for (answers, failures), before, after in zip(
-            summary["threads"], cpu_before, cpu_after, strict=True
-        )
+        for (answers, failures), cpu in zip(summary["threads"], server_cpu, strict=True)
     ]
