@@ -8,23 +8,17 @@ requests in flight, drains the batch queue and exits 0.
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import ipaddress
-import json
 import logging
-import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import uvicorn
-
-from serving.app import create_app
-from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
+from serving.connections import ConnectionLimits
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
+from serving.process import configure_logging, serve
 from serving.settings import BATCHING, ServerSettings, check_model_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
@@ -367,104 +361,6 @@ def _load(
     except Exception as exc:  # a bad artifact can fail in many ways; all mean "cannot serve"
         print(f"error: cannot load the model in {model_dir}: {exc}", file=sys.stderr)
         return None
-
-
-#: The garbage collector's thresholds while the server runs: the youngest generation collected
-#: every 20,000 allocations instead of Python's 700, the older ones as often as Python's
-#: default makes them (every 10 younger collections), so that cyclic garbage does not pile up
-#: in the oldest generation; start-up's objects are frozen out of it (serving.app).
-GC_THRESHOLDS = (20_000, 10, 10)
-
-
-def serve(
-    runtimes: Mapping[str, Runtime],
-    settings: ServerSettings,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    log_level: str = "info",
-    shutdown_timeout: float | None = 30.0,
-    limits: ConnectionLimits | None = None,
-) -> None:
-    """Serve runtimes with uvicorn until SIGTERM or SIGINT, then drain and return.
-
-    Parameters
-    ----------
-    runtimes : mapping of str to runtime
-        Model name -> runtime, as for ``create_app``.
-    settings : ServerSettings
-        Limits and batching settings.
-    host : str, default="127.0.0.1"
-        The address to bind.
-    port : int, default=8000
-        The port to bind.
-    log_level : str, default="info"
-        uvicorn's log level.
-    shutdown_timeout : float or None, default=30.0
-        On SIGTERM, how long to wait for requests in flight before cancelling them.
-    limits : ConnectionLimits, optional
-        Header timeout and size, connection bound, keep-alive (defaults when omitted);
-        ``max_connections`` is lowered to fit the file-descriptor limit.
-    """
-    app = create_app(runtimes, settings)
-    config = uvicorn_config(
-        app,
-        fit_to_file_limit(ConnectionLimits() if limits is None else limits),
-        host=host,
-        port=port,
-        log_config=None,  # keep the JSON-lines handler of configure_logging
-        log_level=log_level,
-        access_log=False,  # the app logs one line per inference request
-        lifespan="on",
-        server_header=False,
-        timeout_graceful_shutdown=shutdown_timeout,
-    )
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal it caught once it has shut down; a no-op SIGTERM handler
-    # underneath it turns that into a normal return, so a graceful stop exits 0.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        server.run()
-    except SystemExit:  # uvicorn exits 3 when the lifespan's start-up fails
-        if not app.state.startup_error:
-            raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        gc.set_threshold(*thresholds)
-    if not server.started:
-        reason = app.state.startup_error or f"could not listen on {host}:{port}"
-        raise SystemExit(f"error: the server could not start: {reason}")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log record: time, level, logger, message and any ``extra`` fields."""
-
-    _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: v for k, v in vars(record).items() if k not in self._RESERVED})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
-
-
-def configure_logging(level: str = "info") -> None:
-    """Send every log record to stderr as a JSON line."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving_doubles import WARMUP_SOURCE, ReverseRuntime, reverse_attention
 
 from serving import protocol
-from serving.__main__ import JsonFormatter, build_parser, main
+from serving.__main__ import build_parser, main
 from serving.app import ServerSettings, create_app
 from serving.connections import uvicorn_config
+from serving.process import JsonFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "reverse"
@@ -523,7 +524,7 @@ def test_a_failing_item_fails_only_its_own_request_within_a_shared_batch(serve):
 
 
 def test_a_model_that_fails_its_warm_up_fails_start_up_with_a_clear_error(keep_logging):
-    from serving.__main__ import serve as serve_cli
+    from serving.process import serve as serve_cli
 
     class Broken(ReverseRuntime):
         def predict_batch(self, sources, temperature=None, with_attention=False):
@@ -663,7 +664,7 @@ def test_a_cancelled_request_stays_cancelled_when_its_client_also_leaves():
 
 
 def test_the_server_process_collects_garbage_less_often(monkeypatch):
-    import serving.__main__ as entry
+    import serving.process as entry
 
     seen = []
 
@@ -900,7 +901,7 @@ def test_json_log_lines_carry_extra_fields():
 def test_serving_never_imports_torch_or_sklearn():
     code = (
         "import sys, serving, serving.app, serving.batcher, serving.protocol, serving.metrics, "
-        "serving.__main__\n"
+        "serving.__main__, serving.process\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn') or m in "
         "('skattn.estimator', 'skattn.models', 'skattn.attention')]\n"
         "assert not bad, bad\n"
@@ -972,7 +973,7 @@ SIGTERM_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from serving_doubles import ReverseRuntime
-    from serving.__main__ import configure_logging, serve
+    from serving.process import configure_logging, serve
     from serving.app import ServerSettings
 
     configure_logging("debug")
