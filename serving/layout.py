@@ -50,7 +50,7 @@ def default_chunk_items(width: int | None) -> int:
 #: width in items (4 .. 64), on the step graphs past it. The graph saves the Python between
 #: steps, a fixed cost per step, but keeps every item's beams until the chunk's last item ends,
 #: a cost that grows with the rows and the model's width. Measured at beam 5, one thread
-#: (graph / step graphs, ms per item): the hidden-64 reversal model (192 floats: 32 items)
+#: (graph / step graphs, ms per item): the hidden-64 reversal model (128 floats: 48 items)
 #: 0.83x at 16 items and 0.89x at 32; the hidden-256 Luong model 0.94x at 8, 1.01x at 16 and
 #: 1.13x at 32; the bi-GRU 256 G2P member (512 floats: 12 items) in int8 2.20 against 2.97 ms
 #: at 4, 1.37-2.09 against 1.55-1.94 at 8-12, 1.90 against 1.78 at 16 and 2.04 against 1.44 at
