@@ -364,6 +364,30 @@ def test_select_copies_the_memory_only_when_rows_change_their_source(runtime):
     assert len(merged["memory"]) == 7
 
 
+@pytest.mark.parametrize(
+    "rows, view",
+    [
+        ([3, 4, 5, 6, 7, 8], True),  # the first item ended: the rest is a view
+        ([2, 1, 0, 5, 4, 3], True),  # the last ended, the others reordered
+        ([1, 0, 5, 4, 3], True),  # the first item lost a beam
+        ([3, 4, 5], True),  # only the middle item is left
+        ([0, 1, 2, 6, 7, 8], False),  # the middle item ended: copied
+        ([0, 3, 6], False),  # one beam of each
+        ([3, 3, 3, 4, 4, 4], False),  # repeated
+    ],
+)
+def test_select_leaves_a_view_of_the_memory_when_items_end_at_either_edge(runtime, rows, view):
+    backend = runtime.backend
+    carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0], [7, 8, 2]]), np.array([3, 2, 3]))
+    beams = backend.select(carry, np.repeat(np.arange(3), 3))  # 3 beams an item
+    taken = backend.select(beams, np.array(rows))
+    for name in ("memory", "keys", "mask", "hidden", "origin"):
+        np.testing.assert_array_equal(taken[name], beams[name][rows])
+    for name in ("memory", "keys", "mask"):
+        assert np.shares_memory(taken[name], beams[name]) == view
+    assert not np.shares_memory(taken["hidden"], beams["hidden"])
+
+
 def test_attention_maps_have_one_row_per_token_and_sum_to_one(runtime):
     predictions, attentions = runtime.predict_batch(SOURCES[:50], with_attention=True)
     for source, prediction, weights in zip(SOURCES[:50], predictions, attentions, strict=True):
