@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import protocol
 from serving.connections import REFUSE
-from serving.infer import send_answer
+from serving.infer import request_headers, send_answer
 
 __all__ = ["INFER_CONTENT_TYPES", "RequestGuard", "host_name"]
 
@@ -74,9 +74,7 @@ class RequestGuard:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
-        headers = {}
-        for name, value in scope["headers"]:
-            headers[name.decode("latin-1")] = value.decode("latin-1")
+        headers = request_headers(scope)
         host = headers.get("host")
         if self.allowed_hosts is not None and host is not None:
             if host_name(host) not in self.allowed_hosts:

@@ -136,7 +136,7 @@ class InferHandler:
             self.metrics.unknown_model()
             return exc.status, {}, protocol.error_body(exc.message)
         try:
-            headers = _headers(scope)
+            headers = request_headers(scope)
             with model.batcher.receiving():  # an eager batcher waits for these items
                 body = await _read_body(
                     receive, headers, settings.max_body_bytes, settings.body_timeout_s
@@ -250,9 +250,20 @@ async def send_answer(send: Send, status: int, headers: Mapping[str, str], body:
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request headers, names lower-cased (a repeated header keeps its last value)."""
-    return {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+#: Where :func:`request_headers` keeps a request's decoded headers in its ASGI scope.
+HEADERS = "skattn.headers"
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request headers, names lower-cased (a repeated header keeps its last value),
+    decoded once per request: the guard and the handler both read them."""
+    headers = scope.get(HEADERS)
+    if headers is None:
+        headers = {
+            key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]
+        }
+        scope[HEADERS] = headers
+    return headers
 
 
 def _parse(

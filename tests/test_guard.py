@@ -109,3 +109,13 @@ def test_allowed_hosts_are_validated():
     for bad in (["localhost"], ("",), "localhost"):
         with pytest.raises(ValueError, match="allowed_hosts"):
             ServerSettings(allowed_hosts=bad)
+
+
+def test_request_headers_are_decoded_once_and_the_last_of_a_repeated_name_wins():
+    from serving.infer import HEADERS, request_headers
+
+    scope = {"headers": [(b"host", b"127.0.0.1"), (b"x-a", b"1"), (b"x-a", b"\xe9")]}
+    headers = request_headers(scope)
+    assert headers == {"host": "127.0.0.1", "x-a": "\xe9"}
+    assert scope[HEADERS] is headers
+    assert request_headers(scope) is headers  # the guard's decoding serves the handler
