@@ -137,6 +137,8 @@ def _source_window(origin: np.ndarray, wanted: np.ndarray) -> slice | None:
 
     The window is aligned on the end of the first wanted source's run in ``origin``, so that an
     item left with fewer beams than it had still matches."""
+    if wanted.size == origin.size:  # beams reordered (the common case), or rows swapped
+        return slice(0, origin.size) if np.array_equal(origin, wanted) else None
     if wanted.size == 0 or wanted.size > origin.size:
         return None
     first = wanted[0]
