@@ -50,10 +50,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
 from load_clients import drive_python  # noqa: E402
+from machine import describe  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
 from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster  # noqa: E402
-from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
 
@@ -343,7 +343,7 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    report = [f"usable cores: {usable_cores()} (the ceiling of every figure below)"]
+    report = [f"{describe()} (the cores are the ceiling of every figure below)"]
     if args.only != "serving":
         report += bench_search(args)
         print("\n".join(report), flush=True)  # kept if the serving half fails

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine
 import numpy as np
 
 import serving
@@ -99,6 +100,7 @@ def best_time(runtime, sources: list[str], batch_size: int) -> tuple[float, list
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    print(machine.describe(), flush=True)
     sources = reversal_data(args.n_inputs, args.seed + 1)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

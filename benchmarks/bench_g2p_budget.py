@@ -30,6 +30,7 @@ import statistics
 import time
 from unittest import mock
 
+import machine
 import numpy as np
 import torch
 
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     has_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
     levers = [lever for lever in levers if has_bf16 or not lever[3]]
+    print(machine.describe())
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; {len(X):,} training "
         f"pronunciations; {args.steps} timed steps after {args.warmup}, median of "

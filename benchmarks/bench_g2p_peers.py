@@ -76,6 +76,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE))
 import g2p_cmudict  # noqa: E402
+import machine  # noqa: E402
 import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import build_model, evaluate, load_g2p_en, load_splits  # noqa: E402
 
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         data = load_splits(args.dev_words, None, args.seed)
     sizes = {split: len(set(X)) for split, (X, _) in data.items()}
-    print(f"CMUdict words: {sizes}; {len(os.sched_getaffinity(0))} core(s) usable", flush=True)
+    print(f"CMUdict words: {sizes}; {machine.describe()}", flush=True)
     results = {"config": {k: str(v) for k, v in vars(args).items()}, "words": sizes}
     results |= {"rows": [], "skipped": {}}
     rows, skipped = results["rows"], results["skipped"]

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 
+import machine
 import numpy as np
 import onnxruntime as ort
 import torch
@@ -136,7 +136,7 @@ def main() -> None:
     peak = matmul_peak_gflops(threads)  # also sets torch's threads for the timings below
 
     print(
-        f"# {platform.processor() or platform.machine()}, {available_cores()} cores; "
+        f"# {machine.describe()}; "
         f"threads={threads} (torch and onnxruntime); torch {torch.__version__}, "
         f"onnxruntime {ort.__version__}"
     )

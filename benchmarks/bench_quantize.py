@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import bench_runtime_chunks
+import machine
 
 import serving
-from skattn.core.checks import usable_cores
 from skattn.datasets import group_pronunciations, load_cmudict
 from skattn.metrics import exact_match, phoneme_error_rate, word_error_rate
 
@@ -183,7 +183,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    print(f"{usable_cores()} usable cores; median of {args.repeats} rounds", flush=True)
+    print(f"{machine.describe()}; median of {args.repeats} rounds", flush=True)
     task = reversal_task(args.train_steps, args.seed, 300 if args.quick else 8192)
     rows = measure("reversal", task, args)
     if args.g2p is not None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import bench_decode_graph
+import machine
 
 import serving
 from skattn.core.checks import usable_cores
@@ -151,7 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> list[tuple]:
     args = parse_args(argv)
     cores = usable_cores()
-    print(f"{cores} usable cores; median of {args.repeats} rotated rounds", flush=True)
+    print(f"{machine.describe()}; median of {args.repeats} rotated rounds", flush=True)
     model, sources = reversal_model(args.train_steps, args.seed)
     if args.quick:
         sources = sources[:300]

@@ -67,6 +67,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
+import machine
 import numpy as np
 from load_clients import (
     Window,
@@ -536,7 +537,8 @@ def main(argv=None) -> int:
         f"server on cpu {sorted(args.server_cpus)}, load generator on {sorted(args.client_cpus)}"
     )  # fmt: skip
     print(
-        f"\ndevice: {args.device}  cores: {os.cpu_count()}  {pinning}  max_batch_size: "
+        f"\n{machine.describe()}\n"
+        f"device: {args.device}  cores: {os.cpu_count()}  {pinning}  max_batch_size: "
         f"{args.max_batch_size}  max_delay_ms: {args.max_delay_ms}  {args.duration:g} s per level"
         f"  python client loop: {'uvloop' if uvloop is not None else 'asyncio'}"
     )

@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+import machine
 import torch
 from torch import nn
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(0)
         return Seq2SeqModule(ModelConfig(args.vocab_size, args.vocab_size, **sizes, **overrides))
 
+    print(machine.describe())
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; cell={args.cell}, "
         f"batch={args.batch_size}, target length={args.length + 1}, "

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_infer import best_times, chunks  # noqa: E402
 from bench_train import reversal_batch, tokens_per_second  # noqa: E402
+from machine import describe  # noqa: E402
 
 import serving  # noqa: E402
 from skattn import Seq2Seq  # noqa: E402
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
-        f"# torch {torch.__version__}, {args.threads} thread(s); d_model = hidden_size = "
+        f"# {describe()}\n# torch {torch.__version__}, {args.threads} thread(s); "
+        "d_model = hidden_size = "
         f"{args.hidden_size}; median (training) or best (decode) of {args.repeats}"
     )
     if {1, 2} & set(args.sections):

@@ -90,9 +90,11 @@ class NumpyBackend:
         The encoder's memory, keys and mask are copied only when no run of their rows already
         holds the sources the new rows read (:data:`ORIGIN`, :func:`_source_window`). A beam
         search that reorders an item's beams among themselves moves its states but keeps the
-        memory as it is; items that end first or last leave a view of the rest. Only an item
-        leaving from the middle, or beams repeated, copy it (for the G2P member with beam 5 at
-        32 items, 160 rows of 22 KB, 11 source positions of memory and keys)."""
+        memory as it is; items that end first or last leave a view of the rest. It is copied
+        whenever the kept rows' sources match no contiguous run of the old rows: an item that
+        ends in the middle, a middle item that loses a beam, beams expanded to more rows than
+        their source had. For the G2P member with beam 5 at 32 items, a copy is
+        160 rows of 22 KB (11 source positions of memory and keys)."""
         origin = carry.get(ORIGIN)
         window = None if origin is None else _source_window(origin, np.take(origin, rows))
 

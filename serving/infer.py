@@ -250,19 +250,23 @@ async def send_answer(send: Send, status: int, headers: Mapping[str, str], body:
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
 
-#: Where :func:`request_headers` keeps a request's decoded headers in its ASGI scope.
+#: Where :func:`request_headers` keeps a request's decoded headers in its ASGI scope, as
+#: ``(the raw header list, the decoded dict)``.
 HEADERS = "skattn.headers"
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
-    """The request headers, names lower-cased (a repeated header keeps its last value),
-    decoded once per request: the guard and the handler both read them."""
-    headers = scope.get(HEADERS)
-    if headers is None:
-        headers = {
-            key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]
-        }
-        scope[HEADERS] = headers
+    """The request headers as the server passed them (ASGI lower-cases the names; a repeated
+    header keeps its last value), decoded once per request: the guard and the handler both
+    read them. The decoding is kept in the scope beside the raw list it came from, so a layer
+    that hands on a scope with other headers (``{**scope, "headers": ...}``) gets them decoded
+    afresh, not the copied decoding of the old ones."""
+    raw = scope["headers"]
+    cached = scope.get(HEADERS)
+    if cached is not None and cached[0] is raw:
+        return cached[1]
+    headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in raw}
+    scope[HEADERS] = (raw, headers)
     return headers
 
 

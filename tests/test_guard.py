@@ -117,5 +117,17 @@ def test_request_headers_are_decoded_once_and_the_last_of_a_repeated_name_wins()
     scope = {"headers": [(b"host", b"127.0.0.1"), (b"x-a", b"1"), (b"x-a", b"\xe9")]}
     headers = request_headers(scope)
     assert headers == {"host": "127.0.0.1", "x-a": "\xe9"}
-    assert scope[HEADERS] is headers
+    assert scope[HEADERS][1] is headers
     assert request_headers(scope) is headers  # the guard's decoding serves the handler
+
+
+def test_request_headers_of_a_scope_copied_with_other_headers_are_decoded_afresh():
+    """A layer between the guard and the handler that passes on ``{**scope, "headers": ...}``
+    copies the guard's cached decoding too; the handler must read the new headers."""
+    from serving.infer import request_headers
+
+    scope = {"headers": [(b"content-type", b"application/octet-stream")]}
+    assert request_headers(scope)["content-type"] == "application/octet-stream"
+    child = {**scope, "headers": [(b"content-type", b"application/json")]}
+    assert request_headers(child) == {"content-type": "application/json"}
+    assert request_headers(scope)["content-type"] == "application/octet-stream"
