@@ -522,6 +522,7 @@ def choose_cpus(args: argparse.Namespace) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    host = machine.describe()  # before the load generator is pinned to its core
     choose_cpus(args)
     names = ["dir"] if args.model_dir else args.models
     results, descriptions = [], []
@@ -537,7 +538,7 @@ def main(argv=None) -> int:
         f"server on cpu {sorted(args.server_cpus)}, load generator on {sorted(args.client_cpus)}"
     )  # fmt: skip
     print(
-        f"\n{machine.describe()}\n"
+        f"\n{host}\n"
         f"device: {args.device}  cores: {os.cpu_count()}  {pinning}  max_batch_size: "
         f"{args.max_batch_size}  max_delay_ms: {args.max_delay_ms}  {args.duration:g} s per level"
         f"  python client loop: {'uvloop' if uvloop is not None else 'asyncio'}"
