@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import serving
 from skattn import Seq2Seq
+from skattn.core.checks import usable_cores
 from skattn.datasets import make_reversal
 
 
@@ -47,13 +48,6 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.n_inputs, args.hidden_size, args.embedding_dim, args.repeats = 256, 32, 16, 1
     return args
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def matmul_peak_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
@@ -105,7 +99,7 @@ def useful_flops(estimator: Seq2Seq, sources: list[str], sample: int = 256) -> f
 
 def main() -> None:
     args = parse_args()
-    threads = args.threads or available_cores()
+    threads = args.threads or usable_cores()
     torch.set_num_threads(1)  # fitting a small model: one thread is fastest on shared cores
 
     X_train, y_train = make_reversal(2000, 4, 16, random_state=0)
