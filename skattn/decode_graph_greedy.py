@@ -99,8 +99,9 @@ def _steps(
 ) -> tuple[dict[str, str], str, str]:
     """The inner ``Loop``: decoder steps over the segment's rows until one of them ends.
 
-    Returns the final ``y_prev``, states, ``alive (n,)``, ``score (n,)`` and ``length (n,)``
-    (the segment's sums), and the scan outputs ``token (k, n)`` and ``weights (k, n, T)``.
+    Returns the final ``y_prev``, states, ``alive (n,)`` (the rows that did not end: an input
+    only so that the loop carries it out), ``score (n,)`` and ``length (n,)`` (the segment's
+    sums), and the scan outputs ``token (k, n)`` and ``weights (k, n, T)``.
     """
     states = list(manifest.state_names)
     carried = ["y_prev", *states, "alive", "score", "length"]
@@ -113,11 +114,11 @@ def _steps(
     best = body.op("ArgMax", log_probs, axis=1, keepdims=1)  # (n, 1), first of equal maxima
     best_lp = body.squeeze(body.op("GatherElements", log_probs, best, axis=1), 1)  # (n,)
     best = body.squeeze(best, 1)  # (n,)
-    alive = own["alive"]
-    emit = body.op("And", alive, body.op("Not", body.op("Equal", best, body.const(EOS, np.int64))))
-    token = body.where(emit, best, body.const(0, np.int64))  # (n,) 0 once ended
+    # Every row of a segment is alive at each of its steps: the segment ends with the first EOS.
+    emit = body.op("Not", body.op("Equal", best, body.const(EOS, np.int64)))  # (n,)
+    token = body.where(emit, best, body.const(0, np.int64))  # (n,) EOS written as 0
     step_weights = body.where(body.unsqueeze(emit, 1), weights, body.const(0.0, np.float32))
-    score = body.op("Add", own["score"], body.where(alive, best_lp, body.const(0.0, np.float64)))
+    score = body.op("Add", own["score"], best_lp)  # EOS counted
     length = body.op("Add", own["length"], body.cast(emit, INT64))
     live = body.op("ReduceSum", body.cast(emit, INT64), keepdims=0)  # ()
     cond = body.op("Equal", live, body.squeeze(body.dim(emit, 0), 0))  # no row ended yet
@@ -232,7 +233,7 @@ def greedy_search(
     results = b.op(
         "Loop",
         "max_length",
-        b.op("Greater", b.squeeze(B, 0), b.const(0, np.int64)),  # no step for no items
+        b.const(True),
         *initial,
         outputs=len(names),
         body=body.graph("greedy_segment", graph_in, graph_out),

@@ -152,8 +152,9 @@ def test_beam_scores_are_length_normalised_log_probabilities(tmp_path):
         assert scores[row] == pytest.approx(total / len(targets) ** 0.5, abs=1e-5)
 
 
-def test_results_do_not_depend_on_the_batch(tmp_path):
-    directory = export(make_module(seed=2), tmp_path / "m", beam_size=3)
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_results_do_not_depend_on_the_batch(beam_size, tmp_path):
+    directory = export(make_module(seed=2), tmp_path / "m", beam_size=beam_size)
     _, _, _, decode = sessions(directory)
     src, lengths = random_source(10, 9, np.random.default_rng(4))
     together = run_decode(decode, src, lengths, 12, 1.0)
