@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from serving.layout import default_beam_graph_items
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import MEMORY_NAMES, Manifest
 from skattn.core.search import Hypothesis
@@ -287,13 +286,10 @@ class GraphTranslator(Translator):
     outputs become the same :class:`~skattn.core.search.Hypothesis` the NumPy search returns
     (``weights`` holds one row per output token, which is all the Translator reads).
 
-    Where the graph is the slower path it is not used: a beam-search chunk of more than
-    ``beam_graph_max_items`` items runs on the step graphs (the backend), since the graph keeps
-    every item's ``K`` rows (and attention paths) until the last item ends, where the NumPy
-    search drops finished items. The limit falls with the model's width
-    (:func:`serving.layout.default_beam_graph_items`, where the measurements are). Greedy
-    chunks always run on the graph (graph / steps, 1 thread: 0.69-0.79x at batch 1, 0.72-0.82x
-    at 64, 0.72-0.92x at 256).
+    Every chunk runs on the graph, greedy or beam: it measured faster than the step graphs
+    driven from Python at every size (``benchmarks/bench_decode_graph.py``, 1 thread, graph /
+    steps: greedy 0.72-0.91x at 1-256 items; beam 5 0.66-0.88x for hidden 64, 0.77-0.99x for
+    hidden-256 Luong, at 4-256 items; the bi-GRU 256 G2P member in int8 0.85-0.91x at 4-64).
 
     Parameters
     ----------
@@ -303,24 +299,10 @@ class GraphTranslator(Translator):
         The search the graph runs (``beam_size``, ``length_penalty``).
     *args
         :class:`Translator`'s, after its backend (the step graphs).
-    beam_graph_max_items : int, optional
-        The largest beam-search chunk run on the graph; default
-        :func:`serving.layout.default_beam_graph_items` of an unknown width (the runtime passes
-        the model's).
     """
 
-    def __init__(
-        self,
-        session: ort.InferenceSession,
-        manifest: Manifest,
-        *args,
-        beam_graph_max_items: int | None = None,
-        **kwargs,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        if beam_graph_max_items is None:
-            beam_graph_max_items = default_beam_graph_items(None)
-        self.beam_graph_max_items = beam_graph_max_items
+    def __init__(self, session: ort.InferenceSession, manifest: Manifest, *args) -> None:
+        super().__init__(*args)
         self.session = session
         self.search = (manifest.beam_size, manifest.length_penalty)
         self.outputs = manifest.decode_outputs()
@@ -333,8 +315,6 @@ class GraphTranslator(Translator):
                 f"decode.onnx searches with (beam_size, length_penalty)={self.search}, "
                 f"not {(settings.beam_size, settings.length_penalty)}"
             )
-        if settings.beam_size > 1 and len(id_lists) > self.beam_graph_max_items:
-            return super()._decode_chunk(id_lists, settings)  # the step graphs: faster here
         src, src_lengths = pad_batch(id_lists)  # (B, T), (B,)
         feeds = {
             "src": src,

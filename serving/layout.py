@@ -15,10 +15,8 @@ import math
 from skattn.core.checks import check_int, usable_cores
 
 __all__ = [
-    "BEAM_GRAPH_FLOATS",
     "CHUNK_FLOATS",
     "carry_width",
-    "default_beam_graph_items",
     "default_chunk_items",
     "default_intra_op_threads",
     "share_cores",
@@ -44,26 +42,6 @@ def default_chunk_items(width: int | None) -> int:
     if not width:
         return 64
     return int(min(256, max(16, 2 ** round(math.log2(CHUNK_FLOATS / width)))))
-
-
-#: A beam-search chunk runs on ``decode.onnx`` up to this over the model's memory and keys
-#: width in items (4 .. 64), on the step graphs past it. The graph saves the Python between
-#: steps, a fixed cost per step, but keeps every item's beams until the chunk's last item ends,
-#: a cost that grows with the rows and the model's width. Measured at beam 5, one thread
-#: (graph / step graphs, ms per item): the hidden-64 reversal model (128 floats: 48 items)
-#: 0.83x at 16 items and 0.89x at 32; the hidden-256 Luong model 0.94x at 8, 1.01x at 16 and
-#: 1.13x at 32; the bi-GRU 256 G2P member (512 floats: 12 items) in int8 2.20 against 2.97 ms
-#: at 4, 1.37-2.09 against 1.55-1.94 at 8-12, 1.90 against 1.78 at 16 and 2.04 against 1.44 at
-#: 32 (float32: 2.39 against 2.31 at 16, 2.90 against 2.02 at 32).
-BEAM_GRAPH_FLOATS = 6144
-
-
-def default_beam_graph_items(width: int | None) -> int:
-    """The most items of a beam-search chunk that ``decode.onnx`` runs for a model whose memory
-    and keys are ``width`` floats per source position (None, unknown: 16)."""
-    if not width:
-        return 16
-    return int(min(64, max(4, BEAM_GRAPH_FLOATS // width)))
 
 
 def carry_width(encoder) -> int | None:

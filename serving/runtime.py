@@ -35,7 +35,7 @@ from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
 from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
 from serving.interface import ModelInfo, vocabulary_id
-from serving.layout import carry_width, default_beam_graph_items, default_chunk_items, share_cores
+from serving.layout import carry_width, default_chunk_items, share_cores
 from serving.sessions import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -71,9 +71,8 @@ class Runtime:
     io_binding : bool, optional
         Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
     decode_graph : bool, optional
-        Search with ``decode.onnx`` (one ``session.run`` per chunk) instead of the step graphs
-        driven from Python, where it is faster (greedy chunks of any size, beam chunks of up to
-        :func:`serving.layout.default_beam_graph_items` items, fewer the wider the model).
+        Search with ``decode.onnx`` (one ``session.run`` per chunk, greedy or beam, faster at
+        every chunk size measured) instead of the step graphs driven from Python.
         Default: whenever the artifact holds it. ``True`` for an artifact without it raises
         ArtifactError.
     max_batch_size : int, optional
@@ -211,10 +210,7 @@ class Runtime:
                 manifest.decode_inputs(),
                 manifest.decode_outputs(),
             )
-            limit = default_beam_graph_items(width)
-            self.translator = GraphTranslator(
-                session, manifest, *translator_args, beam_graph_max_items=limit
-            )
+            self.translator = GraphTranslator(session, manifest, *translator_args)
         self.attention_graph = None  # attention.onnx: every layer's and head's maps
         if artifact.attention_path is not None:
             names = (manifest.attention_inputs(), manifest.attention_outputs())

@@ -15,6 +15,14 @@ An item keeps only its best finished hypothesis (``ArgMax`` takes the first of e
 within a step and a later step must score strictly higher: the NumPy search's ``max`` over
 hypotheses in the order they finished). It stops with ``K`` finished, or when no extension
 grows; one that finished nothing then returns its best live beam, as it does at ``max_length``.
+
+Two loops, as in greedy search (:mod:`skattn.decode_graph_greedy`), so that an item that stops
+stops costing its ``K`` rows, as in the NumPy search::
+
+    segments  Loop   carries the items still searching (n <= B) and their n K rows
+      steps   Loop   beam steps over those items until a step where some item stops
+      compact        each stopped item's best hypothesis written to its place in the
+                     (B, ...) results; Gather of the others' rows for the next segment
 """
 
 from __future__ import annotations
@@ -58,102 +66,84 @@ def _keep_best(b, take, row, score, length, ins) -> list[str]:
     ]
 
 
-def beam_search(
-    b: GraphBuilder, decoder, manifest: Manifest, carry: dict[str, str]
-) -> tuple[str, str, str, str]:
-    """Add the beam ``Loop``; returns ``tokens (B, L), lengths (B,), attention (B, L, T),
-    scores (B,)`` (length-normalised, float64) of each item's best hypothesis."""
+_ROW_NAMES = ("y_prev", "tokens", "paths")  # (n K, ...) per row, with the states
+_ITEM_NAMES = ("beam_lp", "n_finished", "best_score", "best_length", "best_tokens", "best_paths")
+_TYPES = {
+    "y_prev": (INT64, 1),
+    "beam_lp": (DOUBLE, 2),
+    "tokens": (INT64, 2),
+    "paths": (FLOAT, 3),
+    "still": (BOOL, 1),
+    "n_finished": (INT64, 1),
+    "best_score": (DOUBLE, 1),
+    "best_length": (INT64, 1),
+    "best_tokens": (INT64, 2),
+    "best_paths": (FLOAT, 3),
+}
+
+
+def _beam_step(body: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dict) -> dict:
+    """One beam step over a segment's ``n`` items, all of them searching; returns the carried
+    values after it and ``still (n,)``, the items that search on."""
     K, V, alpha = manifest.beam_size, len(manifest.target_vocabulary), manifest.length_penalty
     states = list(manifest.state_names)
-    B = b.dim("src", 0)  # (1,)
-    T = b.dim("src", 1)  # (1,)
-    N = b.op("Mul", B, b.const([K], np.int64))  # (1,)
-    items = b.op("Range", b.const(0, np.int64), b.squeeze(B, 0), b.const(1, np.int64))  # (B,)
-    first_row = b.op("Mul", items, b.const(K, np.int64))  # (B,) item b owns rows b K .. b K + K-1
-    item_of_row = b.reshape(b.op("Tile", b.unsqueeze(items, 1), b.const([1, K], np.int64)), [-1])
-    wide = {name: b.gather_rows(value, item_of_row) for name, value in carry.items()}
-    start_lp = np.full((1, K), -np.inf)
-    start_lp[0, 0] = 0.0  # one live beam per item
-    zero = b.const([0], np.int64)
-    names = ["y_prev", *states, "beam_lp", "tokens", "paths", "active", "n_finished"]
-    names += ["best_score", "best_length", "best_tokens", "best_paths"]
-    initial = [
-        fill(b, N, BOS, np.int64),  # y_prev (N,)
-        *(wide[name] for name in states),
-        b.op("Tile", b.const(start_lp), b.op("Concat", B, b.const([1], np.int64), axis=0)),
-        fill(b, b.op("Concat", N, zero, axis=0), 0, np.int64),  # tokens (N, 0)
-        fill(b, b.op("Concat", N, zero, T, axis=0), 0.0, np.float32),  # paths (N, 0, T)
-        fill(b, B, True, np.bool_),  # active (B,)
-        fill(b, B, 0, np.int64),  # n_finished (B,)
-        fill(b, B, -np.inf, np.float64),  # best_score (B,)
-        fill(b, B, 0, np.int64),  # best_length (B,)
-        fill(b, b.op("Concat", B, zero, axis=0), 0, np.int64),  # best_tokens (B, 0)
-        fill(b, b.op("Concat", B, zero, T, axis=0), 0.0, np.float32),  # best_paths (B, 0, T)
-    ]
-
-    body = GraphBuilder("beam/")
-    ins = {name: f"beam/in_{name}" for name in names}
-    i = "beam/i"
+    i = seg["position"]  # () tokens so far
     log_probs, new_states, weights = decoder_step(
-        body, decoder, manifest, ins["y_prev"], {s: ins[s] for s in states}, wide, i
+        body, decoder, manifest, ins["y_prev"], {s: ins[s] for s in states}, seg, i
     )  # (N, V) float64, (N, T)
-    first = body.unsqueeze(first_row, 1)  # (B, 1), outer scope
+    first = body.unsqueeze(seg["first_row"], 1)  # (n, 1)
     total = body.op("Add", body.reshape(ins["beam_lp"], [-1, 1]), log_probs)  # (N, V)
-    flat = body.reshape(total, [-1, K * V])  # (B, K V)
+    flat = body.reshape(total, [-1, K * V])  # (n, K V)
     top, index = body.op("TopK", flat, body.const([2 * K], np.int64), axis=1, outputs=2)
-    beam = body.op("Div", index, body.const(V, np.int64))  # (B, 2K) slot extended
-    token = body.op("Mod", index, body.const(V, np.int64))  # (B, 2K)
+    beam = body.op("Div", index, body.const(V, np.int64))  # (n, 2K) slot extended
+    token = body.op("Mod", index, body.const(V, np.int64))  # (n, 2K)
     finite = body.op(  # NaN fails both comparisons
         "And",
         body.op("Less", top, body.const(np.inf)),
         body.op("Greater", top, body.const(-np.inf)),
     )
-    active = body.unsqueeze(ins["active"], 1)  # (B, 1)
     is_eos = body.op("And", body.op("Equal", token, body.const(EOS, np.int64)), finite)
     rank = np.arange(2 * K, dtype=np.int64)[None]  # (1, 2K)
-    ends = body.op("And", body.op("And", is_eos, body.const(rank < K)), active)
-    grows = body.op("And", body.op("And", finite, body.op("Not", is_eos)), active)
+    ends = body.op("And", is_eos, body.const(rank < K))
+    grows = body.op("And", finite, body.op("Not", is_eos))
     grown = body.op("CumSum", body.cast(grows, INT64), body.const(1, np.int64))
     grows = body.op("And", grows, body.op("LessOrEqual", grown, body.const(K, np.int64)))
     n_growing = body.op("ReduceSum", body.cast(grows, INT64), body.const([1], np.int64), keepdims=0)
     n_ends = body.op("ReduceSum", body.cast(ends, INT64), body.const([1], np.int64), keepdims=0)
-    n_finished = body.op("Add", ins["n_finished"], n_ends)  # (B,)
+    n_finished = body.op("Add", ins["n_finished"], n_ends)  # (n,)
 
     # The best hypothesis finished at this step: sum(log p) / (i + 1) ** alpha, EOS counted.
     norm = body.op(
         "Pow", body.cast(body.op("Add", i, body.const(1, np.int64)), DOUBLE), body.const(alpha)
     )
-    finished = body.where(ends, body.op("Div", top, norm), body.const(-np.inf))  # (B, 2K)
-    rank_best = body.op("ArgMax", finished, axis=1, keepdims=1)  # (B, 1)
+    finished = body.where(ends, body.op("Div", top, norm), body.const(-np.inf))  # (n, 2K)
+    rank_best = body.op("ArgMax", finished, axis=1, keepdims=1)  # (n, 1)
     finished_score = body.squeeze(body.op("GatherElements", finished, rank_best, axis=1), 1)
     finished_slot = body.squeeze(body.op("GatherElements", beam, rank_best, axis=1), 1)
-    improves = body.op("Greater", finished_score, ins["best_score"])  # (B,) strictly
+    improves = body.op("Greater", finished_score, ins["best_score"])  # (n,) strictly
     # An item that can grow no beam and finished none returns its best live beam as it was.
     zero_i = body.const(0, np.int64)
     stalled = body.op(
-        "And",
-        ins["active"],
-        body.op("And", body.op("Equal", n_growing, zero_i), body.op("Equal", n_finished, zero_i)),
+        "And", body.op("Equal", n_growing, zero_i), body.op("Equal", n_finished, zero_i)
     )
     live_slot, live_score = _best_live(body, ins["beam_lp"], i, alpha)
-    row = body.op("Add", first_row, body.where(stalled, live_slot, finished_slot))  # (B,)
+    row = body.op("Add", seg["first_row"], body.where(stalled, live_slot, finished_slot))  # (n,)
     score = body.where(stalled, live_score, finished_score)
     best = _keep_best(body, body.op("Or", improves, stalled), row, score, i, ins)
 
     # The next live beams: the kept extensions first, in rank order, then dead slots.
-    still = body.op(
+    still = body.op(  # (n,)
         "And",
         body.op("Less", n_finished, body.const(K, np.int64)),
         body.op("Greater", n_growing, zero_i),
     )
-    still = body.op("And", ins["active"], still)  # (B,)
-    keep = body.op("And", grows, body.unsqueeze(still, 1))  # (B, 2K)
+    keep = body.op("And", grows, body.unsqueeze(still, 1))  # (n, 2K)
     key = body.where(keep, body.const(rank), body.const(rank + 2 * K))
     _, chosen = body.op("TopK", key, body.const([K], np.int64), axis=1, largest=0, outputs=2)
-    valid = body.op("GatherElements", keep, chosen, axis=1)  # (B, K)
+    valid = body.op("GatherElements", keep, chosen, axis=1)  # (n, K)
     next_lp = body.where(
         valid, body.op("GatherElements", top, chosen, axis=1), body.const(-np.inf)
-    )  # (B, K)
+    )  # (n, K)
     next_token = body.reshape(body.op("GatherElements", token, chosen, axis=1), [-1])  # (N,)
     source = body.reshape(  # (N,) the row each new beam extends
         body.op("Add", first, body.op("GatherElements", beam, chosen, axis=1)), [-1]
@@ -167,34 +157,170 @@ def beam_search(
         body.unsqueeze(body.gather_rows(weights, source), 1),
         axis=1,
     )
-    Bb, Tb = body.dim(ins["active"], 0), body.dim(weights, 1)
-    one = body.const([1], np.int64)
+    n, Tb, one = body.dim(still, 0), body.dim(weights, 1), body.const([1], np.int64)
     best[2] = body.op(
-        "Concat", best[2], fill(body, body.op("Concat", Bb, one, axis=0), 0, np.int64), axis=1
-    )  # (B, i + 1)
+        "Concat", best[2], fill(body, body.op("Concat", n, one, axis=0), 0, np.int64), axis=1
+    )  # (n, i + 1)
     best[3] = body.op(
         "Concat",
         best[3],
-        fill(body, body.op("Concat", Bb, one, Tb, axis=0), 0.0, np.float32),
+        fill(body, body.op("Concat", n, one, Tb, axis=0), 0.0, np.float32),
         axis=1,
     )
-    outputs = [body.any(still), next_token]
-    outputs += [body.gather_rows(new_states[s], source) for s in states]
-    outputs += [next_lp, tokens, paths, still, n_finished, *best]
+    after = {"y_prev": next_token, "beam_lp": next_lp, "tokens": tokens, "paths": paths}
+    after.update({s: body.gather_rows(new_states[s], source) for s in states})
+    after.update(still=still, n_finished=n_finished)
+    after.update(zip(("best_score", "best_length", "best_tokens", "best_paths"), best, strict=True))
+    return after
 
-    types = state_types(decoder)
-    elem = {"y_prev": (INT64, 1), "beam_lp": (DOUBLE, 2), "tokens": (INT64, 2)}
-    elem.update(paths=(FLOAT, 3), active=(BOOL, 1), n_finished=(INT64, 1))
-    elem.update(best_score=(DOUBLE, 1), best_length=(INT64, 1), best_tokens=(INT64, 2))
-    elem.update(best_paths=(FLOAT, 3), **{s: types[s] for s in states})
-    graph_in = [value_info(i, INT64, 0), value_info("beam/cond", BOOL, 0)]
-    graph_in += [value_info(ins[n], *elem[n]) for n in names]
-    out_names = [f"beam/out_{n}" for n in ["cond", *names]]
+
+def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dict) -> dict:
+    """The inner ``Loop``: beam steps over the segment's items until one of them stops (or
+    ``max_length``); returns the carried values after the last step, ``still`` included."""
+    states = list(manifest.state_names)
+    carried = ["y_prev", *states, "beam_lp", "tokens", "paths", "still", "n_finished"]
+    carried += ["best_score", "best_length", "best_tokens", "best_paths"]
+    body = GraphBuilder("beam/step/")
+    own = {name: f"beam/step/in_{name}" for name in carried}
+    position = body.op("Add", ins["done"], "beam/step/i")  # () tokens so far
+    after = _beam_step(body, decoder, manifest, own, {**seg, "position": position})
+    # Every item of a segment searches at each of its steps: the segment ends when one stops.
+    n_still = body.op("ReduceSum", body.cast(after["still"], INT64), keepdims=0)
+    cond = body.op("Equal", n_still, body.squeeze(body.dim(after["still"], 0), 0))
+    outputs = [cond, *(after[name] for name in carried)]
+
+    types = {**_TYPES, **state_types(decoder)}
+    graph_in = [value_info("beam/step/i", INT64, 0), value_info("beam/step/cond", BOOL, 0)]
+    graph_in += [value_info(own[name], *types[name]) for name in carried]
+    out_names = [f"beam/step/out_{name}" for name in ["cond", *carried]]
     for value, name in zip(outputs, out_names, strict=True):
         body.nodes.append(helper.make_node("Identity", [value], [name]))
-    graph_out = [value_info(out_names[0], BOOL, 0)]
-    graph_out += [value_info(o, *elem[n]) for o, n in zip(out_names[1:], names, strict=True)]
+    out_types = [(BOOL, 0), *(types[name] for name in carried)]
+    graph_out = [value_info(o, *t) for o, t in zip(out_names, out_types, strict=True)]
 
+    initial = [ins[name] if name != "still" else fill(outer, seg["n"], True, np.bool_)
+               for name in carried]  # fmt: skip
+    results = outer.op(
+        "Loop",
+        outer.op("Sub", "max_length", ins["done"]),  # steps left
+        outer.const(True),
+        *initial,
+        outputs=len(carried),
+        body=body.graph("beam_steps", graph_in, graph_out),
+    )
+    return dict(zip(carried, results, strict=True))
+
+
+def _first_rows(b: GraphBuilder, n: str, K: int) -> str:
+    """``(n,)``: ``0, K, 2K, ...``, the first row of each of ``n`` (a ``(1,)`` tensor) items."""
+    items = b.op("Range", b.const(0, np.int64), b.squeeze(n, 0), b.const(1, np.int64))
+    return b.op("Mul", items, b.const(K, np.int64))
+
+
+def _rows_of(b: GraphBuilder, items: str, K: int) -> str:
+    """``(m K,)``: the rows of the segment's items ``items (m,)``, each item's ``K`` in order."""
+    first = b.unsqueeze(b.op("Mul", items, b.const(K, np.int64)), 1)  # (m, 1)
+    return b.reshape(b.op("Add", first, b.const(np.arange(K, dtype=np.int64)[None])), [-1])
+
+
+def _write(b: GraphBuilder, outs: dict, at: str, results: list[str], width: str) -> list[str]:
+    """The ``(B, ...)`` results with rows ``at (f, 1)`` set to ``results`` (score, length,
+    tokens ``(f, width)``, paths ``(f, width, T)``); tokens and paths first widened to
+    ``width`` (a ``(1,)`` tensor) with zeros."""
+    score, length, tokens, paths = results
+    grow = b.op("Sub", width, b.dim(outs["tokens"], 1))  # (1,) steps since the last write
+    zero = b.const([0], np.int64)
+    wide_tokens = b.op("Pad", outs["tokens"], b.op("Concat", zero, zero, zero, grow, axis=0))
+    pads = b.op("Concat", zero, zero, zero, zero, grow, zero, axis=0)
+    return [
+        b.op("ScatterND", outs["score"], at, score),
+        b.op("ScatterND", outs["length"], at, length),
+        b.op("ScatterND", wide_tokens, at, tokens),
+        b.op("ScatterND", b.op("Pad", outs["paths"], pads), at, paths),
+    ]
+
+
+def beam_search(
+    b: GraphBuilder, decoder, manifest: Manifest, carry: dict[str, str]
+) -> tuple[str, str, str, str]:
+    """Add the beam search; returns ``tokens (B, L), lengths (B,), attention (B, L, T),
+    scores (B,)`` (length-normalised, float64) of each item's best hypothesis.
+
+    The outer ``Loop`` (segments) carries the items still searching, their rows and ``items``,
+    their places in the batch; the results ``out_*`` are ``(B, ...)``, each item's written
+    once, when it stops (or after the loop, for those still searching at ``max_length``).
+    """
+    K, alpha = manifest.beam_size, manifest.length_penalty
+    states = list(manifest.state_names)
+    B = b.dim("src", 0)  # (1,)
+    T = b.dim("src", 1)  # (1,)
+    N = b.op("Mul", B, b.const([K], np.int64))  # (1,)
+    items = b.op("Range", b.const(0, np.int64), b.squeeze(B, 0), b.const(1, np.int64))  # (B,)
+    item_of_row = b.reshape(b.op("Tile", b.unsqueeze(items, 1), b.const([1, K], np.int64)), [-1])
+    wide = {name: b.gather_rows(value, item_of_row) for name, value in carry.items()}
+    start_lp = np.full((1, K), -np.inf)
+    start_lp[0, 0] = 0.0  # one live beam per item
+    zero = b.const([0], np.int64)
+    carried = ["y_prev", *states, "memory", "keys", "mask", *_ROW_NAMES[1:], *_ITEM_NAMES]
+    carried += ["items", "done"]
+    names = [*carried, "out_score", "out_length", "out_tokens", "out_paths"]
+    no_tokens = fill(b, b.op("Concat", B, zero, axis=0), 0, np.int64)  # (B, 0)
+    no_paths = fill(b, b.op("Concat", B, zero, T, axis=0), 0.0, np.float32)  # (B, 0, T)
+    initial = {
+        "y_prev": fill(b, N, BOS, np.int64),  # (N,)
+        **wide,  # states, memory, keys, mask: (N, ...)
+        "tokens": fill(b, b.op("Concat", N, zero, axis=0), 0, np.int64),  # (N, 0)
+        "paths": fill(b, b.op("Concat", N, zero, T, axis=0), 0.0, np.float32),  # (N, 0, T)
+        "beam_lp": b.op(
+            "Tile", b.const(start_lp), b.op("Concat", B, b.const([1], np.int64), axis=0)
+        ),
+        "n_finished": fill(b, B, 0, np.int64),  # (B,)
+        "best_score": fill(b, B, -np.inf, np.float64),  # (B,)
+        "best_length": fill(b, B, 0, np.int64),  # (B,)
+        "best_tokens": no_tokens,
+        "best_paths": no_paths,
+        "items": items,
+        "done": b.const(0, np.int64),  # () steps taken
+        "out_score": fill(b, B, 0.0, np.float64),
+        "out_length": fill(b, B, 0, np.int64),
+        "out_tokens": no_tokens,
+        "out_paths": no_paths,
+    }
+
+    body = GraphBuilder("beam/")
+    ins = {name: f"beam/in_{name}" for name in names}
+    n = body.dim(ins["items"], 0)  # (1,)
+    seg = {name: ins[name] for name in ("memory", "keys", "mask")}
+    seg.update(first_row=_first_rows(body, n, K), n=n)
+    after = _steps(body, decoder, manifest, ins, seg)
+    still = after["still"]  # (n,)
+    keep = body.squeeze(body.op("NonZero", still), 0)  # (m,) the items that search on
+    stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
+    rows = _rows_of(body, keep, K)  # (m K,)
+    kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states]}
+    kept.update({name: body.gather_rows(after[name], rows) for name in _ROW_NAMES[1:]})
+    kept.update({name: body.gather_rows(ins[name], rows) for name in ("memory", "keys", "mask")})
+    kept.update({name: body.gather_rows(after[name], keep) for name in _ITEM_NAMES})
+    kept["items"] = body.gather_rows(ins["items"], keep)
+    width = body.dim(after["tokens"], 1)  # (1,) steps taken
+    kept["done"] = body.squeeze(width, 0)
+    best = ("best_score", "best_length", "best_tokens", "best_paths")
+    outs = {key: ins[f"out_{key}"] for key in ("score", "length", "tokens", "paths")}
+    at = body.unsqueeze(body.gather_rows(ins["items"], stop), 1)  # (f, 1)
+    written = _write(body, outs, at, [body.gather_rows(after[k], stop) for k in best], width)
+    more = body.op("Less", kept["done"], "max_length")
+    outputs = [body.op("And", body.any(still), more), *(kept[name] for name in carried), *written]
+
+    types = {**_TYPES, **state_types(decoder)}
+    types.update(items=(INT64, 1), done=(INT64, 0), out_score=(DOUBLE, 1), out_length=(INT64, 1))
+    types.update(out_tokens=(INT64, 2), out_paths=(FLOAT, 3))
+    graph_in = [value_info("beam/i", INT64, 0), value_info("beam/cond", BOOL, 0)]
+    graph_in += [value_info(ins[name], *types[name]) for name in names]
+    out_names = [f"beam/out_{name}" for name in ["cond", *names]]
+    for value, name in zip(outputs, out_names, strict=True):
+        body.nodes.append(helper.make_node("Identity", [value], [name]))
+    out_types = [(BOOL, 0), *(types[name] for name in names)]
+    graph_out = [value_info(o, *t) for o, t in zip(out_names, out_types, strict=True)]
     final = dict(
         zip(
             names,
@@ -202,19 +328,24 @@ def beam_search(
                 "Loop",
                 "max_length",
                 b.const(True),
-                *initial,
+                *(initial[name] for name in names),
                 outputs=len(names),
-                body=body.graph("beam_step", graph_in, graph_out),
+                body=body.graph("beam_segment", graph_in, graph_out),
             ),
             strict=True,
         )
     )
 
-    # Items still searching after max_length steps that finished nothing: their best live beam.
-    steps = b.squeeze(b.dim(final["tokens"], 1), 0)  # ()
-    open_ = b.op("And", final["active"], b.op("Equal", final["n_finished"], b.const(0, np.int64)))
+    # Items still searching after max_length steps: the best finished hypothesis, or the best
+    # live beam of those that finished nothing.
+    width = b.dim(final["tokens"], 1)  # (1,) steps taken
+    steps = b.squeeze(width, 0)  # ()
+    open_ = b.op("Equal", final["n_finished"], b.const(0, np.int64))  # (m,)
     live_slot, live_score = _best_live(b, final["beam_lp"], steps, alpha)
-    row = b.op("Add", first_row, live_slot)
-    ins_final = {key: final[key] for key in names}
-    score, length, tokens, attention = _keep_best(b, open_, row, live_score, steps, ins_final)
+    row = b.op("Add", _first_rows(b, b.dim(final["items"], 0), K), live_slot)
+    results = _keep_best(b, open_, row, live_score, steps, final)
+    outs = {key: final[f"out_{key}"] for key in ("score", "length", "tokens", "paths")}
+    score, length, tokens, attention = _write(
+        b, outs, b.unsqueeze(final["items"], 1), results, width
+    )
     return tokens, length, attention, score

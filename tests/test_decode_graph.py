@@ -250,7 +250,6 @@ def test_runtime_decode_graph_equals_the_step_graphs(fitted_reversal, reversal_d
     graph = serving.load(directory, device="cpu", intra_op_num_threads=1)
     steps = serving.load(directory, device="cpu", intra_op_num_threads=1, decode_graph=False)
     assert (graph.decode_graph, steps.decode_graph) == (True, False)
-    graph.translator.beam_graph_max_items = 1000  # every chunk through decode.onnx
     sources = [*reversal_data[2][:60], "", "55555555555555555555555"]
     got, got_attention = graph.predict_batch(sources, temperature=0.8, with_attention=True)
     want, want_attention = steps.predict_batch(sources, temperature=0.8, with_attention=True)
@@ -310,14 +309,12 @@ class CountingSession:
         return self.session.run(*args)
 
 
-@pytest.mark.parametrize(("beam_size", "graph_calls"), [(1, 2), (3, 1)])
-def test_beam_chunks_past_the_limit_run_on_the_step_graphs(
-    fitted_reversal, beam_size, graph_calls, tmp_path
-):
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_chunks_of_every_size_run_on_the_decode_graph(fitted_reversal, beam_size, tmp_path):
     directory = export_estimator(fitted_reversal, tmp_path / "m", beam_size=beam_size)
-    runtime = serving.load(directory, device="cpu", intra_op_num_threads=1)
-    limit = runtime.translator.beam_graph_max_items
+    runtime = serving.load(directory, device="cpu", intra_op_num_threads=1, max_batch_size=64)
     session = runtime.translator.session = CountingSession(runtime.translator.session)
-    runtime.predict(["123"] * (limit + 1))  # greedy: the graph; beam: the step graphs
-    runtime.predict(["123"] * limit)  # the graph
-    assert session.calls == graph_calls
+    runtime.predict(["123"])
+    runtime.predict(["123", "4567"] * 32)
+    runtime.predict(["12"] * 65)  # two chunks
+    assert session.calls == 4

@@ -22,7 +22,7 @@ import pytest
 
 import serving
 from serving.artifact import ArtifactError
-from serving.layout import default_beam_graph_items, default_chunk_items
+from serving.layout import default_chunk_items
 from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
 from skattn import Seq2Seq
 from skattn.core.inference import Translator
@@ -280,18 +280,6 @@ def test_default_chunks_hold_about_the_same_floats_whatever_the_width(artifact):
     for bad in (0, -1, 2.5, "64"):
         with pytest.raises(ValueError, match="max_batch_size"):
             serving.load(artifact, device="cpu", max_batch_size=bad)
-
-
-def test_beam_chunks_run_on_the_decode_graph_up_to_a_limit_that_falls_with_the_width(artifact):
-    assert default_beam_graph_items(512) == 12  # the bi-GRU 256 G2P member
-    assert default_beam_graph_items(128) == 48  # hidden 64
-    assert default_beam_graph_items(1024) == 6  # hidden-256 Luong, or two G2P members
-    assert default_beam_graph_items(10) == 64 and default_beam_graph_items(10**6) == 4
-    assert default_beam_graph_items(None) == 16
-    runtime = serving.load(artifact, device="cpu")
-    carry = runtime.backend.encode(np.array([[4, 2]]), np.array([2]))
-    width = carry["memory"].shape[-1] + carry["keys"].shape[-1]
-    assert runtime.translator.beam_graph_max_items == default_beam_graph_items(width)
 
 
 def test_chunk_count_cuts_for_the_limit_and_for_every_worker():
