@@ -288,8 +288,8 @@ class GraphTranslator(Translator):
 
     Every chunk runs on the graph, greedy or beam: it measured faster than the step graphs
     driven from Python at every size (``benchmarks/bench_decode_graph.py``, 1 thread, graph /
-    steps: greedy 0.72-0.91x at 1-256 items; beam 5 0.66-0.88x for hidden 64, 0.77-0.99x for
-    hidden-256 Luong, at 4-256 items; the bi-GRU 256 G2P member in int8 0.85-0.91x at 4-64).
+    steps at 1-256 items: greedy 0.70-0.85x for hidden 64, 0.72-0.92x for hidden-256 Luong;
+    beam 5 0.60-0.86x and 0.65-0.92x; the bi-GRU 256 G2P member in int8 0.79-0.91x at 1-64).
 
     Parameters
     ----------

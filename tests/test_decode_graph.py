@@ -19,16 +19,26 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from test_export import KINDS, export, kind_id, make_module, random_source
+import torch
+from test_export import (
+    KINDS,
+    SOURCE_VOCABULARY,
+    export,
+    kind_id,
+    make_module,
+    random_source,
+)
 
 import serving
 from serving.artifact import ArtifactError
 from skattn import Seq2Seq
 from skattn.core.manifest import DECODE_FILE, Manifest
-from skattn.core.text import EOS
+from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.datasets import make_reversal
 from skattn.decode_graph import build_decode_graph, compare_with_search, reference_search
 from skattn.export import export_module
+from skattn.models import Seq2SeqModule
+from skattn.models.config import ModelConfig
 
 SEARCHES = [
     dict(beam_size=1),
@@ -165,6 +175,26 @@ def test_results_do_not_depend_on_the_batch(beam_size, tmp_path):
         assert together[1][row] == k
         assert together[0][row, :k].tolist() == alone[0][0, :k].tolist()
         np.testing.assert_allclose(together[2][row, :k, :n], alone[2][0, :k], atol=1e-6)
+
+
+@pytest.mark.parametrize("B", [1, 2, 7])  # the first step on K rows per item, then on one
+def test_beam_over_fewer_ids_than_twice_the_beam(B, tmp_path):
+    """With V < 2K a first step from one row per item has fewer than 2K extensions."""
+    targets = [*SPECIAL_TOKENS, "x"]  # V = 5 < 2K = 8
+    torch.manual_seed(3)
+    config = ModelConfig(len(SOURCE_VOCABULARY), len(targets), embedding_dim=6, hidden_size=8)
+    directory = export_module(
+        Seq2SeqModule(config).eval(),
+        tmp_path / "m",
+        source_vocabulary=SOURCE_VOCABULARY,
+        target_vocabulary=targets,
+        tokenizer="char",
+        beam_size=4,
+    )
+    manifest, encoder, decoder, decode = sessions(directory)
+    src, lengths = random_source(B, 6, np.random.default_rng(B))
+    expected = reference_search(encoder, decoder, manifest, src, lengths, 5, 1.0)
+    assert compare_with_search(expected, *run_decode(decode, src, lengths, 5, 1.0)) == []
 
 
 def test_build_refuses_graphs_of_other_signatures(tmp_path):
