@@ -85,25 +85,23 @@ _TYPES = {
 def _beam_step(body: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dict) -> dict:
     """One beam step over a segment's ``n`` items, all of them searching, from ``r`` rows per
     item (``beam_lp (n, r)``: 1 at the first step, ``K`` after); returns the carried values
-    after it, ``K`` rows per item, and ``still (n,)``, the items that search on."""
+    after it, ``K`` rows per item, and ``still (n,)``, the items that search on. What depends
+    only on ``n`` and ``r`` comes from ``seg``, computed once per segment (:func:`_steps`)."""
     K, V, alpha = manifest.beam_size, len(manifest.target_vocabulary), manifest.length_penalty
     states = list(manifest.state_names)
     i = seg["position"]  # () tokens so far
     log_probs, new_states, weights = decoder_step(
         body, decoder, manifest, ins["y_prev"], {s: ins[s] for s in states}, seg, i
     )  # (N, V) float64, (N, T)
-    n, r = body.dim(ins["beam_lp"], 0), body.dim(ins["beam_lp"], 1)  # (1,) each
-    first_row = _first_rows(body, n, r)  # (n,)
-    first = body.unsqueeze(first_row, 1)  # (n, 1)
+    first_row, first = seg["first_row"], seg["first"]  # (n,), (n, 1)
     total = body.op("Add", body.reshape(ins["beam_lp"], [-1, 1]), log_probs)  # (N, V)
-    flat = body.reshape(total, body.op("Concat", n, body.const([-1], np.int64), axis=0))
+    flat = body.reshape(total, seg["flat_shape"])  # (n, r V)
     if V < 2 * K:  # a first step (r = 1) has fewer than 2K extensions: pad with dead ones
-        dead = fill(body, body.op("Concat", n, body.const([2 * K - V], np.int64), axis=0),
-                    -np.inf, np.float64)  # fmt: skip
-        flat = body.op("Concat", flat, dead, axis=1)  # (n, r V + 2K - V)
+        flat = body.op("Concat", flat, seg["dead"], axis=1)  # (n, r V + 2K - V)
     top, index = body.op("TopK", flat, body.const([2 * K], np.int64), axis=1, outputs=2)
-    last_slot = body.op("Sub", r, body.const([1], np.int64))  # padding: a dead extension
-    beam = body.op("Min", body.op("Div", index, body.const(V, np.int64)), last_slot)  # (n, 2K)
+    beam = body.op("Div", index, body.const(V, np.int64))  # (n, 2K) slot extended
+    if V < 2 * K:  # the padding's slots, dead extensions, read the item's last row
+        beam = body.op("Min", beam, seg["last_slot"])
     token = body.op("Mod", index, body.const(V, np.int64))  # (n, 2K)
     finite = body.op(  # NaN fails both comparisons
         "And",
@@ -188,18 +186,25 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
     K, states = manifest.beam_size, list(manifest.state_names)
     carried = ["y_prev", *states, "beam_lp", "tokens", "paths", "still", "n_finished"]
     carried += ["best_score", "best_length", "best_tokens", "best_paths"]
+    V = len(manifest.target_vocabulary)
+    n, r = outer.dim(ins["beam_lp"], 0), outer.dim(ins["beam_lp"], 1)  # (1,) each
+    first_row = _first_rows(outer, n, r)
+    seg = {**seg, "first_row": first_row, "first": outer.unsqueeze(first_row, 1)}
+    seg["flat_shape"] = outer.op("Concat", n, outer.const([-1], np.int64), axis=0)  # (n, r V)
+    if V < 2 * K:
+        shape = outer.op("Concat", n, outer.const([2 * K - V], np.int64), axis=0)
+        seg["dead"] = fill(outer, shape, -np.inf, np.float64)  # (n, 2K - V)
+        seg["last_slot"] = outer.op("Sub", r, outer.const([1], np.int64))  # (1,)
+    # A segment ends after its first step when that step came from one row per item (the
+    # memory has no K rows yet), else at the first step where some item stops.
+    wide = outer.op("Equal", outer.squeeze(r, 0), outer.const(K, np.int64))  # ()
+
     body = GraphBuilder("beam/step/")
     own = {name: f"beam/step/in_{name}" for name in carried}
     position = body.op("Add", ins["done"], "beam/step/i")  # () tokens so far
     after = _beam_step(body, decoder, manifest, own, {**seg, "position": position})
-    # Every item of a segment searches at each of its steps: the segment ends when one stops,
-    # and after the first step, whose K rows per item the memory does not have yet.
-    n_still = body.op("ReduceSum", body.cast(after["still"], INT64), keepdims=0)
-    cond = body.op(
-        "And",
-        body.op("Equal", n_still, body.squeeze(body.dim(after["still"], 0), 0)),
-        body.op("Equal", body.squeeze(body.dim(own["beam_lp"], 1), 0), body.const(K, np.int64)),
-    )
+    every = body.op("ReduceMin", body.cast(after["still"], INT64), keepdims=0)  # () 1: none stops
+    cond = body.op("And", body.cast(every, BOOL), wide)
     outputs = [cond, *(after[name] for name in carried)]
 
     types = {**_TYPES, **state_types(decoder)}

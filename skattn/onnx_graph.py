@@ -28,6 +28,7 @@ __all__ = [
     "model_copy",
     "node_attributes",
     "rewrite_nodes",
+    "sink_initializers",
     "static_shapes",
     "subgraphs",
     "value_info",
@@ -302,6 +303,37 @@ def drop_unused_initializers(model: onnx.ModelProto) -> None:
         kept = [t for t in graph.initializer if t.name in used]
         del graph.initializer[:]
         graph.initializer.extend(kept)
+
+
+def sink_initializers(model: onnx.ModelProto) -> int:
+    """Move (in place) each main-graph initializer that the nodes of one subgraph alone read
+    into that subgraph; returns how many moved. Graph inputs and outputs stay.
+
+    onnxruntime runs a ``Loop`` or ``Scan`` body's products much faster on its own weights
+    than on its outer scope's, and passes that add weights to the main graph (the recurrent
+    expansion, int8 products) leave them there. Measured on the int8 G2P member's
+    ``decode.onnx``, one word at a time: 0.85x the time once sunk (greedy or beam, one thread).
+    """
+    graphs = list(subgraphs(model.graph))
+    readers: dict[str, set[int]] = {}
+    for index, graph in enumerate(graphs):
+        for name in (
+            *(x for node in graph.node for x in node.input),
+            *(v.name for v in graph.output),
+        ):
+            readers.setdefault(name, set()).add(index)
+    pinned = {value.name for value in (*model.graph.input, *model.graph.output)}
+    kept, moved = [], 0
+    for tensor in model.graph.initializer:
+        where = readers.get(tensor.name, set())
+        if len(where) == 1 and 0 not in where and tensor.name not in pinned:
+            graphs[where.pop()].initializer.append(tensor)
+            moved += 1
+        else:
+            kept.append(tensor)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return moved
 
 
 def node_attributes(node: onnx.NodeProto) -> dict:

@@ -66,6 +66,7 @@ from skattn.onnx_graph import (
     model_copy,
     node_attributes,
     rewrite_nodes,
+    sink_initializers,
     subgraphs,
 )
 from skattn.recurrent_graph import expand_recurrent
@@ -284,6 +285,7 @@ def quantize_model(
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     expanded, _ = expand_recurrent(model)
     quantized, _ = quantize_matmuls(expanded, ranges)
+    sink_initializers(quantized)  # each body's weights its own, not its outer scope's
     return quantized
 
 
