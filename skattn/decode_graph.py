@@ -1,7 +1,8 @@
 """``decode.onnx``: the whole search (encoder, then greedy or beam decoding) as one ONNX graph.
 
-Built from the two exported graphs with ``onnx.helper``: ``encoder.onnx``'s nodes once, then a
-``Loop`` whose body is ``decoder_step.onnx``'s nodes plus the search's decisions
+Built from the two exported graphs with ``onnx.helper``: ``encoder.onnx``'s nodes once, then
+two nested ``Loop``s, the inner one's body ``decoder_step.onnx``'s nodes plus the search's
+decisions, the outer one dropping the rows that ended between runs of the inner one
 (:mod:`skattn.decode_graph_greedy`, :mod:`skattn.decode_graph_beam`), so one ``session.run``
 decodes a batch in any onnxruntime host (C++, C#, Java, onnxruntime-web, Triton)::
 
@@ -152,7 +153,8 @@ def verify_decode_graph(
     manifest: Manifest,
     seed: int = 2,
 ) -> None:
-    """Run ``decode.onnx`` and the NumPy search over the step graphs on random sources.
+    """Run ``decode.onnx`` and the NumPy search over the step graphs on random sources: a
+    batch, and its first item alone (beam search starts one item and a batch differently).
 
     Raises
     ------
@@ -162,27 +164,20 @@ def verify_decode_graph(
     rng = np.random.default_rng(seed)
     src, lengths = random_sources(_VERIFY_LENGTHS, len(manifest.source_vocabulary), rng)
     max_length = min(_VERIFY_MAX_LENGTH, manifest.max_output_length)
-    expected = reference_search(
-        _session(encoder),
-        _session(decoder),
-        manifest,
-        src,
-        lengths,
-        max_length,
-        _VERIFY_TEMPERATURE,
-    )
-    tokens, out_lengths, attention, scores = _session(decode).run(
-        None,
-        {
-            "src": src,
-            "src_lengths": lengths,
+    sessions = [_session(graph) for graph in (encoder, decoder, decode)]
+    for batch, batch_lengths in ((src, lengths), (src[:1, : lengths[0]], lengths[:1])):
+        expected = reference_search(
+            *sessions[:2], manifest, batch, batch_lengths, max_length, _VERIFY_TEMPERATURE
+        )
+        feeds = {
+            "src": batch,
+            "src_lengths": batch_lengths,
             "max_length": np.array(max_length, np.int64),
             "temperature": np.array(_VERIFY_TEMPERATURE, np.float32),
-        },
-    )
-    problems = compare_with_search(expected, tokens, out_lengths, attention, scores)
-    if problems:
-        raise RuntimeError(f"decode.onnx differs from the NumPy search: {problems[0]}")
+        }
+        problems = compare_with_search(expected, *sessions[2].run(None, feeds))
+        if problems:
+            raise RuntimeError(f"decode.onnx differs from the NumPy search: {problems[0]}")
 
 
 def compare_with_search(hypotheses, tokens, lengths, attention, scores) -> list[str]:

@@ -1,13 +1,16 @@
-"""Beam search as an ONNX ``Loop`` around the inlined decoder step (part of ``decode.onnx``).
+"""Beam search as nested ONNX ``Loop``s around the inlined decoder step (part of ``decode.onnx``).
 
 The decisions of :func:`skattn.core.beam.beam_decode`, written over fixed beam slots: item
-``b`` owns rows ``b * K .. b * K + K - 1``, its live beams first in rank order and dead slots at
--inf after them, which is the NumPy search's layout once it pads each item to ``K`` beams. Per
-step ``i`` (``N = B * K`` rows, ``V`` target ids)::
+``b`` of a segment's ``n`` owns rows ``b * r .. b * r + r - 1``, its live beams first in rank
+order and dead slots at -inf after them, which is the NumPy search's layout once it pads each
+item to ``r`` beams: ``r = K`` after the first step, ``r = 1`` before it for a batch of two or
+more items (``r = K`` for one, one row live). Per step ``i`` (``N = n * r`` rows, ``V`` target
+ids)::
 
-    total[b, k * V + y] = log p(beam b,k) + log p(y | beam b,k)       (B, K V), float64
+    total[b, k * V + y] = log p(beam b,k) + log p(y | beam b,k)       (n, r V), float64
     top, index = TopK(total, 2K)      descending; equal totals keep the lower flat index, so
                                        ties go to the earlier beam, then the lower token id
+                                       (with r V < 2K, -inf columns pad total to 2K: dead)
     ends  = (token == EOS) & finite & (rank < K)         finished: total / (i + 1) ** alpha
     grows = the first K finite non-EOS extensions        the next live beams, in rank order
 
@@ -47,8 +50,8 @@ __all__ = ["beam_search"]
 
 
 def _best_live(b: GraphBuilder, beam_lp: str, steps: str, alpha: float):
-    """Each item's best live beam, normalised by ``max(steps, 1) ** alpha``: its slot ``(B,)``
-    and its score ``(B,)`` (the first of equal scores)."""
+    """Each item's best live beam, normalised by ``max(steps, 1) ** alpha``: its slot ``(n,)``
+    and its score ``(n,)`` (the first of equal scores)."""
     norm = b.op("Pow", b.cast(b.op("Max", steps, b.const(1, np.int64)), DOUBLE), b.const(alpha))
     scores = b.op("Div", beam_lp, norm)  # (B, K)
     slot = b.op("ArgMax", scores, axis=1, keepdims=1)  # (B, 1)
@@ -56,17 +59,17 @@ def _best_live(b: GraphBuilder, beam_lp: str, steps: str, alpha: float):
 
 
 def _keep_best(b, take, row, score, length, ins) -> list[str]:
-    """``best_*`` replaced by beam ``row``'s tokens and attention where ``take`` (B,)."""
-    take2 = b.unsqueeze(take, 1)  # (B, 1)
+    """``best_*`` replaced by beam ``row``'s tokens and attention where ``take`` (n,)."""
+    take2 = b.unsqueeze(take, 1)  # (n, 1)
     return [
         b.where(take, score, ins["best_score"]),
         b.where(take, length, ins["best_length"]),
-        b.where(take2, b.gather_rows(ins["tokens"], row), ins["best_tokens"]),  # (B, t)
+        b.where(take2, b.gather_rows(ins["tokens"], row), ins["best_tokens"]),  # (n, t)
         b.where(b.unsqueeze(take2, 2), b.gather_rows(ins["paths"], row), ins["best_paths"]),
     ]
 
 
-_ROW_NAMES = ("y_prev", "tokens", "paths")  # (n K, ...) per row, with the states
+_ROW_NAMES = ("tokens", "paths")  # (n K, ...) per row, with y_prev and the states
 _ITEM_NAMES = ("beam_lp", "n_finished", "best_score", "best_length", "best_tokens", "best_paths")
 _TYPES = {
     "y_prev": (INT64, 1),
@@ -326,7 +329,7 @@ def beam_search(
     T = b.dim("src", 1)  # (1,)
     items = b.op("Range", b.const(0, np.int64), b.squeeze(B, 0), b.const(1, np.int64))  # (B,)
     zero = b.const([0], np.int64)
-    carried = ["y_prev", *states, "memory", "keys", "mask", *_ROW_NAMES[1:], *_ITEM_NAMES]
+    carried = ["y_prev", *states, "memory", "keys", "mask", *_ROW_NAMES, *_ITEM_NAMES]
     carried += ["items", "done"]
     names = [*carried, "out_score", "out_length", "out_tokens", "out_paths"]
     no_tokens = fill(b, b.op("Concat", B, zero, axis=0), 0, np.int64)  # (B, 0)
@@ -357,7 +360,7 @@ def beam_search(
     stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
     rows = _rows_of(body, keep, K)  # (m K,)
     kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states]}
-    kept.update({name: body.gather_rows(after[name], rows) for name in _ROW_NAMES[1:]})
+    kept.update({name: body.gather_rows(after[name], rows) for name in _ROW_NAMES})
     # The segment's memory has r rows per item (1 in the first), all equal: row 0 K times.
     r = body.dim(ins["beam_lp"], 1)  # (1,)
     first = body.op("Mul", keep, r)  # (m,)

@@ -1,4 +1,4 @@
-"""Greedy search as an ONNX ``Loop`` around the inlined decoder step (part of ``decode.onnx``).
+"""Greedy search as nested ONNX ``Loop``s around the inlined decoder step (part of ``decode.onnx``).
 
 The same decisions as :func:`skattn.core.greedy.greedy_decode`: ``y_i = argmax_y log p(y | ...)``
 with PAD, BOS and UNK ruled out and ties to the lowest id, until EOS or ``max_length`` tokens.
@@ -100,8 +100,8 @@ def _steps(
     """The inner ``Loop``: decoder steps over the segment's rows until one of them ends.
 
     Returns the final ``y_prev``, states, ``alive (n,)`` (the rows that did not end: an input
-    only so that the loop carries it out), ``score (n,)`` and ``length (n,)`` (the segment's
-    sums), and the scan outputs ``token (k, n)`` and ``weights (k, n, T)``.
+    only so that the loop carries it out), ``score (n,)`` and ``length (n,)`` (each row's item's
+    totals), and the scan outputs ``token (k, n)`` and ``weights (k, n, T)``.
     """
     states = list(manifest.state_names)
     carried = ["y_prev", *states, "alive", "score", "length"]
@@ -142,8 +142,8 @@ def _steps(
         ins["y_prev"],
         *(ins[s] for s in states),
         fill(outer, n, True, np.bool_),
-        fill(outer, n, 0.0, np.float64),
-        fill(outer, n, 0, np.int64),
+        outer.gather_rows(ins["score"], ins["rows"]),  # the items' sums so far, as NumPy adds
+        outer.gather_rows(ins["length"], ins["rows"]),
         outputs=len(carried) + 2,
         body=body.graph("greedy_steps", graph_in, graph_out),
     )
@@ -205,10 +205,7 @@ def greedy_search(
         at,
         body.op("Transpose", weight_steps, perm=[1, 0, 2]),
     )
-    totals = {}
-    for key in ("score", "length"):
-        total = body.op("Add", body.gather_rows(ins[key], ins["rows"]), last[key])  # (n,)
-        totals[key] = body.op("ScatterND", ins[key], at, total)  # (B,)
+    totals = {key: body.op("ScatterND", ins[key], at, last[key]) for key in ("score", "length")}
     done = body.op("Add", ins["done"], body.squeeze(k, 0))
     keep = body.squeeze(body.op("NonZero", last["alive"]), 0)  # (m,) the rows still decoding
     kept = {name: body.gather_rows(last[name], keep) for name in ["y_prev", *states]}

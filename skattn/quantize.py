@@ -11,7 +11,7 @@ search decodes calibration sources. A fixed range quantizes each row on its own,
 answer never depends on the items batched beside it, as with float32; onnxruntime's
 ``DynamicQuantizeMatMul``, which takes the range of each call's rows, costs the same and does
 not have that property (6 % of a served G2P model's answers moved with their batch). Three
-passes, each a plain graph rewrite or run:
+passes, each a plain graph rewrite or run, then the weights moved to the bodies that read them:
 
 1. :func:`~skattn.recurrent_graph.expand_recurrent` writes every ``GRU`` / ``LSTM`` node as
    the products and gates it computes, so that its weights become ``MatMul`` / ``Gemm``
@@ -23,6 +23,10 @@ passes, each a plain graph rewrite or run:
 3. :func:`quantize_matmuls` turns every ``MatMul`` and ``Gemm`` whose weight is a constant
    and whose range was measured into the two nodes above, in subgraphs too; a product never
    reached stays float32.
+
+Passes 1 and 3 add their weights to the main graph; :func:`~skattn.onnx_graph.sink_initializers`
+then moves each that one ``Loop`` or ``Scan`` body alone reads into it, where onnxruntime
+multiplies it faster.
 
 Weights are symmetric per output column, in 7 bits (``[-63, 63]``): x86's AVX2 int8 product
 (``vpmaddubsw``) adds two ``uint8 x int8`` products in a saturating int16, and 8-bit weights can
@@ -274,7 +278,7 @@ def quantize_model(
     model: onnx.ModelProto, ranges: dict[str, float], quantization: str = "int8"
 ) -> onnx.ModelProto:
     """Passes 1 and 3: the recurrent cells expanded, then every weight product with a range in
-    ``ranges`` in int8.
+    ``ranges`` in int8; each weight then held by the body that alone reads it.
 
     Raises
     ------

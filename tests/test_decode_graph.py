@@ -175,6 +175,19 @@ def test_results_do_not_depend_on_the_batch(beam_size, tmp_path):
         assert together[1][row] == k
         assert together[0][row, :k].tolist() == alone[0][0, :k].tolist()
         np.testing.assert_allclose(together[2][row, :k, :n], alone[2][0, :k], atol=1e-6)
+        assert together[3][row] == pytest.approx(alone[3][0], abs=1e-6)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("B", [1, 5])
+def test_a_search_of_one_step(beam_size, B, tmp_path):
+    directory = export(make_module(seed=4), tmp_path / "m", beam_size=beam_size)
+    manifest, encoder, decoder, decode = sessions(directory)
+    src, lengths = random_source(B, 6, np.random.default_rng(B))
+    expected = reference_search(encoder, decoder, manifest, src, lengths, 1, 1.0)
+    outputs = run_decode(decode, src, lengths, 1, 1.0)
+    assert compare_with_search(expected, *outputs) == []
+    assert outputs[0].shape == (B, 1)
 
 
 @pytest.mark.parametrize("B", [1, 2, 7])  # the first step on K rows per item, then on one

@@ -668,6 +668,54 @@ def test_sink_initializers_moves_what_one_body_alone_reads():
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+def test_sink_initializers_reaches_a_nested_body_and_respects_shadowing(shadow):
+    def loop(name, body):
+        return helper.make_node("Loop", ["n", ""], [name], body=body)
+
+    def body(name, nodes):  # values named after the body: one name, one value (SSA)
+        ins = [helper.make_tensor_value_info(f"{name}_i", TensorProto.INT64, []),
+               helper.make_tensor_value_info(f"{name}_c", TensorProto.BOOL, [])]  # fmt: skip
+        outs = [helper.make_tensor_value_info(f"{name}_c_out", TensorProto.BOOL, []),
+                helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)]  # fmt: skip
+        keep_going = helper.make_node("Identity", [f"{name}_c"], [f"{name}_c_out"])
+        return helper.make_graph([keep_going, *nodes], name, ins, outs)
+
+    inner = body("inner", [helper.make_node("Add", ["deep", "deep"], ["inner_y"])])
+    reader = body("reader", [helper.make_node("Add", ["other", "other"], ["reader_y"])])
+    # With shadow, "other" is also the middle body's own value, which the innermost body then
+    # reads (onnxruntime refuses such a model, the ONNX checker does not), so the main graph's
+    # "other" must stay.
+    own = [helper.make_node("Constant", [], ["other"], value_floats=[5.0, 6.0])] if shadow else []
+    middle = body(
+        "middle",
+        [
+            loop("inner_out", inner),
+            *own,
+            loop("reader_out", reader),
+            helper.make_node("Add", ["inner_out", "reader_out"], ["middle_y"]),
+        ],
+    )
+    graph = helper.make_graph(
+        [loop("out", middle)],
+        "m",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.full(2, v, np.float32), n)
+            for n, v in (("deep", 1.0), ("other", 2.0))
+        ],  # fmt: skip
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    feeds = {"n": np.array(2, np.int64)}
+    before = None if shadow else session(model).run(None, feeds)[0]
+    assert sink_initializers(model) == 1 + (not shadow)
+    owners = {t.name: g.name for g in subgraphs(model.graph) for t in g.initializer}
+    assert owners == {"deep": "inner", "other": "m" if shadow else "reader"}
+    if not shadow:
+        np.testing.assert_array_equal(session(model).run(None, feeds)[0], before)
+
+
 def test_an_int8_artifact_is_refused_on_cuda_before_any_gpu_is_looked_for(int8_artifacts):
     with pytest.raises(ValueError, match="int8-quantized.*CPU only"):
         serving.load(int8_artifacts[1][1], "cuda")

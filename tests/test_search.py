@@ -309,6 +309,15 @@ def test_beam_weights_follow_reordered_beams():
         assert hyp.score == pytest.approx(total / length)
 
 
+def test_an_item_that_cannot_extend_at_the_first_step_returns_its_empty_beam():
+    """Every extension -inf (or NaN) at the first step: the item stops with no token."""
+    backend = HistoryBackend(n_tables=2, seed=3)
+    backend.log_p[1] = np.nan  # item 1's model answers NaN everywhere
+    hyps = beam_decode(backend.step, backend.select, backend.carry([0, 1]), 2, 3, 6)
+    assert hyps[1].tokens == [] and hyps[1].weights.shape == (0, T)
+    check_hypothesis(backend, 0, hyps[0], 6)
+
+
 def test_empty_batch_decodes_nothing():
     backend = HistoryBackend(n_tables=1, seed=0)
     assert greedy_decode(backend.step, backend.select, backend.carry([]), 0, 5) == []

@@ -100,7 +100,7 @@ def beam_decode(
         n_growing = grows.sum(axis=1)  # (I,)
         for i in np.flatnonzero((n_growing == 0) & (n_finished[ranked.items] == 0)):
             rows = np.arange(ranked.starts[i], ranked.starts[i] + ranked.counts[i])
-            stalled[int(ranked.items[i])] = beams.hypotheses(rows, length_penalty)
+            stalled[int(ranked.items[i])] = beams.hypotheses(rows, length_penalty, extended[:, :-1])
         grows = grows & ((n_finished[ranked.items] < K) & (n_growing > 0))[:, None]  # the rest end
 
         i, r = np.nonzero(grows)  # items ascending, best first
@@ -118,7 +118,7 @@ def beam_decode(
     for first, count in zip(*_runs(beams.owner), strict=True):
         if n_finished[beams.owner[first]] == 0:
             rows = np.arange(first, first + count)
-            stalled[int(beams.owner[first])] = beams.hypotheses(rows, length_penalty)
+            stalled[int(beams.owner[first])] = beams.hypotheses(rows, length_penalty, beams.paths)
 
     results = []
     for item in range(batch_size):
@@ -164,13 +164,17 @@ class _Beams:
             paths = np.zeros((self.size, 0, weights.shape[1]), dtype=weights.dtype)
         return np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
 
-    def hypotheses(self, rows: np.ndarray, length_penalty: float) -> list[Hypothesis]:
-        """Live beams as hypotheses, best first, each normalised by its length (no EOS)."""
+    def hypotheses(
+        self, rows: np.ndarray, length_penalty: float, paths: np.ndarray
+    ) -> list[Hypothesis]:
+        """Live beams as hypotheses, best first, each normalised by its length (no EOS);
+        ``paths (N, t, T)`` their attention rows (``self.paths``, which is None before the
+        first step)."""
         length = self.tokens.shape[1]
         return [
             Hypothesis(
                 self.tokens[r].tolist(),
-                self.paths[r],
+                paths[r],
                 _normalised(float(self.log_prob[r]), length, length_penalty),
             )
             for r in rows
