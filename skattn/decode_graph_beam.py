@@ -31,7 +31,6 @@ stops costing its ``K`` rows, as in the NumPy search::
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
 
 from skattn.core.manifest import Manifest
 from skattn.core.text import BOS, EOS
@@ -203,21 +202,15 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
     wide = outer.op("Equal", outer.squeeze(r, 0), outer.const(K, np.int64))  # ()
 
     body = GraphBuilder("beam/step/")
-    own = {name: f"beam/step/in_{name}" for name in carried}
-    position = body.op("Add", ins["done"], "beam/step/i")  # () tokens so far
+    own = body.loop_inputs(carried)
+    position = body.op("Add", ins["done"], body.iteration)  # () tokens so far
     after = _beam_step(body, decoder, manifest, own, {**seg, "position": position})
     every = body.op("ReduceMin", body.cast(after["still"], INT64), keepdims=0)  # () 1: none stops
     cond = body.op("And", body.cast(every, BOOL), wide)
-    outputs = [cond, *(after[name] for name in carried)]
-
     types = {**_TYPES, **state_types(decoder)}
-    graph_in = [value_info("beam/step/i", INT64, 0), value_info("beam/step/cond", BOOL, 0)]
-    graph_in += [value_info(own[name], *types[name]) for name in carried]
-    out_names = [f"beam/step/out_{name}" for name in ["cond", *carried]]
-    for value, name in zip(outputs, out_names, strict=True):
-        body.nodes.append(helper.make_node("Identity", [value], [name]))
-    out_types = [(BOOL, 0), *(types[name] for name in carried)]
-    graph_out = [value_info(o, *t) for o, t in zip(out_names, out_types, strict=True)]
+    graph = body.loop_body(
+        "beam_steps", cond, {name: (after[name], types[name]) for name in carried}
+    )
 
     initial = [ins[name] if name != "still" else fill(outer, seg["n"], True, np.bool_)
                for name in carried]  # fmt: skip
@@ -227,7 +220,7 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
         outer.const(True),
         *initial,
         outputs=len(carried),
-        body=body.graph("beam_steps", graph_in, graph_out),
+        body=graph,
     )
     return dict(zip(carried, results, strict=True))
 
@@ -350,7 +343,7 @@ def beam_search(
     }
 
     body = GraphBuilder("beam/")
-    ins = {name: f"beam/in_{name}" for name in names}
+    ins = body.loop_inputs(names)
     n = body.dim(ins["items"], 0)  # (1,)
     seg = {name: ins[name] for name in ("memory", "keys", "mask")}
     seg["n"] = n
@@ -377,18 +370,16 @@ def beam_search(
     at = body.unsqueeze(body.gather_rows(ins["items"], stop), 1)  # (f, 1)
     written = _write(body, outs, at, [body.gather_rows(after[k], stop) for k in best], width)
     more = body.op("Less", kept["done"], "max_length")
-    outputs = [body.op("And", body.any(still), more), *(kept[name] for name in carried), *written]
+    kept.update(zip(("out_score", "out_length", "out_tokens", "out_paths"), written, strict=True))
 
     types = {**_TYPES, **state_types(decoder)}
     types.update(items=(INT64, 1), done=(INT64, 0), out_score=(DOUBLE, 1), out_length=(INT64, 1))
     types.update(out_tokens=(INT64, 2), out_paths=(FLOAT, 3))
-    graph_in = [value_info("beam/i", INT64, 0), value_info("beam/cond", BOOL, 0)]
-    graph_in += [value_info(ins[name], *types[name]) for name in names]
-    out_names = [f"beam/out_{name}" for name in ["cond", *names]]
-    for value, name in zip(outputs, out_names, strict=True):
-        body.nodes.append(helper.make_node("Identity", [value], [name]))
-    out_types = [(BOOL, 0), *(types[name] for name in names)]
-    graph_out = [value_info(o, *t) for o, t in zip(out_names, out_types, strict=True)]
+    graph = body.loop_body(
+        "beam_segment",
+        body.op("And", body.any(still), more),
+        {name: (kept[name], types[name]) for name in names},
+    )
     final = dict(
         zip(
             names,
@@ -398,7 +389,7 @@ def beam_search(
                 b.const(True),
                 *(initial[name] for name in names),
                 outputs=len(names),
-                body=body.graph("beam_segment", graph_in, graph_out),
+                body=graph,
             ),
             strict=True,
         )

@@ -22,12 +22,12 @@ more in wasted steps than it saved in copies.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from skattn.core.manifest import Manifest
 from skattn.core.search import NEVER_EMITTED
 from skattn.core.text import BOS, EOS
-from skattn.onnx_graph import GraphBuilder, inline, value_info
+from skattn.onnx_graph import GraphBuilder, inline
 
 __all__ = ["decoder_step", "fill", "greedy_search", "state_types"]
 
@@ -106,8 +106,8 @@ def _steps(
     states = list(manifest.state_names)
     carried = ["y_prev", *states, "alive", "score", "length"]
     body = GraphBuilder("greedy/step/")
-    own = {name: f"greedy/step/in_{name}" for name in carried}
-    position = body.op("Add", ins["done"], "greedy/step/i")  # () the step's index in the item
+    own = body.loop_inputs(carried)
+    position = body.op("Add", ins["done"], body.iteration)  # () the step's index in the item
     log_probs, new_states, weights = decoder_step(
         body, decoder, manifest, own["y_prev"], {s: own[s] for s in states}, ins, position
     )  # (n, V), (n, ...), (n, T); memory, keys and mask read from the segment, not copied
@@ -123,16 +123,13 @@ def _steps(
     live = body.op("ReduceSum", body.cast(emit, INT64), keepdims=0)  # ()
     cond = body.op("Equal", live, body.squeeze(body.dim(emit, 0), 0))  # no row ended yet
     after = {"y_prev": best, **new_states, "alive": emit, "score": score, "length": length}
-    outputs = [cond, *(after[name] for name in carried), token, step_weights]
-
     types = {**types, "alive": (BOOL, (None,))}
-    graph_in = [value_info("greedy/step/i", INT64, 0), value_info("greedy/step/cond", BOOL, 0)]
-    graph_in += [value_info(own[name], *types[name]) for name in carried]
-    out_names = [f"greedy/step/out_{n}" for n in ["cond", *carried, "token", "weights"]]
-    for source, name in zip(outputs, out_names, strict=True):
-        body.nodes.append(helper.make_node("Identity", [source], [name]))
-    out_types = [(BOOL, 0), *(types[n] for n in carried), (INT64, 1), (FLOAT, 2)]
-    graph_out = [value_info(n, *t) for n, t in zip(out_names, out_types, strict=True)]
+    graph = body.loop_body(
+        "greedy_steps",
+        cond,
+        {name: (after[name], types[name]) for name in carried},
+        {"token": (token, (INT64, 1)), "weights": (step_weights, (FLOAT, 2))},
+    )
 
     n = outer.dim(ins["rows"], 0)  # (1,)
     results = outer.op(
@@ -145,7 +142,7 @@ def _steps(
         outer.gather_rows(ins["score"], ins["rows"]),  # the items' sums so far, as NumPy adds
         outer.gather_rows(ins["length"], ins["rows"]),
         outputs=len(carried) + 2,
-        body=body.graph("greedy_steps", graph_in, graph_out),
+        body=graph,
     )
     *final, token_steps, weight_steps = results
     return dict(zip(carried, final, strict=True)), token_steps, weight_steps
@@ -188,7 +185,7 @@ def greedy_search(
         tokens=(INT64, (None, None)),
         attention=(FLOAT, (None, None, None)),
     )
-    ins = {name: f"greedy/in_{name}" for name in names}
+    ins = body.loop_inputs(names)
     last, token_steps, weight_steps = _steps(body, decoder, manifest, ins, types)
 
     at = body.unsqueeze(ins["rows"], 1)  # (n, 1) ScatterND indices
@@ -211,21 +208,15 @@ def greedy_search(
     kept = {name: body.gather_rows(last[name], keep) for name in ["y_prev", *states]}
     kept.update({name: body.gather_rows(ins[name], keep) for name in ["memory", "keys", "mask"]})
     kept["rows"] = body.gather_rows(ins["rows"], keep)
+    kept.update(done=done, score=totals["score"], length=totals["length"])
+    kept["tokens"] = body.op("Concat", ins["tokens"], tokens, axis=1)
+    kept["attention"] = body.op("Concat", ins["attention"], weights, axis=1)
     more = body.op("Less", done, "max_length")
-    outputs = [body.op("And", body.any(last["alive"]), more)]
-    outputs += [kept[name] for name in carried[:-1]] + [done, totals["score"], totals["length"]]
-    outputs += [
-        body.op("Concat", ins["tokens"], tokens, axis=1),
-        body.op("Concat", ins["attention"], weights, axis=1),
-    ]
-
-    graph_in = [value_info("greedy/i", INT64, 0), value_info("greedy/cond", BOOL, 0)]
-    graph_in += [value_info(ins[n], *types[n]) for n in names]
-    out_names = [f"greedy/out_{n}" for n in ["cond", *names]]
-    for source, name in zip(outputs, out_names, strict=True):
-        body.nodes.append(helper.make_node("Identity", [source], [name]))
-    out_types = [(BOOL, 0), *(types[n] for n in names)]
-    graph_out = [value_info(n, *t) for n, t in zip(out_names, out_types, strict=True)]
+    graph = body.loop_body(
+        "greedy_segment",
+        body.op("And", body.any(last["alive"]), more),
+        {name: (kept[name], types[name]) for name in names},
+    )
 
     results = b.op(
         "Loop",
@@ -233,7 +224,7 @@ def greedy_search(
         b.const(True),
         *initial,
         outputs=len(names),
-        body=body.graph("greedy_segment", graph_in, graph_out),
+        body=graph,
     )
     *_, score, length, tokens, attention = results
     return tokens, length, attention, score

@@ -119,6 +119,41 @@ class GraphBuilder:
         as_int = self.cast(mask, TensorProto.INT64)
         return self.cast(self.op("ReduceMax", as_int, keepdims=0), TensorProto.BOOL)
 
+    # -- a Loop body: inputs "<prefix>i", "<prefix>cond", "<prefix>in_<name>" per carried value
+
+    @property
+    def iteration(self) -> str:
+        """The body's iteration number ``()`` int64, as :meth:`loop_body` declares it."""
+        return f"{self.prefix}i"
+
+    def loop_inputs(self, names) -> dict[str, str]:
+        """The body's input for each carried value ``name``, as :meth:`loop_body` declares it."""
+        return {name: f"{self.prefix}in_{name}" for name in names}
+
+    def loop_body(
+        self,
+        name: str,
+        cond: str,
+        carried: dict[str, tuple],
+        scans: dict[str, tuple] | None = None,
+    ) -> onnx.GraphProto:
+        """This builder's nodes as a ``Loop`` body: ``cond`` (a bool scalar), then the new value
+        of each carried input (:meth:`loop_inputs`), then the scan outputs. ``carried`` and
+        ``scans``: name -> ``(value, (elem_type, shape))`` (``shape`` as for :func:`value_info`);
+        ``carried``'s order is the ``Loop``'s."""
+        inputs = [
+            value_info(self.iteration, TensorProto.INT64, 0),
+            value_info(f"{self.prefix}cond", TensorProto.BOOL, 0),
+        ]
+        inputs += [value_info(self.loop_inputs([key])[key], *t) for key, (_, t) in carried.items()]
+        outputs = []
+        every = {"cond": (cond, (TensorProto.BOOL, 0)), **carried, **(scans or {})}
+        for key, (value, kind) in every.items():
+            output = f"{self.prefix}out_{key}"
+            self.nodes.append(helper.make_node("Identity", [value], [output]))
+            outputs.append(value_info(output, *kind))
+        return self.graph(name, inputs, outputs)
+
     def graph(self, name, inputs, outputs) -> onnx.GraphProto:
         return helper.make_graph(
             self.nodes,
