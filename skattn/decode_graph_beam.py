@@ -212,7 +212,7 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
         "beam_steps", cond, {name: (after[name], types[name]) for name in carried}
     )
 
-    initial = [ins[name] if name != "still" else fill(outer, seg["n"], True, np.bool_)
+    initial = [ins[name] if name != "still" else fill(outer, n, True, np.bool_)
                for name in carried]  # fmt: skip
     results = outer.op(
         "Loop",
@@ -228,8 +228,12 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
 def _first_rows(b: GraphBuilder, n: str, r: str) -> str:
     """``(n,)``: ``0, r, 2r, ...``, the first row of each of ``n`` items of ``r`` rows
     (``(1,)`` tensors)."""
-    items = b.op("Range", b.const(0, np.int64), b.squeeze(n, 0), b.const(1, np.int64))
-    return b.op("Mul", items, r)
+    return b.op("Mul", b.arange(n), r)
+
+
+def _each_k_times(b: GraphBuilder, rows: str, K: int) -> str:
+    """``(m K,)``: each of ``rows (m,)`` ``K`` times in a row (an item's K copies of its carry)."""
+    return b.reshape(b.op("Expand", b.unsqueeze(rows, 1), b.const([1, K], np.int64)), [-1])
 
 
 def _rows_of(b: GraphBuilder, items: str, K: int) -> str:
@@ -261,12 +265,7 @@ def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict
         if r == 1:
             rows = {name: sub.op("Identity", carry[name]) for name in carry}
         else:  # item b's rows b K .. b K + K - 1, all copies of its carry
-            items = sub.op(
-                "Range", sub.const(0, np.int64), sub.squeeze(B, 0), sub.const(1, np.int64)
-            )
-            copies = sub.reshape(
-                sub.op("Tile", sub.unsqueeze(items, 1), sub.const([1, K], np.int64)), [-1]
-            )
+            copies = _each_k_times(sub, sub.arange(B), K)
             rows = {name: sub.gather_rows(value, copies) for name, value in carry.items()}
         N = sub.op("Mul", B, sub.const([r], np.int64))  # (1,)
         zero = sub.const([0], np.int64)
@@ -320,7 +319,6 @@ def beam_search(
     states = list(manifest.state_names)
     B = b.dim("src", 0)  # (1,)
     T = b.dim("src", 1)  # (1,)
-    items = b.op("Range", b.const(0, np.int64), b.squeeze(B, 0), b.const(1, np.int64))  # (B,)
     zero = b.const([0], np.int64)
     carried = ["y_prev", *states, "memory", "keys", "mask", *_ROW_NAMES, *_ITEM_NAMES]
     carried += ["items", "done"]
@@ -334,7 +332,7 @@ def beam_search(
         "best_length": fill(b, B, 0, np.int64),  # (B,)
         "best_tokens": no_tokens,
         "best_paths": no_paths,
-        "items": items,
+        "items": b.arange(B),  # (B,)
         "done": b.const(0, np.int64),  # () steps taken
         "out_score": fill(b, B, 0.0, np.float64),
         "out_length": fill(b, B, 0, np.int64),
@@ -344,22 +342,16 @@ def beam_search(
 
     body = GraphBuilder("beam/")
     ins = body.loop_inputs(names)
-    n = body.dim(ins["items"], 0)  # (1,)
     seg = {name: ins[name] for name in ("memory", "keys", "mask")}
-    seg["n"] = n
     after = _steps(body, decoder, manifest, ins, seg)  # K rows per item
     still = after["still"]  # (n,)
     keep = body.squeeze(body.op("NonZero", still), 0)  # (m,) the items that search on
     stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
     rows = _rows_of(body, keep, K)  # (m K,)
-    kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states]}
-    kept.update({name: body.gather_rows(after[name], rows) for name in _ROW_NAMES})
+    kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states, *_ROW_NAMES]}
     # The segment's memory has r rows per item (1 in the first), all equal: row 0 K times.
     r = body.dim(ins["beam_lp"], 1)  # (1,)
-    first = body.op("Mul", keep, r)  # (m,)
-    copies = body.reshape(
-        body.op("Expand", body.unsqueeze(first, 1), body.const([1, K], np.int64)), [-1]
-    )
+    copies = _each_k_times(body, body.op("Mul", keep, r), K)  # (m K,)
     kept.update({name: body.gather_rows(ins[name], copies) for name in ("memory", "keys", "mask")})
     kept.update({name: body.gather_rows(after[name], keep) for name in _ITEM_NAMES})
     kept["items"] = body.gather_rows(ins["items"], keep)

@@ -110,6 +110,11 @@ class GraphBuilder:
         """``x.shape[axis]`` as a ``(1,)`` int64 tensor."""
         return self.op("Shape", x, start=axis, end=axis + 1)
 
+    def arange(self, n: str) -> str:
+        """``0, 1, ..., n - 1`` (int64) for ``n`` a ``(1,)`` int64 tensor."""
+        zero, one = self.const(0, np.int64), self.const(1, np.int64)
+        return self.op("Range", zero, self.squeeze(n, 0), one)
+
     def gather_rows(self, x: str, rows: str) -> str:
         """``x[rows]`` along axis 0."""
         return self.op("Gather", x, rows, axis=0)
