@@ -20,6 +20,7 @@ from skattn.attention import (
 )
 from skattn.attention import attention as attention_module
 from skattn.attention import softmax as softmax_module
+from skattn.attention.softmax import EXP_FLOOR
 
 LOCALS = [None, "local-m", "local-p"]
 # (scorer, num_heads, query_size, key_size): dot needs d_s == d_h, the others may differ.
@@ -453,3 +454,23 @@ def test_jit_trace_generalises_without_tracer_warnings(local):
         args = (s, H, mask, torch.tensor(1.3), torch.tensor(6))
         for got, expected in zip(traced(*args), module(*args), strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_masked_softmax_drops_terms_below_the_exponent_floor():
+    # exp of an exponent at or below EXP_FLOOR is never computed (onnxruntime's slow path):
+    # the term is exactly 0, an error below exp(EXP_FLOOR) = 1.8e-35; terms above it are kept.
+    assert math.exp(EXP_FLOOR) < 2e-35
+    scores = torch.tensor([[0.0, EXP_FLOOR - 5.0, EXP_FLOOR + 5.0, 3.0]], dtype=torch.float64)
+    for mask in (None, torch.tensor([[True, True, True, False]])):
+        weights = masked_softmax(scores, mask)
+        real = scores[0] if mask is None else scores[0, :3]
+        expected = torch.softmax(real, dim=-1)
+        assert weights[0, 1] == 0 and weights[0, 2] > 0
+        torch.testing.assert_close(weights[0, : real.numel()], expected, atol=2e-35, rtol=1e-12)
+    # Padding whose score is +inf or NaN gives 0 with a zero, finite gradient.
+    scores = torch.tensor([[1.0, float("inf"), float("nan"), 0.5]], requires_grad=True)
+    mask = torch.tensor([[True, False, False, True]])
+    weights = masked_softmax(scores, mask)
+    assert weights[0, 1] == 0 and weights[0, 2] == 0
+    (weights * torch.arange(4.0)).sum().backward()
+    assert torch.all(torch.isfinite(scores.grad)) and torch.all(scores.grad[0, 1:3] == 0)

@@ -68,12 +68,14 @@ def scaled_dot_product(
     weights : Tensor (B, h, T_q, T_k) or None
 
     Without weights and at temperature 1 this is ``F.scaled_dot_product_attention`` (fused
-    kernels, one ONNX graph pattern); otherwise the same math is written out with
+    kernels); otherwise, and in an ONNX export, the same math is written out with
     :func:`~skattn.attention.softmax.masked_softmax`, whose shift-before-divide keeps any
-    temperature finite.
+    temperature finite and whose floored exponents keep onnxruntime off its slow path.
     """
     plain = not isinstance(temperature, Tensor) and temperature == 1.0
-    if plain and not need_weights:
+    # An exported graph writes the softmax out: SDPA's masked keys would enter ONNX's Softmax
+    # as -inf, onnxruntime's slow path (``skattn.attention.softmax.EXP_FLOOR``).
+    if plain and not need_weights and not torch.onnx.is_in_onnx_export():
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v), None
         # A row with no True entry is NaN in some SDPA kernels (torch 2.13's CPU kernel gives
