@@ -166,7 +166,9 @@ class BahdanauDecoder(RecurrentDecoder):
     def predict(self, features: torch.Tensor) -> torch.Tensor:
         """Logits ``maxout_2(features U_o) W_o``, for any leading shape ``(..., E + 2H)``."""
         deep = self.deep_output(features)  # (..., 2H)
-        t = deep.unflatten(-1, (-1, 2)).amax(dim=-1)  # (..., H): maxout over pairs
+        # maxout over pairs (2j, 2j + 1), as the larger of the two members rather than a max over
+        # an axis of 2: onnxruntime's Split + Max take half the time of its ReduceMax.
+        t = torch.maximum(*deep.unflatten(-1, (-1, 2)).unbind(dim=-1))  # (..., H)
         return self.output(self.dropout(t))  # (..., V)
 
     def forward(
