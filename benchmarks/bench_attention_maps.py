@@ -41,7 +41,7 @@ from torch import nn
 
 import serving
 from skattn import Seq2Seq
-from skattn.export import _step_inputs, _to_onnx
+from skattn.tracing import step_inputs, to_onnx
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -112,14 +112,14 @@ def step_graphs(model, artifact: Path, prefix: int, sizes: list[int], repeats: i
     outputs = [o.name for o in default.get_outputs()]
     src = torch.randint(4, model.config.source_vocab_size, (2, 12))
     src[:, -1] = 2
-    traced = _step_inputs(model, src, torch.tensor([12, 12]), 1.0, prefix)
-    every = _to_onnx(_StepEveryLayer(model), traced, names, outputs)
+    traced = step_inputs(model, src, torch.tensor([12, 12]), 1.0, prefix)
+    every = to_onnx(_StepEveryLayer(model), traced, names, outputs)
     every = ort.InferenceSession(every.SerializeToString(), options)
     lines = []
     for size in sizes:
         src = torch.randint(4, model.config.source_vocab_size, (size, 12))
         src[:, -1] = 2
-        args = _step_inputs(model, src, torch.full((size,), 12), 1.0, prefix)
+        args = step_inputs(model, src, torch.full((size,), 12), 1.0, prefix)
         feeds = {n: a.numpy() for n, a in zip(names, args, strict=True)}
         times = best_of(
             repeats * 20,

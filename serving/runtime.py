@@ -24,12 +24,14 @@ graph, only when IO binding is on): never torch, scikit-learn, or the training s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 from collections.abc import Sequence
 
 import numpy as np
+import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
@@ -134,56 +136,27 @@ class Runtime:
         )
         options = session_options(intra_op_num_threads)
         providers = providers_for(device_type, device_id)
-        encoder = open_graph(
-            artifact.encoder_path,
-            options,
-            providers,
-            manifest,
-            manifest.encoder_inputs(),
-            manifest.encoder_outputs(),
-        )
-        decoder = open_graph(
-            artifact.decoder_path,
-            options,
-            providers,
-            manifest,
-            manifest.decoder_inputs(),
-            manifest.decoder_outputs(),
-        )
-        vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
-        if isinstance(vocab_size, int) and vocab_size != len(manifest.target_vocabulary):
+        if decode_graph and artifact.decode_path is None:
             raise ArtifactError(
-                f"{artifact.manifest_path}: 'target_vocabulary' has "
-                f"{len(manifest.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
+                f"{artifact.manifest_path}: decode_graph=True, but no {DECODE_FILE}"
             )
-        self.provider = decoder.get_providers()[0]
-        if device_type == "cuda" and self.provider != CUDA_PROVIDER:
-            if device != "auto":
-                raise RuntimeError(
-                    f"device={device!r}: onnxruntime could not start {CUDA_PROVIDER} "
-                    f"(sessions run on {self.provider}); check the CUDA and cuDNN libraries"
-                )
-            logger.warning("CUDA provider failed to start; falling back to %s", self.provider)
-            device_type, device_id = "cpu", 0
-
+        self.decode_graph = artifact.decode_path is not None and decode_graph is not False
+        sessions = _open_sessions(artifact, options, providers, self.decode_graph)
+        self.provider = sessions.decoder.get_providers()[0]
+        device_type, device_id = _started_device(device, device_type, device_id, self.provider)
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
         if self.io_binding:
             carry = set(manifest.carry_names())
-            selector = open_session(
-                gather_rows_model([i for i in decoder.get_inputs() if i.name in carry]),
-                options,
-                providers,
-                "select_rows",
-            )
+            inputs = [i for i in sessions.decoder.get_inputs() if i.name in carry]
+            selector = open_session(gather_rows_model(inputs), options, providers, "select_rows")
             backend: NumpyBackend = BoundBackend(
-                encoder, decoder, selector, manifest, device_type, device_id
+                sessions.encoder, sessions.decoder, selector, manifest, device_type, device_id
             )
         else:
-            backend = NumpyBackend(encoder, decoder, manifest)
+            backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)
         self.backend = backend
-        width = carry_width(encoder)
         if max_batch_size is None:
-            max_batch_size = default_chunk_items(width)
+            max_batch_size = default_chunk_items(carry_width(sessions.encoder))
         self.workers = workers
         translator_args = (
             backend,
@@ -196,26 +169,13 @@ class Runtime:
         )
         self.step_translator = Translator(*translator_args)
         self.translator = self.step_translator
-        if decode_graph and artifact.decode_path is None:
-            raise ArtifactError(
-                f"{artifact.manifest_path}: decode_graph=True, but no {DECODE_FILE}"
-            )
-        self.decode_graph = artifact.decode_path is not None and decode_graph is not False
-        if self.decode_graph:
-            session = open_graph(
-                artifact.decode_path,
-                options,
-                providers,
-                manifest,
-                manifest.decode_inputs(),
-                manifest.decode_outputs(),
-            )
-            self.translator = GraphTranslator(session, manifest, *translator_args)
+        if sessions.decode is not None:
+            self.translator = GraphTranslator(sessions.decode, manifest, *translator_args)
         self.attention_graph = None  # attention.onnx: every layer's and head's maps
-        if artifact.attention_path is not None:
-            names = (manifest.attention_inputs(), manifest.attention_outputs())
-            session = open_graph(artifact.attention_path, options, providers, manifest, *names)
-            self.attention_graph = AttentionGraph(session, manifest, artifact.attention_path)
+        if sessions.attention is not None:
+            self.attention_graph = AttentionGraph(
+                sessions.attention, manifest, artifact.attention_path
+            )
         self._check_graphs_run(artifact)
         logger.info(
             "serving model %r on %s (device=%r requested; io_binding=%s; decode_graph=%s; "
@@ -397,6 +357,59 @@ class Runtime:
     ) -> list[np.ndarray]:
         """Attention maps ``(T_y, T_x)`` of the predictions; see :meth:`predict_batch`."""
         return self.predict_batch(sources, temperature, True, layer=layer, head=head)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sessions:
+    """An artifact's graphs open in onnxruntime, each checked against the manifest's names:
+    ``decode`` when the runtime searches with it, ``attention`` when the artifact holds it."""
+
+    encoder: ort.InferenceSession
+    decoder: ort.InferenceSession
+    decode: ort.InferenceSession | None
+    attention: ort.InferenceSession | None
+
+
+def _open_sessions(
+    artifact: Artifact, options: ort.SessionOptions, providers: list, decode_graph: bool
+) -> _Sessions:
+    """Open the graphs the runtime runs; raise ArtifactError where one does not match the
+    manifest (names, or a decoder that scores another vocabulary size)."""
+    manifest = artifact.manifest
+
+    def graph(path, inputs: list[str], outputs: list[str]) -> ort.InferenceSession:
+        return open_graph(path, options, providers, manifest, inputs, outputs)
+
+    encoder = graph(artifact.encoder_path, manifest.encoder_inputs(), manifest.encoder_outputs())
+    decoder = graph(artifact.decoder_path, manifest.decoder_inputs(), manifest.decoder_outputs())
+    vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
+    if isinstance(vocab_size, int) and vocab_size != len(manifest.target_vocabulary):
+        raise ArtifactError(
+            f"{artifact.manifest_path}: 'target_vocabulary' has "
+            f"{len(manifest.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
+        )
+    decode = attention = None
+    if decode_graph:
+        names = (manifest.decode_inputs(), manifest.decode_outputs())
+        decode = graph(artifact.decode_path, *names)
+    if artifact.attention_path is not None:
+        names = (manifest.attention_inputs(), manifest.attention_outputs())
+        attention = graph(artifact.attention_path, *names)
+    return _Sessions(encoder, decoder, decode, attention)
+
+
+def _started_device(device: str, device_type: str, device_id: int, provider: str) -> tuple:
+    """``(device_type, device_id)`` the sessions run on: CUDA asked for but not started by
+    onnxruntime raises for an explicit ``device``, and falls back to the CPU for ``"auto"``."""
+    if device_type != "cuda" or provider == CUDA_PROVIDER:
+        return device_type, device_id
+    if device != "auto":
+        raise RuntimeError(
+            f"device={device!r}: onnxruntime could not start {CUDA_PROVIDER} "
+            f"(sessions run on {provider}); check the CUDA and cuDNN libraries"
+        )
+    logger.warning("CUDA provider failed to start; falling back to %s", provider)
+    return "cpu", 0
 
 
 def load(

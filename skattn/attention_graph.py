@@ -59,7 +59,7 @@ class CrossAttentionGraph(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.train(model.training)  # as skattn.export._Encoder: never switch dropout on
+        self.train(model.training)  # as skattn.tracing.EncoderModule: never switch dropout on
 
     def forward(
         self,
@@ -81,7 +81,7 @@ def build_attention_graph(
     """``attention.onnx`` of a Transformer-decoder ``model``, traced and verified.
 
     ``trace(module, args, input_names, output_names, dynamic_axes)`` is the exporter's tracer
-    (``skattn.export._to_onnx``); ``traced_source`` and ``verified_source`` are ``(src,
+    (``skattn.tracing.to_onnx``); ``traced_source`` and ``verified_source`` are ``(src,
     src_lengths)`` pairs of different shapes: the graph is checked at untraced ones.
     """
     n_target = len(manifest.target_vocabulary)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.models.decoders import step_loop
 from skattn.models.positions import LearnedPositions, SinusoidalPositions
 from skattn.models.transformer import TransformerEncoder
+from skattn.tracing import EncoderModule, StepModule, to_onnx
 
 SRC_VOCAB, TGT_VOCAB = 13, 11
 SOURCES = [[4, 5, 6, 7, 8, 2], [9, 10, 2], [5, 2], [2]]
@@ -346,20 +345,6 @@ def test_invalid_parameters_raise_value_error(overrides, match):
 # ---------------------------------------------------------------- ONNX
 
 
-class _Step(torch.nn.Module):
-    """``Seq2SeqModule.step`` with flat inputs and outputs, as ``skattn.export`` wraps it."""
-
-    def __init__(self, model: Seq2SeqModule) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, y_prev, self_keys, self_values, memory, keys, mask, temperature, position):
-        log_probs, state, weights = self.model.step(
-            y_prev, (self_keys, self_values), memory, keys, mask, temperature, position
-        )
-        return (log_probs, *state, weights)
-
-
 def _step_inputs(model: Seq2SeqModule, B: int, T: int, t: int, seed: int) -> tuple:
     """A random source batch (item 0 of length ``T``), encoded, then ``t`` cached steps."""
     generator = torch.Generator().manual_seed(seed)
@@ -377,66 +362,24 @@ def _step_inputs(model: Seq2SeqModule, B: int, T: int, t: int, seed: int) -> tup
     return (y_prev, *state, memory, keys, mask, temperature, torch.tensor(t))
 
 
-def _export(module: torch.nn.Module, args: tuple, inputs, outputs, axes) -> bytes:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        # The legacy-exporter notices, and the tracer's note that sqrt(d_head) is a constant.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            args,
-            buffer,
-            dynamo=False,
-            opset_version=17,
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_axes=axes,
-        )
-    return buffer.getvalue()
-
-
 def test_step_exports_to_onnx_with_dynamic_batch_source_and_cache_lengths():
-    import onnx
     import onnxruntime as ort
 
     model = make_model(positions="learned", max_positions=8)
-    inputs = [
-        "y_prev",
-        "self_keys",
-        "self_values",
-        "memory",
-        "keys",
-        "mask",
-        "temperature",
-        "position",
-    ]
+    inputs = ["y_prev", "self_keys", "self_values", "memory", "keys", "mask"]
+    inputs += ["temperature", "position"]
     outputs = ["log_probs", "new_self_keys", "new_self_values", "weights"]
-    cache, time_axis = {0: "B", 2: "t"}, {0: "B", 1: "T"}
-    axes = dict(
-        y_prev={0: "B"},
-        self_keys=cache,
-        self_values=cache,
-        memory=time_axis,
-        keys=time_axis,
-        mask=time_axis,
-        log_probs={0: "B"},
-        weights=time_axis,
-        new_self_keys={0: "B", 2: "t1"},
-        new_self_values={0: "B", 2: "t1"},
-    )
-    # Traced at the first step (t = 0, the encoder's empty cache), as skattn.export would.
-    graph = _export(_Step(model), _step_inputs(model, 3, 5, 0, seed=0), inputs, outputs, axes)
-    onnx.checker.check_model(onnx.load_from_string(graph), full_check=True)
-    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
-    fed = {value.name for value in session.get_inputs()}  # memory is unused: keys carry it
+    step = StepModule(model, n_states=2)
+    # Traced at the first step (t = 0, the encoder's empty cache), as skattn.export does
+    # (to_onnx checks the graph and keeps the unused memory input).
+    graph = to_onnx(step, _step_inputs(model, 3, 5, 0, seed=0), inputs, outputs)
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     # (B, T, t): one of each, typical, and a cache longer than the learned table (clamped)
     for seed, (B, T, t) in enumerate([(1, 1, 0), (2, 7, 1), (4, 3, 4), (2, 9, 12)]):
         args = _step_inputs(model, B, T, t, seed)
         with torch.no_grad():
-            expected = _Step(model)(*args)
-        got = session.run(
-            None, {n: a.numpy() for n, a in zip(inputs, args, strict=True) if n in fed}
-        )
+            expected = step(*args)
+        got = session.run(None, {n: a.numpy() for n, a in zip(inputs, args, strict=True)})
         for name, actual, want in zip(outputs, got, expected, strict=True):
             assert actual.shape == tuple(want.shape), name
             np.testing.assert_allclose(actual, want.numpy(), atol=1e-5, err_msg=name)
@@ -445,25 +388,15 @@ def test_step_exports_to_onnx_with_dynamic_batch_source_and_cache_lengths():
 def test_encoder_exports_to_onnx_with_an_empty_cache_output():
     import onnxruntime as ort
 
-    class Encode(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, src, src_lengths):
-            memory, keys, mask, state = self.model.encode(src, src_lengths)
-            return (memory, keys, mask, *state)
-
     model = make_model()
     names = ["memory", "keys", "mask", "self_keys", "self_values"]
-    axes = {name: {0: "B", 1: "T"} for name in ["src", "memory", "keys", "mask"]}
-    axes.update(src_lengths={0: "B"}, self_keys={0: "B"}, self_values={0: "B"})
-    graph = _export(Encode(model), padded(SOURCES[1:3]), ["src", "src_lengths"], names, axes)
-    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    encode = EncoderModule(model)
+    graph = to_onnx(encode, padded(SOURCES[1:3]), ["src", "src_lengths"], names)
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     src, lengths = padded(SOURCES)
     got = session.run(None, {"src": src.numpy(), "src_lengths": lengths.numpy()})
     with torch.no_grad():
-        expected = Encode(model)(src, lengths)
+        expected = encode(src, lengths)
     for name, actual, want in zip(names, got, expected, strict=True):
         assert actual.shape == tuple(want.shape), name
         np.testing.assert_allclose(actual, want.numpy(), atol=1e-5, err_msg=name)
