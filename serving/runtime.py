@@ -24,14 +24,12 @@ graph, only when IO binding is on): never torch, scikit-learn, or the training s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
 from collections.abc import Sequence
 
 import numpy as np
-import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
@@ -41,7 +39,7 @@ from serving.layout import carry_width, default_chunk_items, share_cores
 from serving.sessions import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
-    open_graph,
+    open_artifact,
     open_session,
     resolve_device,
     session_options,
@@ -50,7 +48,7 @@ from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.manifest import DECODE_FILE, DECODER_FILE
+from skattn.core.manifest import DECODE_FILE
 from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
@@ -141,7 +139,7 @@ class Runtime:
                 f"{artifact.manifest_path}: decode_graph=True, but no {DECODE_FILE}"
             )
         self.decode_graph = artifact.decode_path is not None and decode_graph is not False
-        sessions = _open_sessions(artifact, options, providers, self.decode_graph)
+        sessions = open_artifact(artifact, options, providers, self.decode_graph)
         self.provider = sessions.decoder.get_providers()[0]
         device_type, device_id = _started_device(device, device_type, device_id, self.provider)
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
@@ -357,45 +355,6 @@ class Runtime:
     ) -> list[np.ndarray]:
         """Attention maps ``(T_y, T_x)`` of the predictions; see :meth:`predict_batch`."""
         return self.predict_batch(sources, temperature, True, layer=layer, head=head)[1]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sessions:
-    """An artifact's graphs open in onnxruntime, each checked against the manifest's names:
-    ``decode`` when the runtime searches with it, ``attention`` when the artifact holds it."""
-
-    encoder: ort.InferenceSession
-    decoder: ort.InferenceSession
-    decode: ort.InferenceSession | None
-    attention: ort.InferenceSession | None
-
-
-def _open_sessions(
-    artifact: Artifact, options: ort.SessionOptions, providers: list, decode_graph: bool
-) -> _Sessions:
-    """Open the graphs the runtime runs; raise ArtifactError where one does not match the
-    manifest (names, or a decoder that scores another vocabulary size)."""
-    manifest = artifact.manifest
-
-    def graph(path, inputs: list[str], outputs: list[str]) -> ort.InferenceSession:
-        return open_graph(path, options, providers, manifest, inputs, outputs)
-
-    encoder = graph(artifact.encoder_path, manifest.encoder_inputs(), manifest.encoder_outputs())
-    decoder = graph(artifact.decoder_path, manifest.decoder_inputs(), manifest.decoder_outputs())
-    vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
-    if isinstance(vocab_size, int) and vocab_size != len(manifest.target_vocabulary):
-        raise ArtifactError(
-            f"{artifact.manifest_path}: 'target_vocabulary' has "
-            f"{len(manifest.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
-        )
-    decode = attention = None
-    if decode_graph:
-        names = (manifest.decode_inputs(), manifest.decode_outputs())
-        decode = graph(artifact.decode_path, *names)
-    if artifact.attention_path is not None:
-        names = (manifest.attention_inputs(), manifest.attention_outputs())
-        attention = graph(artifact.attention_path, *names)
-    return _Sessions(encoder, decoder, decode, attention)
 
 
 def _started_device(device: str, device_type: str, device_id: int, provider: str) -> tuple:

@@ -1,4 +1,4 @@
-"""onnxruntime sessions for the runtime: options, device and providers, opening a checked graph.
+"""onnxruntime sessions for the runtime: options, device and providers, opening checked graphs.
 
 Thread settings (see :func:`session_options`) are chosen for a server whose cores are shared:
 ``intra_op_num_threads`` defaults to the cores this process may use; ``inter_op_num_threads=1``
@@ -14,17 +14,20 @@ Imports onnxruntime and ``skattn.core`` only.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import onnxruntime as ort
 
-from serving.artifact import ArtifactError, check_binding
+from serving.artifact import Artifact, ArtifactError, check_binding
 from skattn.core.checks import check_int, parse_device, usable_cores
-from skattn.core.manifest import Manifest
+from skattn.core.manifest import DECODER_FILE, Manifest
 
 __all__ = [
     "CPU_PROVIDER",
     "CUDA_PROVIDER",
+    "ArtifactSessions",
+    "open_artifact",
     "open_graph",
     "open_session",
     "providers",
@@ -137,3 +140,42 @@ def open_graph(
         )
     check_binding(path, session.get_modelmeta().custom_metadata_map, manifest)
     return session
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactSessions:
+    """An artifact's graphs open in onnxruntime, each checked against the manifest's names:
+    ``decode`` when the runtime searches with it, ``attention`` when the artifact holds it."""
+
+    encoder: ort.InferenceSession
+    decoder: ort.InferenceSession
+    decode: ort.InferenceSession | None
+    attention: ort.InferenceSession | None
+
+
+def open_artifact(
+    artifact: Artifact, options: ort.SessionOptions, providers: list, decode_graph: bool
+) -> ArtifactSessions:
+    """Open the graphs a runtime runs (:func:`open_graph` each); raise ArtifactError where one
+    does not match the manifest (names, or a decoder that scores another vocabulary size)."""
+    manifest = artifact.manifest
+
+    def graph(path, inputs: list[str], outputs: list[str]) -> ort.InferenceSession:
+        return open_graph(path, options, providers, manifest, inputs, outputs)
+
+    encoder = graph(artifact.encoder_path, manifest.encoder_inputs(), manifest.encoder_outputs())
+    decoder = graph(artifact.decoder_path, manifest.decoder_inputs(), manifest.decoder_outputs())
+    vocab_size = decoder.get_outputs()[0].shape[-1]  # log_probs (B, V): V is fixed
+    if isinstance(vocab_size, int) and vocab_size != len(manifest.target_vocabulary):
+        raise ArtifactError(
+            f"{artifact.manifest_path}: 'target_vocabulary' has "
+            f"{len(manifest.target_vocabulary)} tokens but {DECODER_FILE} scores {vocab_size}"
+        )
+    decode = attention = None
+    if decode_graph:
+        names = (manifest.decode_inputs(), manifest.decode_outputs())
+        decode = graph(artifact.decode_path, *names)
+    if artifact.attention_path is not None:
+        names = (manifest.attention_inputs(), manifest.attention_outputs())
+        attention = graph(artifact.attention_path, *names)
+    return ArtifactSessions(encoder, decoder, decode, attention)
