@@ -53,7 +53,7 @@ from load_clients import drive_python  # noqa: E402
 from machine import describe  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
-from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster  # noqa: E402
+from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster, warm_up  # noqa: E402
 from skattn.metrics import SCORERS  # noqa: E402
 
 
@@ -99,6 +99,7 @@ def new_search(args: argparse.Namespace) -> GridSearchCV:
         scoring=SCORERS["token_accuracy"],
         cv=KFold(args.cv, shuffle=True, random_state=0),
         n_jobs=-1,
+        pre_dispatch="all",  # as examples/grid_search_cluster.py: the engine queues every fit
         refit=False,
     )
 
@@ -169,7 +170,9 @@ def round_order(round_index: int) -> list[tuple]:
 def bench_search(args: argparse.Namespace) -> list[str]:
     """Each engine's start-up (the cluster created, workers preloading what its config names)
     and search, timed apart: Dask's defaults, loky and Ray import torch inside their first
-    fits, DASK_WORKER_CONFIG during start-up, so only start-up plus search compares all."""
+    fits, DASK_WORKER_CONFIG during start-up, so only start-up plus search compares all. This
+    process is warmed up first, so that n_jobs=1 does not carry those imports either."""
+    warm_up()
     X, y = make_task("reversal", 32 * args.steps * args.cv // (args.cv - 1), 0)
     startup: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}
     search_s: dict[str, list[float]] = {name: [] for name, *_ in ENGINES}

@@ -12,8 +12,11 @@ and the fitted models come back to this process, where they predict, export and 
     python examples/grid_search_cluster.py --quick                  # a smoke run
 
 A local Dask cluster starts with ``skattn.cluster.DASK_WORKER_CONFIG`` (the workers' profiler
-off, the estimator imported at start); start the workers of a standing cluster the same way
-(``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ... --preload skattn.estimator``).
+off, torch and the estimator imported at start, the scheduler holding the queue); start a
+standing cluster the same way (``DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION=1.0 dask
+scheduler``, ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker ... --preload
+skattn.cluster``). The search submits all its fits at once (``pre_dispatch="all"``), so a worker
+that finishes one takes the next from the scheduler without waiting for this process.
 
 GPU workers: start Dask workers with ``--resources GPU=1`` (one worker per GPU) and Ray with
 ``num_gpus`` per task; ``device="auto"`` then takes the worker's own GPU (``skattn.allotment``).
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> GridSearchCV:
         scoring=SCORERS["token_accuracy"],
         cv=KFold(args.cv, shuffle=True, random_state=0),
         n_jobs=-1,
+        pre_dispatch="all",  # the scheduler queues them all: a free worker never waits on us
     )
     if args.ray is not None:
         backend = ray_backend(args.ray, args.workers)

@@ -1,12 +1,16 @@
-"""Settings for Dask workers that run skattn's fits.
+"""Settings for Dask workers and schedulers that run skattn's fits.
 
-Two of a Dask worker's defaults cost a fit of this library CPU it cannot spare on a small
-machine (measured by ``benchmarks/bench_cluster.py``; see the README):
+Three of Dask's defaults cost a search of this library time it cannot spare on a small machine
+(measured by ``benchmarks/bench_cluster.py``; see the README):
 
 - the worker's statistical profiler samples every thread's stack every 10 ms, taking the GIL
   from the training loop each time: about 0.1 s of a 2 s fit's thread CPU;
-- each worker imports torch and scikit-learn on its first task, about 5 s of CPU, inside the
-  first fit it runs. Preloading the estimator at the worker's start moves that to start-up.
+- each worker imports torch and scikit-learn on its first task, about 5 s of CPU, and torch
+  imports ``torch._dynamo`` when the first optimizer is built, 1.1 s more, inside the first fit
+  it runs. Preloading this module (:func:`dask_setup`, :func:`warm_up`) moves both to start-up;
+- the scheduler sends each one-thread worker up to 2 tasks (``worker-saturation`` 1.1, rounded
+  up), so one worker can queue a fit while the other idles. At 1.0 the scheduler keeps the
+  queue and hands the next fit to whichever worker is free.
 
 :func:`local_dask_cluster` creates a local cluster under them (the config is read while the
 cluster is created: workers it adds later, by ``cluster.scale``, read the config of that
@@ -18,20 +22,37 @@ moment)::
     with local_dask_cluster(2) as cluster, Client(cluster):
         ...
 
-Apply them to workers started from a shell with ``dask worker SCHEDULER --preload skattn.estimator``
-and ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False`` in their environment.
+Apply them to a cluster started from a shell with
+``DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION=1.0 dask scheduler`` and
+``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker SCHEDULER --preload skattn.cluster``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["DASK_WORKER_CONFIG", "local_dask_cluster"]
+__all__ = ["DASK_WORKER_CONFIG", "dask_setup", "local_dask_cluster", "warm_up"]
 
 DASK_WORKER_CONFIG: dict[str, object] = {
     "distributed.worker.profile.enabled": False,
-    "distributed.worker.preload": ["skattn.estimator"],
+    "distributed.worker.preload": ["skattn.cluster"],
+    "distributed.scheduler.worker-saturation": 1.0,
 }
+
+
+def warm_up() -> None:
+    """Import what a process's first fit would: the estimator (torch, scikit-learn) and what
+    torch imports on its first optimizer (``torch._dynamo``, 1.1 s here)."""
+    import torch
+
+    import skattn.estimator  # noqa: F401
+
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+
+
+def dask_setup(worker) -> None:
+    """Dask's preload hook (``--preload skattn.cluster``): warm the worker up as it starts."""
+    warm_up()
 
 
 def local_dask_cluster(n_workers: int, config: Mapping[str, object] = DASK_WORKER_CONFIG):

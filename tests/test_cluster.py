@@ -144,18 +144,25 @@ def dask_client():
     cluster.close()
 
 
-def _worker_state(dask_worker) -> tuple[bool, list[str]]:
+def _worker_state(dask_worker) -> tuple[bool, list[str], bool]:
     import dask
 
     enabled = dask.config.get("distributed.worker.profile.enabled")
-    return enabled, [preload.name for preload in dask_worker.preloads]
+    warm = "torch._dynamo" in sys.modules  # what the first optimizer would import
+    return enabled, [preload.name for preload in dask_worker.preloads], warm
+
+
+def _scheduler_saturation(dask_scheduler) -> float:
+    return dask_scheduler.WORKER_SATURATION
 
 
 @pytest.mark.slow
 def test_dask_worker_config_reaches_the_workers(dask_client):
-    # each worker started with its profiler off and the estimator preloaded
-    state = (False, ["skattn.estimator"])
+    # each worker started with its profiler off and warmed up by the preload before any task
+    state = (False, ["skattn.cluster"], True)
     assert list(dask_client.run(_worker_state).values()) == [state] * 2
+    # the scheduler keeps the queue: a fit goes to whichever worker is free
+    assert dask_client.run_on_scheduler(_scheduler_saturation) == 1.0
 
 
 @pytest.mark.slow
