@@ -10,13 +10,17 @@
    (creating the cluster) is timed apart from the search.
 2. Serving: a small reversal model (bi-GRU 64, greedy) behind the plain server
    (``python -m serving``), then Ray Serve with 2 replicas behind Ray's default Python proxy,
-   and with 1 and 2 replicas behind its HAProxy ingress; ``--clients`` concurrent
-   one-item clients for ``--duration`` seconds each, every answer checked against
-   ``serving.load(...).predict``.
+   with 2 behind its HAProxy ingress, and with 1 and 2 under
+   ``serving.ray_deployment.THROUGHPUT_ENV``; ``--clients`` concurrent one-item clients for
+   ``--duration`` seconds each (the Python client: every answer checked against
+   ``serving.load(...).predict``), then, with ``--wrk``, the same from Debian's ``wrk`` (a C
+   client that leaves the servers more of the 2 cores; status codes checked, not answers).
+   Each window also reads how busy the machine was (``/proc/stat``: cores in use, and CPU per
+   request of everything on it, client included).
 
     python benchmarks/bench_cluster.py                  # 2 rounds of 12 x 3 fits, 64 clients x 30 s
     python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
-    python benchmarks/bench_cluster.py --only search    # or: --only serving
+    python benchmarks/bench_cluster.py --only search    # or: --only serving [--wrk]
 
 The honest ceiling: this machine has 2 cores (``usable_cores()``). Two workers can at best halve
 the search's wall time, and the load generator, Ray's proxy and controller and the replicas all
@@ -49,7 +53,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
-from load_clients import drive_python  # noqa: E402
+from load_clients import drive_python, drive_wrk, wrk_available  # noqa: E402
 from machine import describe  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
@@ -72,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=64, help="concurrent serving clients")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per server")
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--wrk", action="store_true", help="serving: also drive each with wrk")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.hidden_size, args.clients, args.duration = 5, 16, 16, 5.0
@@ -259,57 +264,88 @@ def plain_server(model_dir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ray_serve(model_dir: Path, replicas: int, haproxy: bool) -> Iterator[str]:
-    """Ray Serve with ``replicas`` replicas behind Ray's Python proxy or its HAProxy ingress
-    (``RAY_SERVE_ENABLE_HA_PROXY=1``, a feature flag of Ray 2.60, read when Ray starts)."""
+def ray_serve(model_dir: Path, replicas: int, env: dict[str, str]) -> Iterator[str]:
+    """Ray Serve with ``replicas`` replicas, Ray started under the environment ``env`` (its
+    ingress and request path are read when Ray starts: ``{}`` is the Python proxy), the
+    replicas logging at warning as the plain server here."""
     import ray
     from ray import serve
 
     from serving.ray_deployment import build
 
-    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if haproxy else "0"
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build({"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas})
+    args = {"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas}
+    app = build({**args, "log_level": "warning"})
     try:
         serve.run(app, name="bench", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def busy_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU jiffies of the whole machine so far (``/proc/stat``'s first line)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 @dataclass
 class Level:
     server: str
+    client: str
     requests: int
     errors: int
-    wrong: int
+    wrong: int | None  # None: not checked (wrk)
     throughput: float
     p50_ms: float
     p99_ms: float
+    cores_busy: float  # the whole machine's, client included
+    cpu_ms_per_request: float
 
 
-async def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: str) -> Level:
+def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: str,
+          client: str) -> Level:  # fmt: skip
     """``args.clients`` clients, each on its own connection, sending one-item requests back to
-    back for ``args.duration`` seconds after ``args.warmup``; every answer checked."""
-    window = await drive_python(
-        f"{url}/v2/models/{MODEL}/infer",
-        sorted(expected),
-        expected,
-        args.clients,
-        args.duration,
-        args.warmup,
-    )
-    rate = round(window.requests / args.duration, 1)
-    p50, p99 = round(window.p50_ms, 1), round(window.p99_ms, 1)
-    return Level(name, window.requests, window.errors, window.mismatches, rate, p50, p99)
+    back for ``args.duration`` seconds after ``args.warmup``; the Python client checks every
+    answer. The machine's busy cores are read over the warm-up and the window together (the
+    clients run the warm-up inside their call; both are the same steady load)."""
+    infer = f"/v2/models/{MODEL}/infer"
+    sources = sorted(expected)
+    start_busy, start_all = busy_jiffies()
+    if client == "python":
+        window = asyncio.run(drive_python(
+            f"{url}{infer}", sources, expected, args.clients, args.duration, args.warmup
+        ))  # fmt: skip
+    else:
+        window = drive_wrk(url, infer, sources[:64], args.clients, args.duration, args.warmup, None)
+    end_busy, end_all = busy_jiffies()
+    cores = (end_busy - start_busy) / max(end_all - start_all, 1) * (os.cpu_count() or 1)
+    rate = window.requests / window.seconds
+    return Level(
+        name, client, window.requests, window.errors,
+        window.mismatches if client == "python" else None,
+        round(rate, 1), round(window.p50_ms, 1), round(window.p99_ms, 1), round(cores, 2),
+        round(1000 * cores / max(rate, 1e-9), 3),
+    )  # fmt: skip
 
 
 def bench_serving(args: argparse.Namespace) -> list[str]:
     import serving
+    from serving.ray_deployment import THROUGHPUT_ENV
 
+    clients = ["python"] + (["wrk"] if args.wrk and wrk_available() else [])
+    haproxy, fast = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, THROUGHPUT_ENV
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = reversal_artifact(Path(scratch))
@@ -318,28 +354,32 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
         expected = dict(zip(sources, serving.load(model_dir).predict(sources), strict=True))
         servers = [
             ("plain server", lambda: plain_server(model_dir)),
-            ("ray serve, python proxy, 2 replicas", lambda: ray_serve(model_dir, 2, False)),
-            ("ray serve, haproxy, 1 replica", lambda: ray_serve(model_dir, 1, True)),
-            ("ray serve, haproxy, 2 replicas", lambda: ray_serve(model_dir, 2, True)),
-        ]
+            ("ray serve, python proxy, 2 replicas", lambda: ray_serve(model_dir, 2, {})),
+            ("ray serve, haproxy, 2 replicas", lambda: ray_serve(model_dir, 2, haproxy)),
+            ("ray serve, THROUGHPUT_ENV, 1 replica", lambda: ray_serve(model_dir, 1, fast)),
+            ("ray serve, THROUGHPUT_ENV, 2 replicas", lambda: ray_serve(model_dir, 2, fast)),
+        ]  # fmt: skip
         for name, server in servers:
             with server() as url:
-                results.append(asyncio.run(drive(url, expected, args, name)))
-            print(f"{name}: {results[-1].throughput} req/s", flush=True)
-    plain = results[0].throughput
+                for client in clients:
+                    results.append(drive(url, expected, args, name, client))
+                    print(f"{name}, {client}: {results[-1].throughput} req/s", flush=True)
     lines = [
         f"serving: {args.clients} concurrent one-item clients x {args.duration:g} s, "
-        "reversal model (bi-GRU 64, greedy)",
-        "| server | req/s | vs plain | p50 ms | p99 ms | errors | wrong answers |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "reversal model (bi-GRU 64, greedy); cores busy and CPU per request: the whole machine "
+        "(client included) over the window",
+        "| server | client | req/s | vs plain | p50 ms | p99 ms | errors | wrong answers "
+        "| cores busy | machine CPU ms / request |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    plain = {r.client: r.throughput for r in results if r.server == "plain server"}
     for r in results:
+        wrong = "not read" if r.wrong is None else r.wrong
         lines.append(
-            f"| {r.server} | {r.throughput} | {r.throughput / plain:.2f}x | {r.p50_ms} | "
-            f"{r.p99_ms} | {r.errors} | {r.wrong} |"
+            f"| {r.server} | {r.client} | {r.throughput} | {r.throughput / plain[r.client]:.2f}x "
+            f"| {r.p50_ms} | {r.p99_ms} | {r.errors} | {wrong} | {r.cores_busy} "
+            f"| {r.cpu_ms_per_request} |"
         )
-    two, one = results[3].throughput, results[2].throughput
-    lines.append(f"ray serve (haproxy) 2 replicas / 1 replica: {two / one:.2f}x")
     return lines
 
 

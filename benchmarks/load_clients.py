@@ -298,11 +298,14 @@ def drive_wrk(
     concurrency: int,
     duration: float,
     warmup: float,
-    pid: int,
+    pid: int | None,
 ) -> Window:
-    """One thread, ``concurrency`` connections: a warm-up run, then the measured one."""
+    """One thread, ``concurrency`` connections: a warm-up run, then the measured one; the
+    server's CPU seconds when ``pid`` names its process (else NaN)."""
     script = wrk_script(infer_path, sources)
-    summary, (server_cpu,) = _measured_wrk(script, base_url, concurrency, duration, warmup, [pid])
+    pids = [] if pid is None else [pid]
+    summary, cpu = _measured_wrk(script, base_url, concurrency, duration, warmup, pids)
+    server_cpu = cpu[0] if cpu else float("nan")
     return Window(
         requests=summary["requests"],
         errors=summary["errors"],

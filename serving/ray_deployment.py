@@ -8,6 +8,7 @@ unchanged. One command (every replica must be able to read ``model_dir``)::
 
     serve run serving.ray_deployment:build model_dir=DIR [model_name=NAME] [num_replicas=2]
         [num_cpus=1] [max_ongoing_requests=256] [max_batch_size=64] [max_delay_ms=2]
+        [log_level=info] [access_log=false]
         [min_replicas=1 max_replicas=4 target_ongoing_requests=32]    # autoscaling instead
 
 Several models: ``model_dir=DIR1,DIR2`` (and ``model_name=A,B``). ``max_replicas`` turns on
@@ -18,8 +19,18 @@ batchers stopped; the proxy routes only to running replicas, and ``/v2/health/re
 from the replica it reaches. Every response names its replica in ``X-Skattn-Replica``.
 
 Ray's default ingress is a proxy actor in Python, a hop that costs more than a small model's
-inference: prefer Ray's HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1 serve run ...`` (a
-feature flag of Ray 2.60, read when Ray starts; ``benchmarks/bench_cluster.py`` measures both).
+inference. :data:`THROUGHPUT_ENV` is the environment that serves faster (Ray 2.60's HAProxy
+ingress and the request path without per-request metrics; read when Ray starts, so set it
+before ``ray start`` or ``serve run``)::
+
+    env RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1 \
+        RAY_SERVE_HAPROXY_METRICS_ENABLED=0 RAY_enable_metrics_collection=0 \
+        RAY_SERVE_HAPROXY_NBTHREAD=1 \
+        serve run serving.ray_deployment:build model_dir=DIR num_replicas=2
+
+``benchmarks/bench_cluster.py`` measures both ingresses. Ray's access log is off by default,
+as in ``python -m serving``: the app logs one line per inference request itself, at
+``log_level``.
 
 This module imports Ray; the plain server never imports it.
 """
@@ -35,10 +46,26 @@ from serving.app import create_app
 from serving.runtime import load
 from serving.settings import ServerSettings
 
-__all__ = ["REPLICA_HEADER", "ServerReplica", "build"]
+__all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
 
 #: The response header that names the replica which answered.
 REPLICA_HEADER = "x-skattn-replica"
+
+#: Ray's environment for serving throughput, read when Ray starts (``ray start``, ``serve run``,
+#: ``ray.init``). Measured by ``benchmarks/bench_cluster.py`` (2 replicas, ``wrk``, 64
+#: connections): 3,759 req/s with the HAProxy ingress and the request path optimized for
+#: throughput, 4,279 without HAProxy's per-request metrics, 5,001 without Ray's metrics
+#: collection and with one HAProxy thread. What it gives up: Ray's request metrics (each
+#: replica's ``/metrics`` still counts its own requests).
+THROUGHPUT_ENV: dict[str, str] = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",  # HAProxy (C) in place of the Python proxy actor
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # user code on the replica's loop, buffered logs
+    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",  # no syslog line per request parsed in Python
+    "RAY_enable_metrics_collection": "0",  # no Ray metric recorded and exported per request
+    "RAY_SERVE_HAPROXY_NBTHREAD": "1",  # HAProxy's 4 threads fight the replicas on 2 cores
+}
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class _NameReplica:
@@ -138,7 +165,9 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     comma-separated for several), ``model_name``, ``num_replicas`` (default 1), ``num_cpus``
     (per replica, default 1), ``max_ongoing_requests`` (per replica, default 256: the batcher
     needs concurrent requests to form batches), ``min_replicas`` / ``max_replicas`` /
-    ``target_ongoing_requests`` (autoscaling), and any ``ServerSettings`` field by name.
+    ``target_ongoing_requests`` (autoscaling), ``log_level`` (the replicas' logs, default
+    ``info``: one line per inference request, as ``python -m serving`` logs), ``access_log``
+    (Ray's own line per HTTP request, default false), and any ``ServerSettings`` field by name.
     """
     if not args.get("model_dir"):
         raise ValueError(
@@ -152,10 +181,17 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     model_dirs = dict(zip(names, dirs, strict=True))
     settings = _settings(args)
     num_cpus = _number(args, "num_cpus", float, 1.0)
+    log_level = str(args.get("log_level", "info")).lower()
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": num_cpus},
         "max_ongoing_requests": _number(args, "max_ongoing_requests", int, 256),
         "health_check_period_s": 2,
+        "logging_config": {
+            "log_level": log_level.upper(),
+            "enable_access_log": _number(args, "access_log", bool, False),
+        },
     }
     if "max_replicas" in args:
         options["autoscaling_config"] = {

@@ -117,6 +117,8 @@ def test_health_and_readiness_come_from_a_running_replica(replicas):
         ({"model_dir": "a", "num_replicas": "two"}, "num_replicas"),
         ({"model_dir": "a", "max_delay_ms": "-1"}, "max_delay_ms"),
         ({"model_dir": "a", "eager_batching": "maybe"}, "eager_batching"),
+        ({"model_dir": "a", "log_level": "loud"}, "log_level"),
+        ({"model_dir": "a", "access_log": "sometimes"}, "access_log"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -131,3 +133,12 @@ def test_builder_sets_replicas_or_autoscaling():
     scaled = build({"model_dir": "/m/reverse", "min_replicas": "1", "max_replicas": "4"})
     config = scaled._bound_deployment._deployment_config.autoscaling_config
     assert (config.min_replicas, config.max_replicas) == (1, 4)
+
+
+def test_builder_sets_the_replicas_logging():
+    # Ray's access log off by default (the app logs its own line per inference request)
+    default = build({"model_dir": "/m/reverse"})._bound_deployment.logging_config
+    assert (default["log_level"], default["enable_access_log"]) == ("INFO", False)
+    quiet = build({"model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"})
+    config = quiet._bound_deployment.logging_config
+    assert (config["log_level"], config["enable_access_log"]) == ("WARNING", True)
