@@ -52,11 +52,11 @@ __all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
 REPLICA_HEADER = "x-skattn-replica"
 
 #: Ray's environment for serving throughput, read when Ray starts (``ray start``, ``serve run``,
-#: ``ray.init``). Measured by ``benchmarks/bench_cluster.py`` (2 replicas, ``wrk``, 64
-#: connections): 3,759 req/s with the HAProxy ingress and the request path optimized for
-#: throughput, 4,279 without HAProxy's per-request metrics, 5,001 without Ray's metrics
-#: collection and with one HAProxy thread. What it gives up: Ray's request metrics (each
-#: replica's ``/metrics`` still counts its own requests).
+#: ``ray.init``). A probe added them one at a time (2 replicas, ``wrk``, 64 connections, 8 s
+#: each): 3,759 req/s with the HAProxy ingress and the request path optimized for throughput,
+#: 4,279 without HAProxy's per-request metrics, 5,001 without Ray's metrics collection and with
+#: one HAProxy thread; ``benchmarks/bench_cluster.py`` compares the whole set with HAProxy alone.
+#: What it gives up: Ray's request metrics (each replica's ``/metrics`` still counts its own).
 THROUGHPUT_ENV: dict[str, str] = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",  # HAProxy (C) in place of the Python proxy actor
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # user code on the replica's loop, buffered logs
