@@ -74,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="searches per engine; every second round runs them in reverse order (Ray last)",
     )
     parser.add_argument("--clients", type=int, default=64, help="concurrent serving clients")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds per server")
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="seconds per server and client"
+    )
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wrk", action="store_true", help="serving: also drive each with wrk")
     args = parser.parse_args(argv)
@@ -82,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps, args.hidden_size, args.clients, args.duration = 5, 16, 16, 5.0
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    if args.wrk and not wrk_available():
+        parser.error("--wrk: no wrk on PATH (Debian: apt install wrk)")
     args.cv = 2 if args.quick else 3
     return args
 
@@ -266,26 +270,30 @@ def plain_server(model_dir: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def ray_serve(model_dir: Path, replicas: int, env: dict[str, str]) -> Iterator[str]:
     """Ray Serve with ``replicas`` replicas, Ray started under the environment ``env`` (its
-    ingress and request path are read when Ray starts: ``{}`` is the Python proxy), the
+    ingress and request path are read when Ray starts: ``{}`` is the Python proxy; the keys
+    of ``THROUGHPUT_ENV`` that ``env`` leaves out are unset, whatever the shell exports), the
     replicas logging at warning as the plain server here."""
     import ray
     from ray import serve
 
-    from serving.ray_deployment import build
+    from serving.ray_deployment import THROUGHPUT_ENV, build
 
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas}
-    app = build({**args, "log_level": "warning"})
+    keys = set(THROUGHPUT_ENV) | set(env)
+    saved = {key: os.environ.get(key) for key in keys}
     try:
-        serve.run(app, name="bench", route_prefix="/")
+        for key in keys:
+            os.environ.pop(key, None)
+        os.environ.update(env)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = {"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas}
+        serve.run(build({**args, "log_level": "warning"}), name="bench", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -294,8 +302,15 @@ def ray_serve(model_dir: Path, replicas: int, env: dict[str, str]) -> Iterator[s
 
 
 def busy_jiffies() -> tuple[int, int]:
-    """(busy, all) CPU jiffies of the whole machine so far (``/proc/stat``'s first line)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    """(busy, all) CPU jiffies of the whole machine so far (``/proc/stat``'s first line: user,
+    nice, system, idle, iowait, irq, softirq, steal; guest time is inside user and nice
+    already). Steal counts as busy: a core the hypervisor gave away did not serve. (0, 0)
+    where there is no ``/proc/stat``."""
+    try:
+        line = Path("/proc/stat").read_text().split("\n", 1)[0]
+    except OSError:
+        return 0, 0
+    fields = [int(x) for x in line.split()[1:9]]
     idle = fields[3] + fields[4]  # idle + iowait
     return sum(fields) - idle, sum(fields)
 
@@ -328,15 +343,20 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
             f"{url}{infer}", sources, expected, args.clients, args.duration, args.warmup
         ))  # fmt: skip
     else:
-        window = drive_wrk(url, infer, sources[:64], args.clients, args.duration, args.warmup, None)
+        # 64 of the sources spread over the sorted list (wrk's script holds its bodies)
+        spread = sources[:: max(1, len(sources) // 64)][:64]
+        window = drive_wrk(url, infer, spread, args.clients, args.duration, args.warmup, None)
     end_busy, end_all = busy_jiffies()
-    cores = (end_busy - start_busy) / max(end_all - start_all, 1) * (os.cpu_count() or 1)
+    if end_all > start_all:
+        cores = (end_busy - start_busy) / (end_all - start_all) * (os.cpu_count() or 1)
+    else:
+        cores = float("nan")
     rate = window.requests / window.seconds
     return Level(
         name, client, window.requests, window.errors,
         window.mismatches if client == "python" else None,
-        round(rate, 1), round(window.p50_ms, 1), round(window.p99_ms, 1), round(cores, 2),
-        round(1000 * cores / max(rate, 1e-9), 3),
+        round(rate, 1), round(window.p50_ms, 1), round(window.p99_ms, 1), cores,
+        1000 * cores / max(rate, 1e-9),
     )  # fmt: skip
 
 
@@ -344,7 +364,7 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
     import serving
     from serving.ray_deployment import THROUGHPUT_ENV
 
-    clients = ["python"] + (["wrk"] if args.wrk and wrk_available() else [])
+    clients = ["python"] + (["wrk"] if args.wrk else [])
     haproxy, fast = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, THROUGHPUT_ENV
     results = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -377,8 +397,8 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
         wrong = "not read" if r.wrong is None else r.wrong
         lines.append(
             f"| {r.server} | {r.client} | {r.throughput} | {r.throughput / plain[r.client]:.2f}x "
-            f"| {r.p50_ms} | {r.p99_ms} | {r.errors} | {wrong} | {r.cores_busy} "
-            f"| {r.cpu_ms_per_request} |"
+            f"| {r.p50_ms} | {r.p99_ms} | {r.errors} | {wrong} | {r.cores_busy:.2f} "
+            f"| {r.cpu_ms_per_request:.3f} |"
         )
     return lines
 

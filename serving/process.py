@@ -113,10 +113,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure_logging(level: str = "info") -> None:
-    """Send every log record to stderr as a JSON line."""
+def configure_logging(level: str = "info", name: str | None = None) -> None:
+    """Send every log record of the logger ``name`` (``None``: the root, every logger) to
+    stderr as a JSON line, at ``level`` and above. A named logger stops passing its records on
+    to the root's handlers (a Ray worker's own, in a Ray Serve replica)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    logger = logging.getLogger(name)
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    if name is not None:
+        logger.propagate = False

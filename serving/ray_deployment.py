@@ -29,8 +29,8 @@ before ``ray start`` or ``serve run``)::
         serve run serving.ray_deployment:build model_dir=DIR num_replicas=2
 
 ``benchmarks/bench_cluster.py`` measures both ingresses. Ray's access log is off by default,
-as in ``python -m serving``: the app logs one line per inference request itself, at
-``log_level``.
+as in ``python -m serving``: the server logs one JSON line per inference request itself (at
+``log_level`` info and below), to the replica's log file.
 
 This module imports Ray; the plain server never imports it.
 """
@@ -43,6 +43,7 @@ from typing import Any
 from ray import serve
 
 from serving.app import create_app
+from serving.process import configure_logging
 from serving.runtime import load
 from serving.settings import ServerSettings
 
@@ -56,7 +57,10 @@ REPLICA_HEADER = "x-skattn-replica"
 #: each): 3,759 req/s with the HAProxy ingress and the request path optimized for throughput,
 #: 4,279 without HAProxy's per-request metrics, 5,001 without Ray's metrics collection and with
 #: one HAProxy thread; ``benchmarks/bench_cluster.py`` compares the whole set with HAProxy alone.
-#: What it gives up: Ray's request metrics (each replica's ``/metrics`` still counts its own).
+#: What it gives up: Ray's request metrics (each replica's ``/metrics`` still counts its own);
+#: and with ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` (Ray 2.60) Ray buffers its request-path log
+#: records (1,000, flushed on an error, so a crash can lose the last), freezes the garbage
+#: collector's start-up objects, and makes deployment handles speak gRPC.
 THROUGHPUT_ENV: dict[str, str] = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",  # HAProxy (C) in place of the Python proxy actor
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",  # user code on the replica's loop, buffered logs
@@ -100,11 +104,19 @@ class ServerReplica:
         :class:`serving.settings.ServerSettings` fields (the server's limits and batching).
     threads : int, default=1
         onnxruntime threads per operator: the CPUs Ray reserved for the replica.
+    log_level : {"debug", "info", "warning", "error"}, default="info"
+        The server's own logs (the ``serving`` loggers: one JSON line per inference request at
+        info), to the replica's stderr, which Ray keeps in the replica's log file.
     """
 
     def __init__(
-        self, model_dirs: Mapping[str, str], settings: Mapping | None = None, threads: int = 1
+        self,
+        model_dirs: Mapping[str, str],
+        settings: Mapping | None = None,
+        threads: int = 1,
+        log_level: str = "info",
     ) -> None:
+        configure_logging(log_level, "serving")
         self.settings = ServerSettings(**(settings or {}))
         self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
             name: load(
@@ -165,9 +177,10 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     comma-separated for several), ``model_name``, ``num_replicas`` (default 1), ``num_cpus``
     (per replica, default 1), ``max_ongoing_requests`` (per replica, default 256: the batcher
     needs concurrent requests to form batches), ``min_replicas`` / ``max_replicas`` /
-    ``target_ongoing_requests`` (autoscaling), ``log_level`` (the replicas' logs, default
-    ``info``: one line per inference request, as ``python -m serving`` logs), ``access_log``
-    (Ray's own line per HTTP request, default false), and any ``ServerSettings`` field by name.
+    ``target_ongoing_requests`` (autoscaling), ``log_level`` (default ``info``: the server's
+    own logs, one line per inference request as ``python -m serving`` writes them, and Ray
+    Serve's logger in the replica), ``access_log`` (Ray's own line per HTTP request, default
+    false), and any ``ServerSettings`` field by name.
     """
     if not args.get("model_dir"):
         raise ValueError(
@@ -202,4 +215,4 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     else:
         options["num_replicas"] = _number(args, "num_replicas", int, 1)
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
-    return deployment.bind(model_dirs, settings, max(1, int(num_cpus)))
+    return deployment.bind(model_dirs, settings, max(1, int(num_cpus)), log_level)

@@ -5,9 +5,10 @@ Three of Dask's defaults cost a search of this library time it cannot spare on a
 
 - the worker's statistical profiler samples every thread's stack every 10 ms, taking the GIL
   from the training loop each time: about 0.1 s of a 2 s fit's thread CPU;
-- each worker imports torch and scikit-learn on its first task, about 5 s of CPU, and torch
-  imports ``torch._dynamo`` when the first optimizer is built, 1.1 s more, inside the first fit
-  it runs. Preloading this module (:func:`dask_setup`, :func:`warm_up`) moves both to start-up;
+- each worker imports torch and scikit-learn on its first task (about 5 s of CPU on the hosts
+  of 2026-12-02, 0.7 s more start-up on those of 2026-12-04), and torch imports
+  ``torch._dynamo`` when the first optimizer is built, 1.1 s more, inside the first fit it
+  runs. Preloading this module (:func:`dask_setup`, :func:`warm_up`) moves both to start-up;
 - the scheduler sends each one-thread worker up to 2 tasks (``worker-saturation`` 1.1, rounded
   up), so one worker can queue a fit while the other idles. At 1.0 the scheduler keeps the
   queue and hands the next fit to whichever worker is free.
@@ -33,6 +34,10 @@ from collections.abc import Mapping
 
 __all__ = ["DASK_WORKER_CONFIG", "dask_setup", "local_dask_cluster", "warm_up"]
 
+#: Dask settings for a cluster whose workers fit skattn models. Read where the workers and the
+#: scheduler are created: :func:`local_dask_cluster` creates both under it; for a standing
+#: cluster, set the scheduler's key in the scheduler's environment (see above), since a client
+#: connecting to a running scheduler does not change it.
 DASK_WORKER_CONFIG: dict[str, object] = {
     "distributed.worker.profile.enabled": False,
     "distributed.worker.preload": ["skattn.cluster"],
@@ -51,7 +56,9 @@ def warm_up() -> None:
 
 
 def dask_setup(worker) -> None:
-    """Dask's preload hook (``--preload skattn.cluster``): warm the worker up as it starts."""
+    """Dask's preload hook (``--preload skattn.cluster``): warm the worker up as it starts.
+    Importing this module costs nothing; where torch or scikit-learn is missing, the worker
+    logs the preload's error and starts cold, and its first fit raises the ImportError."""
     warm_up()
 
 

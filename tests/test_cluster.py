@@ -148,7 +148,8 @@ def _worker_state(dask_worker) -> tuple[bool, list[str], bool]:
     import dask
 
     enabled = dask.config.get("distributed.worker.profile.enabled")
-    warm = "torch._dynamo" in sys.modules  # what the first optimizer would import
+    # what the first optimizer would import, there before any task ran (not left by a fit)
+    warm = "torch._dynamo" in sys.modules and dask_worker.state.executed_count == 0
     return enabled, [preload.name for preload in dask_worker.preloads], warm
 
 

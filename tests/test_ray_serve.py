@@ -137,8 +137,31 @@ def test_builder_sets_replicas_or_autoscaling():
 
 def test_builder_sets_the_replicas_logging():
     # Ray's access log off by default (the app logs its own line per inference request)
-    default = build({"model_dir": "/m/reverse"})._bound_deployment.logging_config
-    assert (default["log_level"], default["enable_access_log"]) == ("INFO", False)
-    quiet = build({"model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"})
-    config = quiet._bound_deployment.logging_config
+    default = build({"model_dir": "/m/reverse"})._bound_deployment
+    config = default.logging_config
+    assert (config["log_level"], config["enable_access_log"]) == ("INFO", False)
+    assert default.init_args[-1] == "info"  # the server's own loggers in each replica
+    custom = build({"model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"})
+    config = custom._bound_deployment.logging_config
     assert (config["log_level"], config["enable_access_log"]) == ("WARNING", True)
+    assert custom._bound_deployment.init_args[-1] == "warning"
+
+
+def test_a_replica_logs_the_server_as_json_lines_at_its_level(capsys):
+    import json
+    import logging
+
+    from serving.process import configure_logging
+
+    logger = logging.getLogger("serving")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    try:
+        configure_logging("warning", "serving")  # what ServerReplica.__init__ does
+        logging.getLogger("serving.app").info("not at warning")
+        logging.getLogger("serving.app").warning("kept", extra={"model": "reverse"})
+        lines = capsys.readouterr().err.splitlines()
+        assert [json.loads(line)["message"] for line in lines] == ["kept"]
+        assert json.loads(lines[0])["model"] == "reverse"
+        assert not logger.propagate  # not twice through a Ray worker's root handlers
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
