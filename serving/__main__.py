@@ -18,7 +18,7 @@ from serving.connections import ConnectionLimits
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
-from serving.process import configure_logging, serve
+from serving.process import LOG_LEVELS, configure_logging, serve
 from serving.settings import BATCHING, ServerSettings, check_model_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        choices=("debug", "info", "warning", "error"),
+        choices=LOG_LEVELS,
         default="info",
         help="(default: %(default)s)",
     )

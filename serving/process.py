@@ -21,7 +21,7 @@ from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_con
 from serving.interface import Runtime
 from serving.settings import ServerSettings
 
-__all__ = ["GC_THRESHOLDS", "JsonFormatter", "configure_logging", "serve"]
+__all__ = ["GC_THRESHOLDS", "LOG_LEVELS", "JsonFormatter", "configure_logging", "serve"]
 
 
 #: The garbage collector's thresholds while the server runs: the youngest generation collected
@@ -111,6 +111,10 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+#: The levels the server logs at (``--log-level``, a Ray Serve replica's ``log_level``).
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def configure_logging(level: str = "info", name: str | None = None) -> None:

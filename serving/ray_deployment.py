@@ -43,7 +43,7 @@ from typing import Any
 from ray import serve
 
 from serving.app import create_app
-from serving.process import configure_logging
+from serving.process import LOG_LEVELS, configure_logging
 from serving.runtime import load
 from serving.settings import ServerSettings
 
@@ -68,8 +68,6 @@ THROUGHPUT_ENV: dict[str, str] = {
     "RAY_enable_metrics_collection": "0",  # no Ray metric recorded and exported per request
     "RAY_SERVE_HAPROXY_NBTHREAD": "1",  # HAProxy's 4 threads fight the replicas on 2 cores
 }
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class _NameReplica:
