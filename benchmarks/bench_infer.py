@@ -100,7 +100,6 @@ def useful_flops(estimator: Seq2Seq, sources: list[str], sample: int = 256) -> f
 def main() -> None:
     args = parse_args()
     threads = args.threads or usable_cores()
-    torch.set_num_threads(1)  # fitting a small model: one thread is fastest on shared cores
 
     X_train, y_train = make_reversal(2000, 4, 16, random_state=0)
     sources, _ = make_reversal(args.n_inputs, 4, 16, random_state=1)
@@ -115,9 +114,13 @@ def main() -> None:
         learning_rate=1e-2,
         early_stopping=False,
         device="cpu",
+        n_threads=1,
         random_state=0,
     ).fit(X_train, y_train)
     fit_seconds = time.perf_counter() - start
+    # predict sets torch's threads to n_threads (None: every usable core), whatever
+    # torch.set_num_threads said before: the same count as onnxruntime's.
+    estimator.set_params(n_threads=threads)
 
     with tempfile.TemporaryDirectory() as directory:
         runtime = serving.load(

@@ -165,6 +165,7 @@ def fitted_transformer(args) -> Seq2Seq:
         learning_rate=3e-3,
         early_stopping=False,
         device="cpu",
+        n_threads=args.threads,  # fit and predict (predict sets torch's threads to it)
         random_state=0,
     ).fit(X, y)
 

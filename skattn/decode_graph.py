@@ -3,8 +3,10 @@
 Built from the two exported graphs with ``onnx.helper``: ``encoder.onnx``'s nodes once, then
 two nested ``Loop``s, the inner one's body ``decoder_step.onnx``'s nodes plus the search's
 decisions, the outer one dropping the rows that ended between runs of the inner one
-(:mod:`skattn.decode_graph_greedy`, :mod:`skattn.decode_graph_beam`), so one ``session.run``
-decodes a batch in any onnxruntime host (C++, C#, Java, onnxruntime-web, Triton)::
+(:mod:`skattn.decode_graph_greedy`, :mod:`skattn.decode_graph_beam`), and what the step
+computes from the segment's values alone moved out of the inner loop
+(:func:`~skattn.onnx_graph.hoist_loop_invariants`); so one ``session.run`` decodes a batch in any
+onnxruntime host (C++, C#, Java, onnxruntime-web, Triton)::
 
     inputs   src          (B, T) int64    ids of each source + [EOS], 0-padded
              src_lengths  (B,)   int64    real lengths, EOS counted (>= 1)
@@ -35,7 +37,7 @@ from skattn.core.search import beam_decode, greedy_decode
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.decode_graph_beam import beam_search
 from skattn.decode_graph_greedy import FLOAT, INT64, greedy_search
-from skattn.onnx_graph import GraphBuilder, inline
+from skattn.onnx_graph import GraphBuilder, hoist_loop_invariants, inline
 
 __all__ = ["build_decode_graph", "random_sources", "reference_search", "verify_decode_graph"]
 
@@ -94,6 +96,7 @@ def build_decode_graph(
         producer_name="skattn",
     )
     model.ir_version = 8
+    hoist_loop_invariants(model)  # the step's work on the segment's keys, once per segment
     onnx.checker.check_model(model, full_check=True)
     return model
 
