@@ -392,13 +392,20 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
         "| cores busy | machine CPU ms / request |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    plain = {r.client: r.throughput for r in results if r.server == "plain server"}
+    by_row = {(r.server, r.client): r.throughput for r in results}
     for r in results:
         wrong = "not read" if r.wrong is None else r.wrong
+        vs_plain = r.throughput / by_row["plain server", r.client]
         lines.append(
-            f"| {r.server} | {r.client} | {r.throughput} | {r.throughput / plain[r.client]:.2f}x "
+            f"| {r.server} | {r.client} | {r.throughput} | {vs_plain:.2f}x "
             f"| {r.p50_ms} | {r.p99_ms} | {r.errors} | {wrong} | {r.cores_busy:.2f} "
             f"| {r.cpu_ms_per_request:.3f} |"
+        )
+    for client in clients:
+        two = by_row["ray serve, THROUGHPUT_ENV, 2 replicas", client]
+        one = by_row["ray serve, THROUGHPUT_ENV, 1 replica", client]
+        lines.append(
+            f"ray serve (THROUGHPUT_ENV), {client}: 2 replicas / 1 replica {two / one:.2f}x"
         )
     return lines
 
