@@ -5,8 +5,8 @@ two nested ``Loop``s, the inner one's body ``decoder_step.onnx``'s nodes plus th
 decisions, the outer one dropping the rows that ended between runs of the inner one
 (:mod:`skattn.decode_graph_greedy`, :mod:`skattn.decode_graph_beam`), and what the step
 computes from the segment's values alone moved out of the inner loop
-(:func:`~skattn.onnx_graph.hoist_loop_invariants`); so one ``session.run`` decodes a batch in any
-onnxruntime host (C++, C#, Java, onnxruntime-web, Triton)::
+(:func:`~skattn.loop_invariants.hoist_loop_invariants`); so one ``session.run`` decodes a batch
+in any onnxruntime host (C++, C#, Java, onnxruntime-web, Triton)::
 
     inputs   src          (B, T) int64    ids of each source + [EOS], 0-padded
              src_lengths  (B,)   int64    real lengths, EOS counted (>= 1)
@@ -37,7 +37,8 @@ from skattn.core.search import beam_decode, greedy_decode
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.decode_graph_beam import beam_search
 from skattn.decode_graph_greedy import FLOAT, INT64, greedy_search
-from skattn.onnx_graph import GraphBuilder, hoist_loop_invariants, inline
+from skattn.loop_invariants import hoist_loop_invariants
+from skattn.onnx_graph import GraphBuilder, inline
 
 __all__ = ["build_decode_graph", "random_sources", "reference_search", "verify_decode_graph"]
 

@@ -6,9 +6,8 @@ rewriting a graph's nodes in place.
 (``b.op("Add", x, y)`` returns the output's name), and :func:`inline` copies another graph's
 nodes into a builder under a prefix, so the search's ``Loop`` body runs the very decoder step
 that export verified against torch. :class:`GraphRewriter` and :func:`rewrite_nodes` replace
-nodes in a graph and its subgraphs (:mod:`skattn.recurrent_graph`, :mod:`skattn.quantize`);
-:func:`hoist_loop_invariants` moves what a ``Loop`` body computes the same way at every
-iteration out of it. The ``onnx`` protobuf package only; no torch.
+nodes in a graph and its subgraphs (:mod:`skattn.recurrent_graph`, :mod:`skattn.quantize`).
+The ``onnx`` protobuf package only; no torch.
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ __all__ = [
     "GraphBuilder",
     "GraphRewriter",
     "drop_unused_initializers",
-    "hoist_loop_invariants",
     "inline",
     "model_copy",
     "node_attributes",
+    "node_subgraphs",
     "rewrite_nodes",
     "sink_initializers",
     "static_shapes",
@@ -288,16 +287,23 @@ class GraphRewriter:
         return self._axes[axis]
 
 
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The subgraphs a node's attributes hold (a ``Loop``'s body, an ``If``'s branches)."""
+    found = []
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            found.append(attribute.g)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attribute.graphs)
+    return found
+
+
 def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every subgraph below it (``Loop``, ``Scan`` and ``If`` bodies)."""
     yield graph
     for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from subgraphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from subgraphs(subgraph)
+        for subgraph in node_subgraphs(node):
+            yield from subgraphs(subgraph)
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
@@ -380,149 +386,6 @@ def sink_initializers(model: onnx.ModelProto) -> int:
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     return moved
-
-
-# -- loop-invariant code motion (skattn.decode_graph) --------------------------------------
-
-#: Ops that may give two values for the same inputs: never moved out of a loop.
-_NONDETERMINISTIC = frozenset(
-    {"Bernoulli", "Dropout", "Multinomial", "RandomNormal", "RandomNormalLike",
-     "RandomUniform", "RandomUniformLike"}
-)  # fmt: skip
-
-
-def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The subgraphs a node's attributes hold (a ``Loop``'s body, an ``If``'s branches)."""
-    found = []
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            found.append(attribute.g)
-        elif attribute.type == onnx.AttributeProto.GRAPHS:
-            found.extend(attribute.graphs)
-    return found
-
-
-def hoist_loop_invariants(model: onnx.ModelProto) -> int:
-    """Move (in place) out of every ``Loop`` body the nodes whose value is the same at every
-    iteration; returns how many moves that took (a node that leaves two loops counts twice).
-
-    A body node is invariant when each input comes from the enclosing scope, from another
-    invariant node, or is *static* (a body initializer, or computed from initializers and
-    constants alone), and at least one input is not static. It moves to just before its
-    ``Loop``, with copies of the static values it reads; a static value nothing in the body
-    reads any more is then dropped. Static nodes themselves stay: onnxruntime folds them next
-    to the weights they read (:func:`sink_initializers`). Bodies are rewritten innermost first,
-    so a value invariant in two nested loops leaves both. Nodes with subgraphs, random ops and
-    the nodes that write a body's outputs stay.
-
-    In ``decode.onnx`` this takes the Transformer step's work on the cross-attention keys
-    (splitting them per layer, their shape arithmetic) out of the step loop: once per segment
-    instead of once per step (the whole greedy decode 0.91-0.97x the time at 1-64 sources).
-    """
-    taken = set()
-    for graph in subgraphs(model.graph):
-        taken.update(value.name for value in (*graph.input, *graph.output, *graph.value_info))
-        taken.update(tensor.name for tensor in graph.initializer)
-        taken.update(name for node in graph.node for name in (*node.output, node.name))
-    counter = itertools.count()
-
-    def fresh(name: str) -> str:
-        while (new := f"{name}_hoisted_{next(counter)}") in taken:
-            pass
-        taken.add(new)
-        return new
-
-    def visit(graph: onnx.GraphProto) -> int:
-        moved, nodes = 0, []
-        for node in graph.node:
-            moved += sum(visit(body) for body in _bodies(node))
-            if node.op_type == "Loop":
-                body = next(a.g for a in node.attribute if a.name == "body")
-                count, hoisted, initializers, infos = _hoist(body, fresh)
-                nodes.extend(hoisted)
-                graph.initializer.extend(initializers)
-                graph.value_info.extend(infos)
-                moved += count
-            nodes.append(node)
-        del graph.node[:]
-        graph.node.extend(nodes)
-        return moved
-
-    return visit(model.graph)
-
-
-def _hoist(body: onnx.GraphProto, fresh: Callable[[str], str]) -> tuple[int, list, list, list]:
-    """Take ``body``'s invariant nodes out (:func:`hoist_loop_invariants`); returns how many,
-    then what goes before the ``Loop``: the nodes (copies of the static ones they read first),
-    initializers and value infos."""
-    outputs = {value.name for value in body.output}
-    weights = {tensor.name: tensor for tensor in body.initializer}
-    defined = {value.name for value in body.input} | set(weights)
-    defined.update(name for node in body.node for name in node.output)
-    static, producer, invariant, hoisted = set(weights), {}, set(), []
-    for node in body.node:
-        if node.op_type in _NONDETERMINISTIC or _bodies(node) or outputs & set(node.output):
-            continue
-        kinds = {
-            "invariant" if x in invariant or x not in defined else
-            "static" if x in static else "variant"
-            for x in node.input if x
-        }  # fmt: skip
-        if "variant" in kinds:
-            continue
-        if "invariant" in kinds:
-            hoisted.append(node)
-            invariant.update(node.output)
-        else:
-            static.update(node.output)
-            producer.update(dict.fromkeys(node.output, node))
-    if not hoisted:
-        return 0, [], [], []
-
-    before, initializers, copies = [], [], {}
-
-    def copy_static(name: str) -> str:  # the copy's name before the Loop
-        if name not in copies:
-            if name in weights:
-                tensor = copy.deepcopy(weights[name])
-                tensor.name = copies[name] = fresh(name)
-                initializers.append(tensor)
-            else:
-                node = copy.deepcopy(producer[name])
-                node.input[:] = [copy_static(x) if x else x for x in node.input]
-                new = [fresh(x) for x in node.output]
-                copies.update(zip(node.output, new, strict=True))
-                node.output[:], node.name = new, fresh(node.name or node.op_type)
-                before.append(node)
-        return copies[name]
-
-    for node in hoisted:
-        node.input[:] = [copy_static(x) if x in static else x for x in node.input]
-        before.append(node)
-    moved = {id(node) for node in hoisted}
-    kept = [node for node in body.node if id(node) not in moved]
-    while True:  # drop the static nodes nothing reads any more
-        read = set(outputs)
-        for node in kept:
-            read.update(node.input)
-            for graph in _bodies(node):
-                for each in subgraphs(graph):
-                    read.update(x for n in each.node for x in n.input)
-                    read.update(value.name for value in each.output)
-        dead = {id(n) for n in kept if not (read & set(n.output)) and set(n.output) <= static}
-        if not dead:
-            break
-        kept = [node for node in kept if id(node) not in dead]
-    del body.node[:]
-    body.node.extend(kept)
-    live = [tensor for tensor in body.initializer if tensor.name in read]
-    del body.initializer[:]
-    body.initializer.extend(live)
-    infos = [value for value in body.value_info if value.name in invariant]
-    rest = [value for value in body.value_info if value.name not in invariant]
-    del body.value_info[:]
-    body.value_info.extend(rest)
-    return len(hoisted), before, initializers, infos
 
 
 def node_attributes(node: onnx.NodeProto) -> dict:

@@ -1,5 +1,5 @@
-"""``skattn.onnx_graph.hoist_loop_invariants``: what leaves a ``Loop`` body, what stays, and the
-same outputs before and after (onnxruntime)."""
+"""``skattn.loop_invariants.hoist_loop_invariants``: what leaves a ``Loop`` body, what stays,
+and the same outputs before and after (onnxruntime)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from skattn.onnx_graph import hoist_loop_invariants
+from skattn.loop_invariants import hoist_loop_invariants
 
 OPSET = 17
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
