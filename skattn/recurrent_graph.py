@@ -118,10 +118,13 @@ class _Emitter:
         return names[0] if outputs == 1 else names
 
 
-def _expand(rewriter: GraphRewriter, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-    """``node`` (a GRU or LSTM, see :func:`_cell_weights`) as products, gates and a ``Scan``."""
+def _expand(
+    rewriter: GraphRewriter, node: onnx.NodeProto, min_hidden_size: int = 0
+) -> list[onnx.NodeProto] | None:
+    """``node`` (a GRU or LSTM, see :func:`_cell_weights`) as products, gates and a ``Scan``;
+    None (left as it is) for a cell narrower than ``min_hidden_size``."""
     weights = _cell_weights(rewriter, node)
-    if weights is None:
+    if weights is None or weights[1].shape[1] < min_hidden_size:
         return None
     W, R, bias = weights  # (G H, I), (G H, H), (2 G H,)
     cell = _CELLS[node.op_type]
@@ -207,15 +210,19 @@ def _expand(rewriter: GraphRewriter, node: onnx.NodeProto) -> list[onnx.NodeProt
     return nodes
 
 
-def expand_recurrent(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+def expand_recurrent(
+    model: onnx.ModelProto, min_hidden_size: int = 0
+) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with each plain one-direction ``GRU`` / ``LSTM`` node written as
     ``MatMul``s, gates and (over more than one step) a ``Scan``; returns it and the count.
 
-    Left as they are: bidirectional cells, sequence lengths, peepholes, clipping, other
-    activations, ``linear_before_reset=0``, weights that are not float32 constants, and
-    models below opset 15."""
+    Left as they are: cells with fewer than ``min_hidden_size`` units, bidirectional cells,
+    sequence lengths, peepholes, clipping, other activations, ``linear_before_reset=0``,
+    weights that are not float32 constants, and models below opset 15."""
     model = model_copy(model)
-    rewriter = GraphRewriter(model, "quantize/")  # its first pass: one namespace
-    count = rewrite_nodes(rewriter, _expand)
+    # One namespace with quantize's passes (this is its first): a float artifact's step cells,
+    # expanded at export, are named as an int8 export names them.
+    rewriter = GraphRewriter(model, "quantize/")
+    count = rewrite_nodes(rewriter, lambda rw, node: _expand(rw, node, min_hidden_size))
     drop_unused_initializers(model)
     return model, count

@@ -24,6 +24,7 @@ from serving.sessions import resolve_device
 from skattn.calibrate import activation_ranges, decode_feeds, product_key
 from skattn.core.manifest import ArtifactError, Manifest
 from skattn.core.text import EOS, SPECIAL_TOKENS
+from skattn.export import STEP_CELLS_EXPANDED_FROM
 from skattn.models import Seq2SeqModule
 from skattn.models.config import ModelConfig
 from skattn.onnx_graph import sink_initializers, subgraphs
@@ -196,6 +197,33 @@ def test_below_opset_15_the_cells_are_left_and_from_18_split_names_its_parts():
     expected = session(model).run(None, feeds)
     for got, want in zip(session(expanded).run(None, feeds), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cells_narrower_than_min_hidden_size_are_left_as_they_are():
+    model = recurrent_model("GRU", hidden=7)
+    assert expand_recurrent(model, min_hidden_size=8)[1] == 0
+    assert expand_recurrent(model, min_hidden_size=7)[1] == 1
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_a_float_export_expands_the_step_cells_from_its_threshold_only(cell, tmp_path):
+    """A float32 artifact writes the decoder step's cells as products from
+    STEP_CELLS_EXPANDED_FROM units on (verified against torch by the export itself); the
+    encoder's cells, and a narrower model's step, stay onnxruntime's fused kernels."""
+    for hidden in (STEP_CELLS_EXPANDED_FROM, 8):
+        torch.manual_seed(0)
+        config = ModelConfig(
+            len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), embedding_dim=6,
+            hidden_size=hidden, num_layers=2, cell=cell,
+        )  # fmt: skip
+        directory = export(Seq2SeqModule(config).eval(), tmp_path / str(hidden))
+        fused = cell.upper()
+        assert fused in op_types(onnx.load(directory / "encoder.onnx"))
+        for name in ("decoder_step.onnx", "decode.onnx"):
+            step_cells = op_types(onnx.load(directory / name)).count(fused)
+            if name == "decode.onnx":  # it inlines the encoder's two directions per layer
+                step_cells -= op_types(onnx.load(directory / "encoder.onnx")).count(fused)
+            assert step_cells == (0 if hidden >= STEP_CELLS_EXPANDED_FROM else 2), (hidden, name)
 
 
 # ---------------------------------------------------------------- passes 2 and 3: ranges, products
