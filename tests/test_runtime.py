@@ -17,6 +17,7 @@ import sys
 import threading
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -145,6 +146,38 @@ def test_beam_search_equals_the_estimator(kind, tmp_path):
     sources = SOURCES[:80]
     assert runtime.predict(sources) == estimator.predict(sources)
     assert_same_attention(estimator.predict_attention(sources), runtime.predict_attention(sources))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict(decoder="bahdanau", scorer="additive"),
+        dict(decoder="luong", scorer="general", cell="lstm"),
+    ],
+    ids=kind_id,
+)
+def test_expanded_step_cells_equal_the_estimator(kind, tmp_path):
+    """From STEP_CELLS_EXPANDED_FROM units the step's cells are products and gates in the
+    artifact: the decode graph and the step graphs still give the estimator's answers."""
+    from skattn.export import STEP_CELLS_EXPANDED_FROM
+
+    estimator = fit(hidden_size=STEP_CELLS_EXPANDED_FROM, learning_rate=0.005, **kind)
+    directory = estimator.export_onnx(tmp_path / "model")
+    step_types = {node.op_type for node in onnx.load(directory / "decoder_step.onnx").graph.node}
+    assert not step_types & {"GRU", "LSTM"}
+    sources = SOURCES[:80]
+    for beam_size in (1, 3):
+        if beam_size > 1:
+            estimator.set_params(beam_size=beam_size)
+            directory = estimator.export_onnx(tmp_path / f"beam{beam_size}")
+        expected = estimator.predict(sources)
+        assert len(set(expected)) > 20, "the model must not be degenerate for parity to mean much"
+        for decode_graph in (True, False):
+            runtime = load(directory, decode_graph=decode_graph)
+            assert runtime.predict(sources) == expected, (beam_size, decode_graph)
+            assert_same_attention(
+                estimator.predict_attention(sources), runtime.predict_attention(sources)
+            )
 
 
 def test_token_list_targets_give_token_lists(tmp_path):
