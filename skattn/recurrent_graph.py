@@ -8,7 +8,10 @@ then a ``Scan`` over time whose body multiplies the state by the recurrent weigh
 ``Scan``. Exact in float32 (tests: against onnxruntime's own cells; export: against torch).
 
 It is :mod:`skattn.quantize`'s first pass: the cells' weights become ``MatMul`` / ``Gemm``
-inputs, which its third pass multiplies in int8. The ``onnx`` protobuf package and NumPy only.
+inputs, which its third pass multiplies in int8. A float32 export runs it on the decoder step
+alone, for cells of :data:`skattn.export.STEP_CELLS_EXPANDED_FROM` units or more, which
+onnxruntime then runs faster than its fused kernels. The ``onnx`` protobuf package and NumPy
+only.
 """
 
 from __future__ import annotations
