@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from skattn.attention import SCORERS, Attention
+from skattn.attention import SCORE_FUNCTIONS, Attention
 
 
 def best_time_per_call(fns, repeats: int, number: int) -> list[float]:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("-" * len(header))
     with torch.inference_mode():
-        for name in SCORERS:
+        for name in SCORE_FUNCTIONS:
             pre, re = bench_scorer(
                 name, args.batch, args.length, args.dim, args.repeats, args.number
             )
