@@ -75,14 +75,14 @@ from skattn.tracing import (
 __all__ = ["OPSET", "export_module", "export_onnx"]
 
 _DEFAULT_MAX_SOURCE_LENGTH = 1024
-# The decoder step's GRU / LSTM cells are written as products and gates (expand_recurrent) from
-# this width on. onnxruntime's fused GRU kernel wins for narrow cells and single rows; from 128
-# units the products win as soon as a step has a few rows (greedy on a hidden-256 Luong model,
-# decode.onnx, one thread: 1.04x the time at batch 1, 0.96x at 16, 0.93x at 64 and 256; beam 5:
-# 0.98x at 1, 0.91-0.93x at 8-64; hidden 128: 1.04x / 1.00x / 0.96x greedy; hidden 64: 1.07x
-# greedy at batch 1 and 8, 0.98x at 64). The encoder's cells stay fused: expanded, they cost
-# 1.03-1.19x at batch 1 for 2-4 % at 64.
-STEP_CELLS_EXPANDED_FROM = 128
+# The width from which the decoder step's GRU / LSTM cells are written as products and gates
+# (expand_recurrent), per search. onnxruntime's fused GRU kernel wins for narrow cells and single
+# rows; the products win once a step has many rows. benchmarks/bench_step_cells.py (decode.onnx,
+# one thread, step / fused time at 1, 16, 64, 256 sources): beam 5 0.91-1.01x at every width
+# (hidden 64: 1.01, 0.93, 0.91, 0.93x); greedy from 128 units 1.04, 1.01-1.02, 0.96-0.98,
+# 0.93-0.96x, at 64 units 1.06, 1.04, 1.01, 0.96x. The encoder's cells stay fused: expanded
+# as well, they gain 3-8 % more at 64-256 sources but cost 1.05-1.26x for one.
+STEP_CELLS_EXPANDED_FROM = {"greedy": 128, "beam": 0}
 
 
 def _prepare_directory(path: str | os.PathLike) -> Path:
@@ -193,7 +193,8 @@ def export_module(
     if quantize is not None:
         encoder, decoder = (expand_recurrent(graph)[0] for graph in (encoder, decoder))
     else:
-        decoder = expand_recurrent(decoder, STEP_CELLS_EXPANDED_FROM)[0]
+        search = "greedy" if manifest.beam_size == 1 else "beam"
+        decoder = expand_recurrent(decoder, STEP_CELLS_EXPANDED_FROM[search])[0]
     verify_graphs(model, encoder, decoder, manifest)
     decode = build_decode_graph(encoder, decoder, manifest)  # the whole search, one graph
     verify_decode_graph(decode, encoder, decoder, manifest)

@@ -9,9 +9,9 @@ then a ``Scan`` over time whose body multiplies the state by the recurrent weigh
 
 It is :mod:`skattn.quantize`'s first pass: the cells' weights become ``MatMul`` / ``Gemm``
 inputs, which its third pass multiplies in int8. A float32 export runs it on the decoder step
-alone, for cells of :data:`skattn.export.STEP_CELLS_EXPANDED_FROM` units or more, which
-onnxruntime then runs faster than its fused kernels. The ``onnx`` protobuf package and NumPy
-only.
+alone, for cells at least as wide as :data:`skattn.export.STEP_CELLS_EXPANDED_FROM` says for
+its search, which onnxruntime then runs faster than its fused kernels. The ``onnx`` protobuf
+package and NumPy only.
 """
 
 from __future__ import annotations

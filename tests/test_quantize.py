@@ -207,23 +207,27 @@ def test_cells_narrower_than_min_hidden_size_are_left_as_they_are():
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_a_float_export_expands_the_step_cells_from_its_threshold_only(cell, tmp_path):
-    """A float32 artifact writes the decoder step's cells as products from
-    STEP_CELLS_EXPANDED_FROM units on (verified against torch by the export itself); the
-    encoder's cells, and a narrower model's step, stay onnxruntime's fused kernels."""
-    for hidden in (STEP_CELLS_EXPANDED_FROM, 8):
+    """A float32 artifact writes the decoder step's cells as products from the width that
+    STEP_CELLS_EXPANDED_FROM names for its search (verified against torch by the export
+    itself); the encoder's cells, and a greedy model's narrower step, stay fused kernels."""
+    greedy_from = STEP_CELLS_EXPANDED_FROM["greedy"]
+    assert STEP_CELLS_EXPANDED_FROM["beam"] < 8 < greedy_from
+    for hidden, beam_size, expanded in [(greedy_from, 1, True), (8, 1, False), (8, 3, True)]:
         torch.manual_seed(0)
         config = ModelConfig(
             len(SOURCE_VOCABULARY), len(TARGET_VOCABULARY), embedding_dim=6,
             hidden_size=hidden, num_layers=2, cell=cell,
         )  # fmt: skip
-        directory = export(Seq2SeqModule(config).eval(), tmp_path / str(hidden))
+        directory = export(
+            Seq2SeqModule(config).eval(), tmp_path / f"{hidden}-{beam_size}", beam_size=beam_size
+        )
         fused = cell.upper()
         assert fused in op_types(onnx.load(directory / "encoder.onnx"))
         for name in ("decoder_step.onnx", "decode.onnx"):
             step_cells = op_types(onnx.load(directory / name)).count(fused)
             if name == "decode.onnx":  # it inlines the encoder's two directions per layer
                 step_cells -= op_types(onnx.load(directory / "encoder.onnx")).count(fused)
-            assert step_cells == (0 if hidden >= STEP_CELLS_EXPANDED_FROM else 2), (hidden, name)
+            assert step_cells == (0 if expanded else 2), (hidden, beam_size, name)
 
 
 # ---------------------------------------------------------------- passes 2 and 3: ranges, products

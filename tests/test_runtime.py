@@ -157,11 +157,12 @@ def test_beam_search_equals_the_estimator(kind, tmp_path):
     ids=kind_id,
 )
 def test_expanded_step_cells_equal_the_estimator(kind, tmp_path):
-    """From STEP_CELLS_EXPANDED_FROM units the step's cells are products and gates in the
-    artifact: the decode graph and the step graphs still give the estimator's answers."""
+    """From the width STEP_CELLS_EXPANDED_FROM names the step's cells are products and gates
+    in the artifact: the decode graph and the step graphs still give the estimator's answers."""
     from skattn.export import STEP_CELLS_EXPANDED_FROM
 
-    estimator = fit(hidden_size=STEP_CELLS_EXPANDED_FROM, learning_rate=0.005, **kind)
+    hidden = STEP_CELLS_EXPANDED_FROM["greedy"]
+    estimator = fit(hidden_size=hidden, learning_rate=0.005, **kind)
     directory = estimator.export_onnx(tmp_path / "model")
     step_types = {node.op_type for node in onnx.load(directory / "decoder_step.onnx").graph.node}
     assert not step_types & {"GRU", "LSTM"}
