@@ -9,7 +9,7 @@ those cores); graph optimisation ``ORT_ENABLE_ALL`` (constant folding, fusions, 
 Small models on few, busy cores are often fastest with ``intra_op_num_threads=1`` (hidden size
 128, batch 64, on a loaded 2-core machine: 0.62 s with one thread, 0.83 s with two).
 
-Imports onnxruntime and ``skattn.core`` only.
+Imports onnxruntime, :mod:`serving.artifact` and ``skattn.core`` only.
 """
 
 from __future__ import annotations

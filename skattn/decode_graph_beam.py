@@ -86,7 +86,8 @@ _TYPES = {
 
 def _beam_step(body: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dict) -> dict:
     """One beam step over a segment's ``n`` items, all of them searching, from ``r`` rows per
-    item (``beam_lp (n, r)``: 1 at the first step, ``K`` after); returns the carried values
+    item (``beam_lp (n, r)``: ``K``, or 1 at the first step of a batch of at least
+    ``NARROW_START_ITEMS`` items); returns the carried values
     after it, ``K`` rows per item, and ``still (n,)``, the items that search on. What depends
     only on ``n`` and ``r`` comes from ``seg``, computed once per segment (:func:`_steps`)."""
     K, V, alpha = manifest.beam_size, len(manifest.target_vocabulary), manifest.length_penalty
@@ -349,7 +350,7 @@ def beam_search(
     stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
     rows = _rows_of(body, keep, K)  # (m K,)
     kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states, *_ROW_NAMES]}
-    # The segment's memory has r rows per item (1 in the first), all equal: row 0 K times.
+    # The segment's memory has r rows per item (1 or K, as beam_lp), all equal: row 0 K times.
     r = body.dim(ins["beam_lp"], 1)  # (1,)
     copies = _each_k_times(body, body.op("Mul", keep, r), K)  # (m K,)
     kept.update({name: body.gather_rows(ins[name], copies) for name in ("memory", "keys", "mask")})

@@ -7,7 +7,7 @@ rewriting a graph's nodes in place.
 nodes into a builder under a prefix, so the search's ``Loop`` body runs the very decoder step
 that export verified against torch. :class:`GraphRewriter` and :func:`rewrite_nodes` replace
 nodes in a graph and its subgraphs (:mod:`skattn.recurrent_graph`, :mod:`skattn.quantize`).
-The ``onnx`` protobuf package only; no torch.
+The ``onnx`` protobuf package and NumPy only; no torch.
 """
 
 from __future__ import annotations
@@ -34,13 +34,6 @@ __all__ = [
     "subgraphs",
     "value_info",
 ]
-
-ELEM_TYPES = {
-    np.dtype(np.float32): TensorProto.FLOAT,
-    np.dtype(np.float64): TensorProto.DOUBLE,
-    np.dtype(np.int64): TensorProto.INT64,
-    np.dtype(np.bool_): TensorProto.BOOL,
-}
 
 
 def value_info(name: str, elem_type: int, shape: int | tuple) -> onnx.ValueInfoProto:

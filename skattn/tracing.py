@@ -150,7 +150,7 @@ def to_onnx(
 
     The tracer drops graph inputs that the computation does not read (``position`` under global
     attention, ``keys`` without attention); they are put back, in order, so every artifact's
-    graphs have the signature documented above, whatever the model kind.
+    graphs have the signature :mod:`skattn.export` documents, whatever the model kind.
     """
     with torch.no_grad():
         outputs = module(*args)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 __all__ = [
     "DEVICE_PATTERN",
-    "check_device",
     "check_int",
     "check_real",
     "parse_device",
@@ -105,12 +104,6 @@ def parse_device(device: object, name: str = "device") -> tuple[str, int | None]
         raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     index = match.group(1)
     return device.split(":")[0], None if index is None else int(index)
-
-
-def check_device(device: object, name: str = "device") -> str:
-    """``device`` unchanged if it parses (:func:`parse_device`), else ``ValueError``."""
-    parse_device(device, name)
-    return device  # type: ignore[return-value]
 
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
