@@ -78,10 +78,11 @@ _DEFAULT_MAX_SOURCE_LENGTH = 1024
 # The width from which the decoder step's GRU / LSTM cells are written as products and gates
 # (expand_recurrent), per search. onnxruntime's fused GRU kernel wins for narrow cells and single
 # rows; the products win once a step has many rows. benchmarks/bench_step_cells.py (decode.onnx,
-# one thread, step / fused time at 1, 16, 64, 256 sources): beam 5 0.91-1.01x at every width
-# (hidden 64: 1.01, 0.93, 0.91, 0.93x); greedy from 128 units 1.04, 1.01-1.02, 0.96-0.98,
-# 0.93-0.96x, at 64 units 1.06, 1.04, 1.01, 0.96x. The encoder's cells stay fused: expanded
-# as well, they gain 3-8 % more at 64-256 sources but cost 1.05-1.26x for one.
+# one thread, step-expanded / fused time at 1, 16, 64, 256 sources, results/step_cells*.txt):
+# beam 5 0.97-1.02, 0.93-0.95, 0.91-0.94, 0.91-0.97x over hidden 64-256; greedy at 128-256
+# units 1.02-1.04, 0.99-1.02, 0.96-0.98, 0.93-0.98x, at 64 units 1.05-1.06, 1.03-1.04,
+# 0.99-1.01, 0.96-0.97x. The encoder's cells stay fused: expanded as well, they gain 3-8 % more
+# at 64-256 sources but cost up to 1.26x for one.
 STEP_CELLS_EXPANDED_FROM = {"greedy": 128, "beam": 0}
 
 
