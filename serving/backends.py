@@ -288,8 +288,8 @@ class GraphTranslator(Translator):
 
     Every chunk runs on the graph, greedy or beam: it measured faster than the step graphs
     driven from Python at every size (``benchmarks/bench_decode_graph.py``, 1 thread, graph /
-    steps at 1-256 items, ``decode_graph_stepcells.txt``: greedy 0.69-0.87x for hidden 64,
-    0.71-0.93x for hidden-256 Luong; beam 5 0.60-0.90x and 0.62-0.97x; the bi-GRU 256 G2P member
+    steps at 1-256 items, ``decode_graph_stepcells.txt``: greedy 0.68-0.87x for hidden 64,
+    0.72-0.94x for hidden-256 Luong; beam 5 0.60-0.88x and 0.62-0.96x; the bi-GRU 256 G2P member
     in int8 0.79-0.91x at 1-64).
 
     Parameters

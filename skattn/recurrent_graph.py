@@ -10,7 +10,8 @@ then a ``Scan`` over time whose body multiplies the state by the recurrent weigh
 It is :mod:`skattn.quantize`'s first pass: the cells' weights become ``MatMul`` / ``Gemm``
 inputs, which its third pass multiplies in int8. A float32 export runs it on the decoder step
 alone, for cells at least as wide as :data:`skattn.export.STEP_CELLS_EXPANDED_FROM` says for
-its search, which onnxruntime then runs faster than its fused kernels. The ``onnx`` protobuf
+its search: onnxruntime runs them faster than its fused kernels once a step has many rows, a
+little slower for one (``benchmarks/bench_step_cells.py``). The ``onnx`` protobuf
 package and NumPy only.
 """
 
