@@ -57,23 +57,27 @@ def reversal_data(count: int, seed: int) -> list[str]:
 
 
 def fit(name: str, args: argparse.Namespace):
+    return fit_reversal(name, *MODELS[name], args.train_steps, args.seed)
+
+
+def fit_reversal(name, decoder, scorer, hidden, embedding, train_steps, seed):
+    """A reversal model of this size fitted briefly on one thread (``train_steps`` steps)."""
     import torch
 
     from skattn import Seq2Seq
 
     torch.set_num_threads(1)
-    decoder, scorer, hidden, embedding = MODELS[name]
-    X = reversal_data(1024, args.seed)
-    print(f"training {name} for {args.train_steps} steps ...", file=sys.stderr, flush=True)
+    X = reversal_data(1024, seed)
+    print(f"training {name} for {train_steps} steps ...", file=sys.stderr, flush=True)
     return Seq2Seq(
         decoder=decoder,
         scorer=scorer,
         hidden_size=hidden,
         embedding_dim=embedding,
-        max_steps=args.train_steps,
+        max_steps=train_steps,
         early_stopping=False,
         learning_rate=3e-3,
-        random_state=args.seed,
+        random_state=seed,
         device="cpu",
     ).fit(X, [x[::-1] for x in X])
 

@@ -31,7 +31,7 @@ import machine
 import numpy as np
 import onnx
 import onnxruntime as ort
-from bench_decode_graph import export, reversal_data
+from bench_decode_graph import export, fit_reversal, reversal_data
 
 import skattn.export
 from serving.sessions import session_options
@@ -67,25 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def fit(hidden: int, args: argparse.Namespace):
-    import torch
-
-    from skattn import Seq2Seq
-
-    torch.set_num_threads(1)
     decoder, scorer, embedding = WIDTHS[hidden]
-    X = reversal_data(1024, args.seed)
-    print(f"training hidden {hidden} for {args.train_steps} steps ...", file=sys.stderr, flush=True)
-    return Seq2Seq(
-        decoder=decoder,
-        scorer=scorer,
-        hidden_size=hidden,
-        embedding_dim=embedding,
-        max_steps=args.train_steps,
-        early_stopping=False,
-        learning_rate=3e-3,
-        random_state=args.seed,
-        device="cpu",
-    ).fit(X, [x[::-1] for x in X])
+    name = f"hidden {hidden}"
+    return fit_reversal(name, decoder, scorer, hidden, embedding, args.train_steps, args.seed)
 
 
 def variants(estimator, beam_size: int, scratch: Path) -> dict[str, onnx.ModelProto]:
