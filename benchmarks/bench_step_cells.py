@@ -35,8 +35,9 @@ from bench_decode_graph import export, fit_reversal, reversal_data
 
 import skattn.export
 from serving.sessions import session_options
+from skattn.core.inference import source_ids
 from skattn.core.manifest import DECODE_FILE
-from skattn.core.text import EOS, UNK
+from skattn.core.text import pad_batch
 from skattn.onnx_graph import sink_initializers
 from skattn.recurrent_graph import expand_recurrent
 
@@ -91,16 +92,10 @@ def variants(estimator, beam_size: int, scratch: Path) -> dict[str, onnx.ModelPr
 
 def chunk_feeds(estimator, sources: list[str], batch_size: int) -> list[dict]:
     """``decode.onnx``'s inputs for each chunk: ids with the end marker, 0-padded."""
-    vocabulary = estimator.source_vocab_.to_list()
-    ids = {token: i for i, token in enumerate(vocabulary)}
     feeds = []
     for start in range(0, len(sources), batch_size):
-        chunk = sources[start : start + batch_size]
-        lengths = np.array([len(s) + 1 for s in chunk], np.int64)
-        src = np.zeros((len(chunk), lengths.max()), np.int64)
-        for row, text in enumerate(chunk):
-            src[row, : len(text)] = [ids.get(c, UNK) for c in text]
-            src[row, len(text)] = EOS
+        chunk = [list(text) for text in sources[start : start + batch_size]]  # char tokens
+        src, lengths = pad_batch(source_ids(estimator.source_vocab_, chunk))
         feeds.append(
             {
                 "src": src,
@@ -150,12 +145,11 @@ def main(argv=None) -> int:
                             for f in feeds:
                                 session.run(None, f)
                             best[name] = min(best[name], time.perf_counter() - start)
-                    row = {"hidden": hidden, "beam": beam_size, "batch": batch_size}
-                    row.update({name: 1e3 * best[name] / items for name in VARIANTS})
+                    ms = {name: 1e3 * best[name] / items for name in VARIANTS}  # per item
                     print(
                         f"{hidden:6d} {beam_size:4d} {batch_size:5d} "
-                        + " ".join(f"{row[v]:14.3f}" for v in VARIANTS)
-                        + f" {row['step'] / row['fused']:9.2f}x {row['all'] / row['fused']:8.2f}x",
+                        + " ".join(f"{ms[v]:14.3f}" for v in VARIANTS)
+                        + f" {ms['step'] / ms['fused']:9.2f}x {ms['all'] / ms['fused']:8.2f}x",
                         flush=True,
                     )
     return 0
