@@ -3,6 +3,7 @@
 #
 #   benchmarks/gpu_check.sh             # on CUDA (needs torch with CUDA and onnxruntime-gpu)
 #   benchmarks/gpu_check.sh --dry-run   # the same steps on the CPU, small and quick (CI)
+#   benchmarks/gpu_check.sh --keep=DIR  # also keep the exported artifact in DIR
 #
 # Steps: one training epoch on the device; export; runtime parity device against CPU (the step
 # graphs with IO binding on, and decode.onnx on the device); items/s at batch 1, 64 and 256 for
@@ -16,10 +17,12 @@ cd "$(dirname "$0")/.."
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-if [[ "${1:-}" != "" && "${1:-}" != "--dry-run" ]]; then
-  echo "usage: $0 [--dry-run]" >&2
-  exit 2
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run|--keep=?*) ;;
+    *) echo "usage: $0 [--dry-run] [--keep=DIR]" >&2; exit 2 ;;
+  esac
+done
 exec "$PYTHON" - "$@" <<'PY'
 import json
 import os
@@ -38,6 +41,7 @@ from skattn import Seq2Seq
 from skattn.datasets import make_reversal
 
 DRY = "--dry-run" in sys.argv
+KEEP = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--keep=")), None)
 DEVICE = "cpu" if DRY else "cuda"
 SIZES = dict(hidden_size=16, embedding_dim=8) if DRY else dict(hidden_size=256, embedding_dim=64)
 N_TRAIN, N_TEST = (300, 64) if DRY else (20000, 2048)
@@ -73,7 +77,7 @@ row("train", f"1 epoch, {N_TRAIN} pairs, {DEVICE}", f"{time.perf_counter() - sta
 with tempfile.TemporaryDirectory() as scratch:
     # 2. Export (the step graphs and decode.onnx, each verified at export).
     start = time.perf_counter()
-    directory = Path(model.export_onnx(Path(scratch) / "model"))
+    directory = Path(model.export_onnx(Path(KEEP or scratch) / "model"))
     row("export", "encoder, decoder_step, decode.onnx", f"{time.perf_counter() - start:.2f} s")
 
     # 3. Parity: the device against the CPU runtime (step graphs, no IO binding).
@@ -88,13 +92,13 @@ with tempfile.TemporaryDirectory() as scratch:
     for name, runtime in list(paths.items())[1:]:
         got, maps = runtime.predict_batch(X_test, with_attention=True)
         differ = sum(a != b for a, b in zip(got, want))
-        gap = max((np.abs(a - b).max() for a, b in zip(maps, want_maps) if a.shape == b.shape
-                   and a.size), default=0.0)
+        gap = max((np.abs(a - b).max() for a, b, g, w in zip(maps, want_maps, got, want)
+                   if g == w and a.size), default=0.0)  # maps of the same answers
         ok = differ == 0
         failed |= not ok
         row("parity vs cpu", f"{name} ({runtime.provider})",
             f"{'identical' if ok else f'{differ} of {len(want)} differ'}, "
-            f"attention max |diff| {gap:.1e}")
+            f"attention max |diff| {gap:.1e} (same answers)")
 
     # 4. Items per second at batch 1, 64, 256 (batch 1 over a tenth of the inputs).
     for batch in (1, 64, 256):

@@ -14,7 +14,11 @@ Imports onnxruntime, :mod:`serving.artifact` and ``skattn.core`` only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import io
+import logging
 from pathlib import Path
 
 import onnxruntime as ort
@@ -27,9 +31,11 @@ __all__ = [
     "CPU_PROVIDER",
     "CUDA_PROVIDER",
     "ArtifactSessions",
+    "cuda_provider_options",
     "open_artifact",
     "open_graph",
     "open_session",
+    "preload_cuda_libraries",
     "providers",
     "resolve_device",
     "session_options",
@@ -37,6 +43,8 @@ __all__ = [
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
+
+logger = logging.getLogger(__name__)
 
 
 def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptions:
@@ -106,9 +114,59 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
 
 
 def providers(device_type: str, device_id: int) -> list:
+    """onnxruntime's provider list for ``(device_type, device_id)``; CUDA preloads its
+    libraries first (:func:`preload_cuda_libraries`)."""
     if device_type == "cuda":
-        return [(CUDA_PROVIDER, {"device_id": device_id}), CPU_PROVIDER]
+        preload_cuda_libraries()
+        return [(CUDA_PROVIDER, cuda_provider_options(device_id)), CPU_PROVIDER]
     return [CPU_PROVIDER]
+
+
+def cuda_provider_options(device_id: int) -> dict[str, str]:
+    """The CUDA provider's options: the device, and full float32 products.
+
+    onnxruntime's CUDA provider multiplies float32 matrices in TF32 by default (``use_tf32=1``:
+    10-bit mantissas on the tensor cores). On an H200 that made the CUDA runtime answer 3 of
+    2,048 reversal inputs differently from the CPU runtime, and the batched server 7 of its
+    answers differently from the unbatched one, for 0.4-4 % more items/s at batch 64 and 256
+    (``benchmarks/bench_cuda_tf32.py``; results ``gpu_check_h200*.txt``): these models'
+    products are small, and a step is bound by kernel launches. ``use_tf32=0`` keeps the
+    float32 the graphs were checked in; with it both counts were 0.
+    """
+    return {"device_id": str(device_id), "use_tf32": "0"}
+
+
+@functools.cache
+def preload_cuda_libraries() -> bool:
+    """Load the CUDA and cuDNN libraries of NVIDIA's pip packages before a CUDA session starts.
+
+    onnxruntime-gpu's CUDA provider names ``libcudart``, ``libcublas`` (and cuDNN) without a
+    search path, so a server that never imports torch finds them only on ``LD_LIBRARY_PATH``
+    or in the system's CUDA. ``onnxruntime.preload_dlls`` (onnxruntime >= 1.21) loads them
+    from the ``nvidia-*`` packages that ``pip install "onnxruntime-gpu[cuda,cudnn]"`` brings,
+    and otherwise from the default paths. Best effort and once per process: what it could
+    not load is logged at debug level, and a provider that then fails to start is reported by
+    the runtime (``device="cuda"`` raises; ``"auto"`` falls back to the CPU).
+
+    Returns
+    -------
+    bool
+        Whether onnxruntime has ``preload_dlls`` and it raised nothing.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return False
+    said = io.StringIO()  # preload_dlls prints what it could not load: log it instead
+    try:
+        with contextlib.redirect_stdout(said):
+            preload()
+    except Exception as error:  # a missing directory, a broken library: the session will tell
+        logger.debug("onnxruntime.preload_dlls failed: %s", error)
+        return False
+    finally:
+        if said.getvalue().strip():
+            logger.debug("onnxruntime.preload_dlls: %s", said.getvalue().strip())
+    return True
 
 
 def open_session(

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run_prints_one_table_of_every_step():
+def test_gpu_check_dry_run_prints_one_table_of_every_step(tmp_path):
     result = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", f"--keep={tmp_path}"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,6 +34,7 @@ def test_gpu_check_dry_run_prints_one_table_of_every_step():
     assert sum(line.startswith("items/s") for line in table) == 9  # 3 batch sizes x 3 paths
     assert any("batched" in line and "0 errors, 0 wrong" in line for line in table)
     assert any("unbatched" in line and "0 errors, 0 wrong" in line for line in table)
+    assert (tmp_path / "model" / "decode.onnx").is_file()  # --keep kept the artifact
 
 
 def test_gpu_check_refuses_unknown_arguments():

@@ -22,6 +22,7 @@ import onnxruntime as ort
 import pytest
 
 import serving
+from serving import sessions
 from serving.artifact import ArtifactError
 from serving.layout import default_chunk_items
 from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
@@ -487,6 +488,39 @@ def test_provider_choice_is_logged(artifact, caplog):
 def test_cuda_without_a_gpu_is_a_clear_error(artifact):
     with pytest.raises(ValueError, match="CUDA"):
         serving.load(artifact, device="cuda")
+
+
+def test_cuda_providers_preload_the_cuda_libraries_once(monkeypatch, caplog):
+    calls = []
+
+    def preload():
+        calls.append(1)
+        print("Failed to load libcudart.so.13: not found")  # what onnxruntime prints
+
+    monkeypatch.setattr(ort, "preload_dlls", preload, raising=False)
+    sessions.preload_cuda_libraries.cache_clear()
+    try:
+        assert sessions.providers("cpu", 0) == [CPU_PROVIDER]
+        assert calls == []  # the CPU never loads CUDA
+        with caplog.at_level(logging.DEBUG, logger="serving.sessions"):
+            cuda, cpu = sessions.providers("cuda", 1)
+            assert cuda == (CUDA_PROVIDER, {"device_id": "1", "use_tf32": "0"})  # float32 products
+            assert cpu == CPU_PROVIDER
+            sessions.providers("cuda", 0)
+        assert calls == [1]
+        assert any("libcudart" in r.getMessage() for r in caplog.records)  # logged, not printed
+
+        def broken():
+            raise RuntimeError("Invalid parameter of directory")
+
+        monkeypatch.setattr(ort, "preload_dlls", broken)
+        sessions.preload_cuda_libraries.cache_clear()
+        assert sessions.preload_cuda_libraries() is False  # best effort: never raises
+        monkeypatch.delattr(ort, "preload_dlls")
+        sessions.preload_cuda_libraries.cache_clear()
+        assert sessions.preload_cuda_libraries() is False  # an onnxruntime older than 1.21
+    finally:
+        sessions.preload_cuda_libraries.cache_clear()
 
 
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", None])
