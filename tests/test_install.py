@@ -146,3 +146,23 @@ def test_server_only_install_has_no_torch_or_sklearn_and_serves_an_export(
     assert output["name"] == "prediction" and output["shape"] == [len(sources)]
     assert output["data"] == expected
     assert returncode == 0, log_path.read_text()
+
+
+def test_the_onnxruntime_flavours_exclude_each_other_and_gpu_brings_cuda():
+    """``cpu`` and ``gpu`` install packages that overwrite each other: neither extra may pull
+    the other's, and ``gpu`` must bring the CUDA and cuDNN libraries that a torch-free server
+    on a driver-only machine needs (onnxruntime-gpu's ``cuda`` and ``cudnn`` extras)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    Requirement = pytest.importorskip("packaging.requirements").Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    cpu = {Requirement(r).name: Requirement(r) for r in extras["cpu"]}
+    gpu = {Requirement(r).name: Requirement(r) for r in extras["gpu"]}
+    assert "onnxruntime" in cpu and "onnxruntime-gpu" not in cpu
+    assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu
+    assert {"cuda", "cudnn"} <= gpu["onnxruntime-gpu"].extras
+    assert not gpu["onnxruntime-gpu"].specifier.contains("1.20.1")  # preload_dlls: 1.21 on
+    for name in ("serve", "train"):  # the other extras leave the flavour to the user
+        assert not {Requirement(r).name for r in extras[name]} & {"onnxruntime", "onnxruntime-gpu"}
