@@ -70,7 +70,7 @@ class ProbeRuntime(ReverseRuntime):
         time.sleep(COST * len(sources) * max(map(len, sources), default=0))
         return super().predict_batch(sources, temperature, with_attention)
 
-cli._load = lambda model_dir, device, name, threads: ProbeRuntime(max_source_length=1024)
+cli._load = lambda *args, **kwargs: ProbeRuntime(max_source_length=1024)  # any _load signature
 with open(os.environ["PROBE_WHERE"], "w") as where:
     where.write(cli.__file__)
 sys.exit(cli.main(sys.argv[1:]))
@@ -136,6 +136,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stderr is not None:
+            self.process.stderr.close()
         self._dir.cleanup()
 
     def __enter__(self) -> Server:

@@ -1,0 +1,21 @@
+"""benchmarks/probe_hostile.py starts ``python -m serving`` with its stand-in model: a change to
+the server's entry point (it once broke on a new ``_load`` parameter) must break here, not on
+the next person who runs the probe. One request, not the probe's scenarios."""
+
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import probe_hostile  # noqa: E402
+
+
+def test_the_probe_server_starts_and_answers_with_its_stand_in_model():
+    with probe_hostile.Server(cost=0.0) as server:
+        response = httpx.post(
+            server.url + probe_hostile.INFER, json=probe_hostile.body(["abc", "xy"]), timeout=30
+        )
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["data"] == ["cba", "yx"]  # ReverseRuntime reverses its sources
