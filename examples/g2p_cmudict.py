@@ -141,6 +141,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         validation_fraction=args.validation_fraction,
         n_iter_no_change=args.n_iter_no_change,
         beam_size=args.beam_size,
+        length_penalty=args.length_penalty,
         max_time=60.0 * args.max_minutes if args.max_minutes > 0 else None,
         random_state=args.seed if args.model_seed is None else args.model_seed,
         verbose=True,
@@ -244,10 +245,15 @@ def training_seconds(members: list) -> float:
     return sum(r["seconds"] for m in members for r in getattr(m, "history_", []))
 
 
-def load_ensemble(paths: list[Path], beam_size: int) -> tuple[list, Seq2SeqEnsemble, float]:
-    """The saved members, their ensemble at ``beam_size`` and their training seconds in all."""
+def load_ensemble(
+    paths: list[Path], beam_size: int, length_penalty: float = 1.0
+) -> tuple[list, Seq2SeqEnsemble, float]:
+    """The saved members, their ensemble at ``beam_size`` (``length_penalty``) and their
+    training seconds in all."""
     members = [joblib.load(path) for path in paths]
-    ensemble = Seq2SeqEnsemble.from_fitted(members, beam_size=beam_size)
+    ensemble = Seq2SeqEnsemble.from_fitted(
+        members, beam_size=beam_size, length_penalty=length_penalty
+    )
     return members, ensemble, training_seconds(members)
 
 
@@ -256,7 +262,7 @@ def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) ->
     here, continued from ``--continue-from`` (``warm_start``), or the ensemble of the saved
     ``--ensemble`` members (their training seconds summed)."""
     if args.ensemble:
-        members, model, seconds = load_ensemble(args.ensemble, args.beam_size)
+        members, model, seconds = load_ensemble(args.ensemble, args.beam_size, args.length_penalty)
         print(f"ensemble of {len(members)} saved members: {seconds / 60:.1f} min of training")
         epochs = [m.n_iter_ for m in members]
         return model, seconds, {"members": [str(p) for p in args.ensemble], "epochs": epochs}
@@ -357,6 +363,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--validation-fraction", type=float, default=0.03)
     add("--n-iter-no-change", type=int, default=5)
     add("--beam-size", type=int, default=5)
+    add(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="beam search ranks a finished hypothesis by its log-probability / length ** this",
+    )
     add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True, help="compare g2p_en")
     add("--seed", type=int, default=0, help="the dev split's (and the model's) random state")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import joblib
 import numpy as np
 import pytest
 
@@ -225,6 +226,16 @@ def test_g2p_budget_becomes_max_time():
     model = g2p_cmudict.build_model(g2p_cmudict.parse_args(["--max-minutes", "12.5"]))
     assert model.max_time == 750.0 and model.max_steps is None
     assert g2p_cmudict.build_model(g2p_cmudict.parse_args(["--quick"])).max_time is None
+
+
+def test_g2p_length_penalty_reaches_the_model_and_the_ensemble(fitted_reversal, tmp_path):
+    args = g2p_cmudict.parse_args(["--length-penalty", "0.6", "--beam-size", "3"])
+    assert g2p_cmudict.build_model(args).length_penalty == 0.6
+    assert g2p_cmudict.build_model(g2p_cmudict.parse_args([])).length_penalty == 1.0
+    path = tmp_path / "member.joblib"
+    joblib.dump(fitted_reversal, path)
+    _, ensemble, _ = g2p_cmudict.load_ensemble([path], 3, 0.6)
+    assert (ensemble.beam_size, ensemble.length_penalty) == (3, 0.6)
 
 
 def test_g2p_transformer_options_reach_the_estimator():
