@@ -87,12 +87,25 @@ def test_the_image_runs_the_server_with_the_manifests_arguments(container):
         assert [str(path) for _, path in parsed.model_dir] == ["/mnt/models"]
 
 
+def _dockerfile_args() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` lines."""
+    lines = (DEPLOY / "Dockerfile").read_text().splitlines()
+    return dict(line.split(None, 1)[1].split("=", 1) for line in lines if line.startswith("ARG "))
+
+
 def test_the_image_installs_the_server_side_only():
     installs = [
         shlex.split(line.split("RUN ", 1)[1])
         for line in (DEPLOY / "Dockerfile").read_text().splitlines()
         if line.startswith("RUN ") and "pip install" in line
     ]
-    assert installs == [["pip", "install", ".[serve,cpu]", "&&", "rm", "-rf", "/src"]]
+    assert installs == [["pip", "install", ".[serve,${ONNXRUNTIME}]", "&&", "rm", "-rf", "/src"]]
+    # the flavour: the `cpu` extra by default, `gpu` on request, nothing else
+    assert _dockerfile_args() == {"ONNXRUNTIME": "cpu"}
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {"cpu", "gpu"} <= set(extras)
     text = (DEPLOY / "Dockerfile").read_text().lower()
     assert "torch" not in text.replace("no torch", "") and "[train" not in text
