@@ -319,7 +319,12 @@ class Seq2SeqEnsemble(BaseEstimator):
         _, targets, _ = as_token_pairs(X, y, self.tokenizer)
         return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
 
-    def export_onnx(self, path: str | os.PathLike, quantize: str | None = None) -> Path:
+    def export_onnx(
+        self,
+        path: str | os.PathLike,
+        quantize: str | None = None,
+        max_source_length: int | None = None,
+    ) -> Path:
         """Write one artifact directory for the whole ensemble; ``serving.load`` reads it.
 
         Its manifest's ``model`` is ``{"ensemble": [each member's ModelConfig], "combination":
@@ -334,12 +339,16 @@ class Seq2SeqEnsemble(BaseEstimator):
             (:mod:`skattn.quantize`, each product's input range measured once here, so batch
             composition never changes an answer): 1.12x the float32 graphs' speed for the
             packaged G2P ensemble as shipped (bi-GRU 256 members), none on small models.
+        max_source_length : int, optional
+            The longest source, in tokens, that the runtime and the server accept: they refuse
+            longer ones (ValueError; HTTP 400) where ``predict`` translates them. Default:
+            ``max(1024, the longest training source)``; at most 65,536.
         """
         check_is_fitted(self)
         self._validate_params()
         from skattn.export import export_onnx
 
-        return export_onnx(self, path, quantize=quantize)
+        return export_onnx(self, path, quantize=quantize, max_source_length=max_source_length)
 
 
 def _checked(estimators: object, name: str) -> list:

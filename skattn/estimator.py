@@ -24,6 +24,7 @@ from sklearn.utils.validation import check_is_fitted
 from skattn import allotment, training
 from skattn.backend import Index, TorchBackend, translate
 from skattn.core.inference import SearchSettings, Translator, source_ids
+from skattn.core.manifest import MAX_OUTPUT_LENGTH
 from skattn.core.text import Vocabulary, as_token_lists, as_token_pairs, refuse_reserved_tokens
 from skattn.metrics import exact_match
 from skattn.models import ModelConfig, Seq2SeqModule
@@ -59,9 +60,10 @@ class Seq2Seq(PortableModule, BaseEstimator):
     temperature : float, default=1.0
         Attention softmax temperature at prediction time (training uses 1).
     beam_size, length_penalty : int, default=1; float, default=1.0
-        Beams (1 is greedy), ranked by ``sum(log p) / length ** length_penalty``.
+        Beams (1 is greedy, at most 64), ranked by ``sum(log p) / length ** length_penalty``.
     max_output_length : int or None, default=None
-        Most output tokens per item; ``None`` uses ``2 * (longest training target) + 10``.
+        Most output tokens per item, at most 4,096 (what an artifact may carry); ``None`` uses
+        ``2 * (longest training target) + 10``, capped at 4,096.
     batch_size : int, default=64
     max_epochs : int, default=100
     max_steps : int or None, default=None
@@ -266,24 +268,32 @@ class Seq2Seq(PortableModule, BaseEstimator):
         fraction = self.validation_fraction if self.early_stopping else None
         train_idx, val_idx = training.split(len(sources), fraction, rng)
         warm = self.warm_start and hasattr(self, "module_")
+        # Every check runs before a fitted attribute changes: a fit that raises leaves a fitted
+        # model as it was (its module, vocabularies and limits still belong together).
         if warm:  # the fitted model must be able to continue on this data
+            vocabularies = (self.source_vocab_, self.target_vocab_)
+            limits = (self.max_source_length_, self.max_output_length_)
             training.check_warm_start(
-                self.module_.config, self._config(), self.target_vocab_, targets
+                self.module_.config, self._config(*vocabularies), self.target_vocab_, targets
             )
         else:
-            self.source_vocab_ = Vocabulary.build(sources)
-            self.target_vocab_ = Vocabulary.build(targets)
-            self.max_source_length_ = self.max_output_length_ = 0
-        self.device_ = device = training.resolve_device(self.device)
-        self.output_kind_ = output_kind  # the limits below never shrink under warm_start
-        self.max_source_length_ = max(self.max_source_length_, *map(len, sources))
-        self.max_output_length_ = max(self.max_output_length_, 2 * max(map(len, targets)) + 10)
-        src = source_ids(self.source_vocab_, sources)  # (encode + [EOS]), as predict reads
-        tgt = [self.target_vocab_.encode(t) for t in targets]  # (BOS / EOS added per batch)
+            vocabularies = (Vocabulary.build(sources), Vocabulary.build(targets))
+            limits = (0, 0)
+            config = self._config(*vocabularies)  # a setting the model refuses raises here
+        device = training.resolve_device(self.device)
+        src = source_ids(vocabularies[0], sources)  # (encode + [EOS]), as predict reads
+        tgt = [vocabularies[1].encode(t) for t in targets]  # (BOS / EOS added per batch)
 
         with training.seeded(rng, device), allotment.torch_threads(self.n_threads) as threads:
-            self.n_threads_ = threads
-            module = self.module_ if warm else Seq2SeqModule(self._config())
+            module = self.module_ if warm else Seq2SeqModule(config)
+            # the checks passed: from here on the fitted attributes are this fit's
+            self.source_vocab_, self.target_vocab_ = vocabularies
+            self.device_, self.output_kind_, self.n_threads_ = device, output_kind, threads
+            # the limits never shrink under warm_start; the default output limit is at most
+            # what an artifact may carry
+            self.max_source_length_ = max(limits[0], *map(len, sources))
+            default_limit = min(2 * max(map(len, targets)) + 10, MAX_OUTPUT_LENGTH)
+            self.max_output_length_ = max(limits[1], default_limit)
             self.module_ = module.to(device)
             trainer = training.Trainer.from_params(
                 self.module_,
@@ -302,10 +312,12 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self.best_epoch_ = len(before) + (trainer.best_epoch or len(history))
         return self
 
-    def _config(self) -> ModelConfig:
-        """The model of the fitted vocabularies and this estimator's parameters."""
-        sizes = {"source_vocab_size": len(self.source_vocab_)}
-        sizes["target_vocab_size"] = len(self.target_vocab_)
+    def _config(self, source_vocab=None, target_vocab=None) -> ModelConfig:
+        """The model of these vocabularies (default: the fitted ones) and this estimator's
+        parameters; raises ValueError for settings the model refuses."""
+        source_vocab = self.source_vocab_ if source_vocab is None else source_vocab
+        target_vocab = self.target_vocab_ if target_vocab is None else target_vocab
+        sizes = {"source_vocab_size": len(source_vocab), "target_vocab_size": len(target_vocab)}
         return ModelConfig.from_params(self.get_params(), **sizes)
 
     def __sklearn_is_fitted__(self) -> bool:
@@ -385,7 +397,12 @@ class Seq2Seq(PortableModule, BaseEstimator):
         _, targets, _ = as_token_pairs(X, y, self.tokenizer)
         return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
 
-    def export_onnx(self, path: str | os.PathLike, quantize: str | None = None) -> Path:
+    def export_onnx(
+        self,
+        path: str | os.PathLike,
+        quantize: str | None = None,
+        max_source_length: int | None = None,
+    ) -> Path:
         """Write the ONNX artifact directory that ``serving.load`` reads; return its path.
 
         Parameters
@@ -396,9 +413,13 @@ class Seq2Seq(PortableModule, BaseEstimator):
             (:mod:`skattn.quantize`, each product's input range measured once here, so batch
             composition never changes an answer): about 1.26x the float32 graphs' speed on wide
             models (the bi-GRU 256 G2P member), none on small ones (hidden 64).
+        max_source_length : int, optional
+            The longest source, in tokens, that the runtime and the server accept: they refuse
+            longer ones (ValueError; HTTP 400) where ``predict`` translates them. Default:
+            ``max(1024, the longest training source)``; at most 65,536.
         """
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting
         from skattn.export import export_onnx
 
-        return export_onnx(self, path, quantize=quantize)
+        return export_onnx(self, path, quantize=quantize, max_source_length=max_source_length)

@@ -37,6 +37,7 @@ unlike the tracing ones, or the export raises.
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from skattn.core.manifest import (
     ENCODER_FILE,
     GRAPH_FILES,
     MANIFEST_FILE,
+    MAX_SOURCE_LENGTH,
     QUANTIZATIONS,
     Manifest,
 )
@@ -239,7 +241,21 @@ def _check_sources_are_strings(tokens: list[str], tokenizer: str) -> None:
             )
 
 
-def export_onnx(estimator, path: str | os.PathLike, quantize: str | None = None) -> Path:
+def _source_limit(value) -> int:
+    """``max_source_length`` given to export: an int in [1, MAX_SOURCE_LENGTH]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"max_source_length must be an int, got {value!r}")
+    if not 1 <= value <= MAX_SOURCE_LENGTH:
+        raise ValueError(f"max_source_length must be in [1, {MAX_SOURCE_LENGTH}], got {value}")
+    return int(value)
+
+
+def export_onnx(
+    estimator,
+    path: str | os.PathLike,
+    quantize: str | None = None,
+    max_source_length: int | None = None,
+) -> Path:
     """Export a fitted ``Seq2Seq`` to an artifact directory (see the module docstring).
 
     Parameters
@@ -250,6 +266,9 @@ def export_onnx(estimator, path: str | os.PathLike, quantize: str | None = None)
         Directory to write (created if needed; may hold only a previous artifact).
     quantize : {None, "int8"}, default=None
         See :func:`export_module`.
+    max_source_length : int, optional
+        The longest source, in tokens, that the runtime and the server accept (at most
+        65,536). Default: ``max(1024, longest training source)``.
 
     Returns
     -------
@@ -259,8 +278,10 @@ def export_onnx(estimator, path: str | os.PathLike, quantize: str | None = None)
     Notes
     -----
     The manifest's ``max_source_length`` is a guard for the server, not a model limit: sources
-    longer than any seen in training translate fine, so it is
-    ``max(1024, longest training source)`` tokens.
+    longer than any seen in training translate fine, so it defaults to
+    ``max(1024, longest training source)`` tokens. The runtime refuses longer sources with a
+    ValueError (the server with 400) where the estimator translates them: raise it here for
+    longer inputs; each item costs memory and time in proportion to its length.
     """
     if not hasattr(estimator, "module_"):
         raise ValueError("estimator must be fitted before export_onnx")
@@ -275,7 +296,11 @@ def export_onnx(estimator, path: str | os.PathLike, quantize: str | None = None)
         beam_size=estimator.beam_size,
         length_penalty=estimator.length_penalty,
         temperature=estimator.temperature,
-        max_source_length=max(_DEFAULT_MAX_SOURCE_LENGTH, estimator.max_source_length_),
+        max_source_length=(
+            max(_DEFAULT_MAX_SOURCE_LENGTH, estimator.max_source_length_)
+            if max_source_length is None
+            else _source_limit(max_source_length)
+        ),
         max_output_length=estimator._output_limit(),
         quantize=quantize,
     )

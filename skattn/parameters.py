@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from skattn.core.checks import parse_device
+from skattn.core.manifest import MAX_BEAM_SIZE, MAX_OUTPUT_LENGTH
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
 
@@ -66,9 +67,11 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "num_heads": _at_least(1),
     "num_kv_heads": [*_at_least(1), None],
     "ffn_size": [*_at_least(1), None],
-    "beam_size": _at_least(1),
+    # beam_size and max_output_length: at most what an artifact may carry (core.manifest), so
+    # that what fits also exports and serves, and no setting decodes for hours
+    "beam_size": [_Range(Integral, 1, MAX_BEAM_SIZE, closed="both")],
     "length_penalty": _reals(0.0, closed="left"),
-    "max_output_length": [*_at_least(1), None],
+    "max_output_length": [_Range(Integral, 1, MAX_OUTPUT_LENGTH, closed="both"), None],
     "batch_size": _at_least(1),
     "max_epochs": _at_least(1),
     "max_steps": [*_at_least(1), None],

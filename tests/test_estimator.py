@@ -637,3 +637,47 @@ def test_bad_data_at_predict_raises_value_error(fitted_reversal):
         fitted_reversal.predict([])
     with pytest.raises(ValueError, match="same length"):
         fitted_reversal.score(["12", "34"], ["21"])
+
+
+# -- a fit that raises ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"num_heads": 3},  # the model refuses it: hidden 16 is not a multiple of 3 heads
+        pytest.param(
+            {"device": "cuda"},
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"),
+        ),
+    ],
+    ids=["model-setting", "missing-device"],
+)
+def test_a_refit_that_raises_leaves_the_fitted_model_as_it_was(fitted_reversal, change):
+    model = copy.deepcopy(fitted_reversal)
+    sources = ["123", "9", "4567"]
+    before = model.predict(sources)
+    vocabularies = (model.source_vocab_.tokens, model.target_vocab_.tokens)
+    limits = (model.max_source_length_, model.max_output_length_, model.device_)
+    letters = ["abcdefgh"[i % 8 :] + "xyz" for i in range(40)]  # new vocabularies, longer
+    with pytest.raises(ValueError):
+        model.set_params(**change).fit(letters, letters)
+    model.set_params(**{k: fitted_reversal.get_params()[k] for k in change})
+    assert (model.source_vocab_.tokens, model.target_vocab_.tokens) == vocabularies
+    assert (model.max_source_length_, model.max_output_length_, model.device_) == limits
+    assert model.predict(sources) == before  # the module still reads its own vocabularies
+
+
+def test_beam_size_and_max_output_length_stop_at_what_an_artifact_carries(reversal_data):
+    X, y, _, _ = reversal_data
+    for params, name in (
+        ({"beam_size": 65}, "beam_size"),
+        ({"max_output_length": 4097}, "max_output_length"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            Seq2Seq(**params).fit(X[:8], y[:8])
+    model = Seq2Seq(hidden_size=4, embedding_dim=4, max_steps=1, early_stopping=False)
+    model.set_params(beam_size=64, max_output_length=4096).fit(X[:8], y[:8])  # the limits pass
+    long = "ab" * 1100  # 2,200 tokens: the default limit would be 2 * 2,200 + 10
+    model = Seq2Seq(hidden_size=4, embedding_dim=4, max_steps=1, early_stopping=False)
+    assert model.fit([long], [long]).max_output_length_ == 4096

@@ -336,3 +336,23 @@ def test_exported_graphs_never_mask_with_minus_infinity(kind, tmp_path):
             if value.dtype.kind == "f":
                 assert not np.any(np.isneginf(value)), name
         assert "Softmax" not in {node.op_type for node in graph.node}, name
+
+
+def test_max_source_length_sets_what_the_runtime_accepts(fitted_reversal, tmp_path):
+    long = ["1234567890" * 150]  # 1,500 tokens: past the default guard of 1,024
+    default = serving.load(fitted_reversal.export_onnx(tmp_path / "default"), device="cpu")
+    assert default.info.max_source_length == 1024
+    with pytest.raises(ValueError, match="max_source_length"):
+        default.predict(long)
+    raised = fitted_reversal.export_onnx(tmp_path / "raised", max_source_length=2000)
+    runtime = serving.load(raised, device="cpu")
+    assert runtime.info.max_source_length == 2000
+    assert runtime.predict(long) == fitted_reversal.predict(long)  # as the estimator does
+    for bad in (0, 65537, True, 1.5, "2000"):
+        with pytest.raises(ValueError, match="max_source_length"):
+            fitted_reversal.export_onnx(tmp_path / "bad", max_source_length=bad)
+    from skattn import Seq2SeqEnsemble
+
+    ensemble = Seq2SeqEnsemble.from_fitted([fitted_reversal, fitted_reversal])
+    directory = ensemble.export_onnx(tmp_path / "ensemble", max_source_length=3000)
+    assert serving.load(directory, device="cpu").info.max_source_length == 3000
