@@ -681,3 +681,15 @@ def test_beam_size_and_max_output_length_stop_at_what_an_artifact_carries(revers
     long = "ab" * 1100  # 2,200 tokens: the default limit would be 2 * 2,200 + 10
     model = Seq2Seq(hidden_size=4, embedding_dim=4, max_steps=1, early_stopping=False)
     assert model.fit([long], [long]).max_output_length_ == 4096
+
+
+@pytest.mark.parametrize(
+    "X",
+    [{"123": 1, "45": 2}, {"123", "45"}, np.array("123"), [np.array("123")], [["1", 2]]],
+    ids=["dict", "set", "0-d array", "0-d array item", "non-str token"],
+)
+def test_unordered_or_shapeless_inputs_are_refused_naming_X(fitted_reversal, X):
+    with pytest.raises(ValueError, match=r"X(\[0\])? must be"):
+        fitted_reversal.predict(X)
+    with pytest.raises(ValueError, match=r"X(\[0\])? must be"):
+        clone(fitted_reversal).set_params(max_steps=1).fit(X, ["1", "2"])  # X is checked first

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -309,8 +309,13 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     lists (lists, tuples or 1-D NumPy arrays of str), not a mix; ``name`` names the argument in
     errors. Returns the token lists and ``"str"`` or ``"tokens"``.
     """
-    if isinstance(items, str | bytes) or not hasattr(items, "__len__"):
-        raise ValueError(f"{name} must be a sequence of str or of token lists, got {items!r}")
+    unordered = isinstance(items, set | frozenset | Mapping)  # its order is not the user's
+    zero_d = isinstance(items, np.ndarray) and items.ndim == 0
+    if isinstance(items, str | bytes) or not hasattr(items, "__len__") or unordered or zero_d:
+        raise ValueError(
+            f"{name} must be a sequence of str or of token lists (in order: a list, tuple or "
+            f"1-D array), got {type(items).__name__} {items!r}"[:300]
+        )
     items = list(items)
     if not items:
         raise ValueError(f"{name} must hold at least one item, got an empty sequence")
@@ -319,7 +324,11 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
         if isinstance(item, str):
             token_lists.append(tokenize(item, tokenizer))
             kinds.add("str")
-        elif isinstance(item, list | tuple | np.ndarray) and all(isinstance(t, str) for t in item):
+        elif isinstance(item, list | tuple) or (isinstance(item, np.ndarray) and item.ndim == 1):
+            if not all(isinstance(t, str) for t in item):
+                raise ValueError(
+                    f"{name}[{index}] must be a str or a list of str tokens, got {item!r}"
+                )
             token_lists.append([str(t) for t in item])
             kinds.add("tokens")
         else:
