@@ -184,10 +184,10 @@ class ContinuousBatcher(Batcher):
         with their predictions and maps. One hop from the event loop thus covers the steps
         between two changes, not one step each."""
         decode = self._decode
+        if decode is not None and left:
+            decode.drop(set(left))  # first: an emptied set may take another temperature
         if decode is None or (decode.size == 0 and decode.temperature != temperature):
             decode = self._decode = RunningDecode(self.runtime, temperature)
-        if left:
-            decode.drop(set(left))
         if admitted:
             decode.admit(admitted, [item.source for item in admitted])
         while True:

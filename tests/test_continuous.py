@@ -196,6 +196,26 @@ def test_when_every_caller_leaves_the_next_request_starts_afresh(runtimes):
     assert batches[-1][0] <= 3  # the new request's rows alone
 
 
+def test_items_that_replace_a_withdrawn_set_run_at_their_own_temperature(runtimes):
+    runtime = runtimes["bahdanau-additive"]
+    long = [s for s in SOURCES if len(s) >= 10][:16]
+    sources = SOURCES[:6]
+
+    async def body():
+        batcher = await started(runtime)
+        gone = batcher.submit(long, temperature=1.0)
+        while len(batcher._running) < len(long):
+            await asyncio.sleep(0)
+        batcher.withdraw(gone)  # every running item leaves, and in the same tick ...
+        cold = batcher.submit(sources, temperature=0.001, with_attention=True)  # ... these join
+        results = await batcher.results(cold)
+        await batcher.stop()
+        return [r.prediction for r in results], [r.attention for r in results]
+
+    expected = runtime.predict_batch(sources, 0.001, with_attention=True)
+    assert_same(expected, run(body()))  # once answered at the withdrawn set's temperature, 1.0
+
+
 @pytest.mark.parametrize("fail_at", ["admit", "step"])
 def test_a_failing_step_is_redone_with_bisection_and_only_the_bad_item_fails(
     runtimes, monkeypatch, fail_at
