@@ -810,6 +810,22 @@ def test_gzip_members_are_all_decoded_and_trailing_garbage_is_refused():
     with pytest.raises(protocol.ProtocolError) as too_big:  # the limit spans the members
         protocol.decode_content(gzip.compress(body) * 2, "gzip", 100)
     assert too_big.value.status == 413
+    limit = protocol.MAX_GZIP_MEMBERS
+    members = gzip.compress(body) + gzip.compress(b"", mtime=0) * (limit - 1)
+    assert protocol.decode_content(members, "gzip", 100) == body  # as many as allowed
+    many = members + gzip.compress(b"", mtime=0)  # 50,000 of these held the loop for 0.7 s
+    with pytest.raises(protocol.ProtocolError, match=f"more than {limit} gzip members") as error:
+        protocol.decode_content(many, "gzip", 100)
+    assert error.value.status == 400
+
+
+@pytest.mark.parametrize("value", [1e300, 3.5e38, 10**400, 0, -1.0, float("nan")])
+def test_a_temperature_outside_float32_or_not_positive_is_refused(value):
+    with pytest.raises(protocol.ProtocolError, match="temperature must be positive") as error:
+        protocol._temperature(value)
+    assert error.value.status == 400
+    assert len(str(error.value)) < 200  # a huge integer is not echoed
+    assert protocol._temperature(3.4e38) == 3.4e38 and protocol._temperature(1e-30) == 1e-30
 
 
 def test_one_unicode_rule_for_every_text_json_or_binary(serve):
