@@ -11,6 +11,7 @@ encodes the answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sys
@@ -184,6 +185,9 @@ class InferHandler:
         except _ClientGoneError:
             outcome = "disconnected"
             return None
+        except asyncio.CancelledError:  # the server's shutdown ran out: InferRoute answers 503
+            outcome = "unavailable"
+            raise
         except Exception as exc:  # a bug: answer this request, keep serving the others
             outcome = "error"
             logger.exception("infer failed", extra={"model": name})
@@ -231,7 +235,17 @@ class InferRoute:
         if scope["method"] != "POST":
             answer = 405, {"Allow": "POST"}, protocol.error_body("Method Not Allowed")
         else:
-            answer = await self.handler(scope, receive, match["name"], match["version"])
+            try:
+                answer = await self.handler(scope, receive, match["name"], match["version"])
+            except asyncio.CancelledError:
+                # uvicorn cancels the requests still running when its graceful shutdown runs
+                # out (--shutdown-timeout): answer them 503, not uvicorn's plain-text 500, and
+                # let the task end; the items were withdrawn on the way out of the handler
+                retry = {"Retry-After": str(self.handler.settings.retry_after_s)}
+                answer = 503, retry, protocol.error_body("the server is shutting down")
+                with contextlib.suppress(Exception):  # the connection may be gone already
+                    await send_answer(send, *answer)
+                return
         if answer is None:
             return  # the client has gone
         await send_answer(send, *answer)

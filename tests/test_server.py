@@ -1263,3 +1263,40 @@ def test_cli_serves_an_exported_model_to_tritonclient(artifact, tmp_path):
     assert [p.decode() for p in result.as_numpy("prediction")] == expected
     assert meta["parameters"]["provider"] == "CPUExecutionProvider"
     assert process.returncode == 0, stderr
+
+
+def test_a_request_cancelled_by_the_shutdown_gets_a_json_503():
+    """uvicorn cancels the requests still running when --shutdown-timeout runs out; the client
+    gets a JSON 503 with Retry-After, not uvicorn's plain-text 500."""
+    from types import SimpleNamespace
+
+    from serving.infer import InferRoute
+
+    started = asyncio.Event()
+
+    class Waiting:  # a handler waiting on a batch that never ends
+        settings = SimpleNamespace(retry_after_s=2)
+
+        async def __call__(self, scope, receive, name, version):
+            started.set()
+            await asyncio.Event().wait()
+
+    async def body():
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        route = InferRoute(app=None, handler=Waiting())
+        scope = {"type": "http", "path": f"/v2/models/{MODEL}/infer", "method": "POST"}
+        task = asyncio.ensure_future(route(scope, None, send))
+        await started.wait()
+        task.cancel()  # what uvicorn does once the graceful shutdown times out
+        await task
+        return sent
+
+    start, end = asyncio.run(body())
+    assert start["status"] == 503
+    headers = dict(start["headers"])
+    assert headers[b"content-type"] == b"application/json" and headers[b"retry-after"] == b"2"
+    assert "shutting down" in json.loads(end["body"])["error"]
