@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ from skattn.core.text import as_token_lists, as_token_pairs
 from skattn.estimator import Seq2Seq
 from skattn.metrics import exact_match
 from skattn.models.ensemble import EnsembleModule
-from skattn.parameters import PARAMETER_CONSTRAINTS
+from skattn.parameters import N_JOBS, PARAMETER_CONSTRAINTS
 
 __all__ = ["Seq2SeqEnsemble"]
 
@@ -110,7 +109,7 @@ class Seq2SeqEnsemble(BaseEstimator):
     _parameter_constraints: dict[str, list] = {
         "estimators": [list, tuple],
         **{name: PARAMETER_CONSTRAINTS[name] for name in (*_SETTINGS, "random_state")},
-        "n_jobs": [Integral, None],
+        "n_jobs": N_JOBS,
     }
 
     def __init__(

@@ -19,7 +19,7 @@ from skattn.core.manifest import MAX_BEAM_SIZE, MAX_OUTPUT_LENGTH
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
 
-__all__ = ["PARAMETER_CONSTRAINTS"]
+__all__ = ["N_JOBS", "PARAMETER_CONSTRAINTS"]
 
 
 class _Range(Interval):
@@ -54,6 +54,14 @@ def _at_least(low: int) -> list:
 def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
     return [_Range(Real, low, high, closed=closed)]
 
+
+#: joblib's ``n_jobs``: None, a positive count, or -1, -2, ... (all cores, all but one, ...);
+#: not 0 and not a bool.
+N_JOBS: list = [
+    _Range(Integral, 1, None, closed="left"),
+    _Range(Integral, None, -1, closed="right"),
+    None,
+]
 
 PARAMETER_CONSTRAINTS: dict[str, list] = {
     **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},

@@ -374,3 +374,11 @@ def test_bad_settings_and_unfitted_use_are_refused(members, ensemble):
         ensemble.predict_attention(FEW, layer=0)
     with pytest.raises(NotFittedError):
         Seq2SeqEnsemble([Seq2Seq()]).predict(FEW)
+
+
+@pytest.mark.parametrize("n_jobs", [True, 0, 1.5, "2"])
+def test_n_jobs_is_joblibs_count_not_a_bool_or_zero(n_jobs):
+    with pytest.raises(ValueError, match="n_jobs"):
+        Seq2SeqEnsemble([Seq2Seq(max_steps=1)], n_jobs=n_jobs).fit(X_TRAIN[:4], Y_TRAIN[:4])
+    for fine in (None, 1, -1):  # every accepted kind passes the check
+        Seq2SeqEnsemble([Seq2Seq(max_steps=1)], n_jobs=fine)._validate_params()
