@@ -37,7 +37,6 @@ unlike the tracing ones, or the export raises.
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch
 from torch import nn
 
 from skattn.attention_graph import build_attention_graph
+from skattn.core.checks import check_int
 from skattn.core.manifest import (
     ATTENTION_FILE,
     BINDING_KEY,
@@ -241,15 +241,6 @@ def _check_sources_are_strings(tokens: list[str], tokenizer: str) -> None:
             )
 
 
-def _source_limit(value) -> int:
-    """``max_source_length`` given to export: an int in [1, MAX_SOURCE_LENGTH]."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"max_source_length must be an int, got {value!r}")
-    if not 1 <= value <= MAX_SOURCE_LENGTH:
-        raise ValueError(f"max_source_length must be in [1, {MAX_SOURCE_LENGTH}], got {value}")
-    return int(value)
-
-
 def export_onnx(
     estimator,
     path: str | os.PathLike,
@@ -299,7 +290,7 @@ def export_onnx(
         max_source_length=(
             max(_DEFAULT_MAX_SOURCE_LENGTH, estimator.max_source_length_)
             if max_source_length is None
-            else _source_limit(max_source_length)
+            else check_int(max_source_length, "max_source_length", 1, MAX_SOURCE_LENGTH)
         ),
         max_output_length=estimator._output_limit(),
         quantize=quantize,
