@@ -45,6 +45,7 @@ from bench_server import (
     running_server,
     warm_up,
 )
+from load_clients import wrk_available
 
 METRICS = re.compile(r"^(skattn_\w+?)(?:_(sum|count))?\{([^}]*)\}\s+([0-9.e+-]+)$")
 
@@ -65,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-py-spy", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.client == "wrk" and not wrk_available():
+        parser.error("--client wrk: wrk is not installed (Debian: apt-get install wrk)")
     args.no_pin, args.device, args.intra_op_threads, args.g2p_steps = False, "cpu", None, 600
     args.server_warmup = 3.0  # unmeasured load on each new server (bench_server.warm_up)
     return args

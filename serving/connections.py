@@ -17,6 +17,11 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   get 503), so that a load balancer can still see the server; beyond those, a new connection
   gets 503 and is closed at once.
 
+It also answers **malformed HTTP** (a request line or header the parser refuses, two
+Content-Lengths, broken chunked encoding) with the server's JSON error body
+(``{"error": "malformed HTTP request: ..."}``) instead of uvicorn's plain-text 400, then
+closes the connection.
+
 The body's read timeout is the app's (``ServerSettings.body_timeout_s``): the protocol cannot
 tell a slow body from a slow handler.
 """
@@ -150,6 +155,14 @@ class _GuardedProtocol:
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what its HTTP parser refuses, in the server's JSON."""
+        self._refuse(
+            400,
+            "malformed HTTP request: its request line, a header, the Content-Length or the "
+            "chunked body does not parse",
+        )
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():

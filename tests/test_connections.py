@@ -2,6 +2,7 @@
 size limit, and a bound on connections that leaves room for health checks. Every server listens
 on 127.0.0.1; the timeouts are shortened to fractions of a second."""
 
+import json
 import socket
 import time
 
@@ -112,6 +113,44 @@ def test_headers_over_max_header_bytes_get_431(serve, http_impl, streamed):
     # headers under the limit pass
     headers = {"X-Fine": "b" * 6000}
     assert httpx.get(f"{server.url}/v2/health/ready", headers=headers).status_code == 200
+
+
+MALFORMED = {
+    "bad request line": b"GET /v2/health/ready HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+    "two content lengths": b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    "bad chunk size": b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "header without a colon": b"GET /v2/health/ready HTTP/1.1\r\nHost x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_http_gets_a_json_400_and_the_server_stays_up(serve, http_impl, request_bytes):
+    server = serve(http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(request_bytes)
+        answer, _ = read_until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"].startswith("malformed HTTP request")
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_half_closing_before_the_body_is_complete_closes_without_an_answer(serve, http_impl):
+    # The end of a client's input is taken for its leaving (so that its queued work is
+    # dropped: test_server's test_a_client_that_disconnects_leaves_no_work_behind); a close
+    # and a half-close look the same from here.
+    server = serve(http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n{")
+        sock.shutdown(socket.SHUT_WR)
+        answer, elapsed = read_until_closed(sock)
+    assert answer == b"" and elapsed < 3  # closed at once: the body can never complete
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
 
 
 def test_at_max_connections_an_idle_connection_makes_room(serve):
