@@ -89,6 +89,7 @@ def artifact(fitted, tmp_path_factory):
         (dict(decoder="transformer"), "decoder", "needs encoder='transformer'"),
         (dict(TRANSFORMER, attention="none"), "attention", "always attends"),
         (dict(TRANSFORMER, attention="local-p"), "attention", "always attends"),
+        (dict(TRANSFORMER, window=3), "window", "always attends"),
         (dict(TRANSFORMER, scorer="dot"), "scorer", "scaled dot products"),
         (dict(TRANSFORMER, cell="lstm"), "cell", "no RNN runs"),
         (dict(TRANSFORMER, embedding_dim=32), "embedding_dim", "no RNN runs"),

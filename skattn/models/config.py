@@ -33,7 +33,7 @@ _COUNTS = ("num_layers", "num_heads", "window", "max_positions")
 _OPTIONAL = ("attention_size", "num_kv_heads", "ffn_size")
 #: Fields that only the Transformer blocks read, and what only the RNN side reads.
 _TRANSFORMER_ONLY = ("num_kv_heads", "ffn_size", "positions")
-_UNUSED_BY_TRANSFORMER_DECODER = ("attention", "attention_size")
+_UNUSED_BY_TRANSFORMER_DECODER = ("attention", "attention_size", "window")
 _UNUSED_BY_TRANSFORMER_MODEL = ("cell", "embedding_dim")
 
 
