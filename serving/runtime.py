@@ -46,10 +46,17 @@ from serving.sessions import (
 )
 from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
-from skattn.core.checks import check_int, check_real
+from skattn.core.checks import check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import DECODE_FILE
-from skattn.core.text import EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
+from skattn.core.text import (
+    EOS,
+    SPECIAL_TOKENS,
+    Vocabulary,
+    detokenize,
+    ordered_items,
+    tokenize,
+)
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
 
@@ -65,11 +72,12 @@ class Runtime:
         A checked artifact (:func:`serving.artifact.read_artifact`).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
     intra_op_num_threads : int, optional
-        Threads per operator (one pool per session, shared by the chunks in flight). Default:
-        1 where ``workers`` is given or defaults to several (the CPU without IO binding), else
-        the cores this process may use.
+        Threads per operator (one pool per session, shared by the chunks in flight), at most
+        1,024. Default: 1 where ``workers`` is given or defaults to several (the CPU without IO
+        binding), else the cores this process may use.
     io_binding : bool, optional
-        Keep the carry on the device between steps. Default: on for CUDA, off for CPU.
+        Keep the carry on the device between steps. Default: on for CUDA, off for CPU. Flags
+        (this and ``decode_graph``) take True, False or None; anything else is a ValueError.
     decode_graph : bool, optional
         Search with ``decode.onnx`` (one ``session.run`` per chunk, greedy or beam, faster at
         every chunk size measured) instead of the step graphs driven from Python.
@@ -121,6 +129,8 @@ class Runtime:
     ) -> None:
         if max_batch_size is not None:
             check_int(max_batch_size, "max_batch_size")
+        io_binding = check_bool(io_binding, "io_binding", none_ok=True)
+        decode_graph = check_bool(decode_graph, "decode_graph", none_ok=True)
         manifest = self.manifest = artifact.manifest
         self.name = name if name is not None else artifact.directory.resolve().name
         self.max_source_length = manifest.max_source_length
@@ -327,9 +337,7 @@ class Runtime:
             rows sum to 1. ``None`` unless ``with_attention``. Each ``"all"`` adds a leading
             axis (layers before heads).
         """
-        if isinstance(sources, str | bytes | dict) or not hasattr(sources, "__len__"):
-            raise ValueError(f"sources must be a list of str, got {type(sources).__name__}")
-        sources = list(sources)
+        sources = ordered_items(sources, "sources")
         for text in sources:
             self.check_source(text)
         settings = self.search_settings(temperature)

@@ -24,7 +24,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, check_binding
-from skattn.core.checks import check_int, parse_device, usable_cores
+from skattn.core.checks import MAX_THREADS, check_int, parse_device, usable_cores
 from skattn.core.manifest import DECODER_FILE, Manifest
 
 __all__ = [
@@ -53,8 +53,9 @@ def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptio
     Parameters
     ----------
     intra_op_num_threads : int, optional
-        Threads that split one operator's work. Default: the cores this process may use
-        (:func:`skattn.core.checks.usable_cores`: its affinity mask and cgroup CPU quota).
+        Threads that split one operator's work, 1 to 1,024 (``MAX_THREADS``). Default: the
+        cores this process may use (:func:`skattn.core.checks.usable_cores`: its affinity mask
+        and cgroup CPU quota).
 
     Returns
     -------
@@ -64,7 +65,9 @@ def session_options(intra_op_num_threads: int | None = None) -> ort.SessionOptio
     if intra_op_num_threads is None:
         intra_op_num_threads = usable_cores()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = check_int(intra_op_num_threads, "intra_op_num_threads")
+    options.intra_op_num_threads = check_int(
+        intra_op_num_threads, "intra_op_num_threads", 1, MAX_THREADS
+    )
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -12,8 +12,9 @@ This module is the scikit-learn surface: the parameters and their constraints, t
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
     temperature : float, default=1.0
         Attention softmax temperature at prediction time (training uses 1).
     beam_size, length_penalty : int, default=1; float, default=1.0
-        Beams (1 is greedy, at most 64), ranked by ``sum(log p) / length ** length_penalty``.
+        Beams (1 is greedy, at most 64), ranked by ``sum(log p) / length ** length_penalty``
+        (``length_penalty`` in [0, 10]).
     max_output_length : int or None, default=None
         Most output tokens per item, at most 4,096 (what an artifact may carry); ``None`` uses
         ``2 * (longest training target) + 10``, capped at 4,096.
@@ -105,8 +107,9 @@ class Seq2Seq(PortableModule, BaseEstimator):
         ``"auto"`` uses CUDA when it is available; on a Ray or Dask worker, the GPU the engine
         reserved for it, else the CPU (:func:`skattn.allotment.auto_device`).
     n_threads : int or None, default=None
-        torch threads for ``fit`` and ``predict`` (restored after); None: the process's
-        allotment (Ray's, ``OMP_NUM_THREADS``, affinity, cgroup: :mod:`skattn.allotment`).
+        torch threads for ``fit`` and ``predict`` (restored after), at most 1,024; None: the
+        process's allotment (Ray's, ``OMP_NUM_THREADS``, affinity, cgroup:
+        :mod:`skattn.allotment`).
     warm_start : bool, default=False
         ``fit`` on a fitted model goes on from its weights, vocabularies and model parameters
         (dropout too; new source tokens read as ``<unk>``) with a fresh optimizer and schedule;
@@ -271,6 +274,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         # Every check runs before a fitted attribute changes: a fit that raises leaves a fitted
         # model as it was (its module, vocabularies and limits still belong together).
         if warm:  # the fitted model must be able to continue on this data
+            self._fitted_tokenizer()  # its vocabulary holds the tokens of the fitted tokenizer
             vocabularies = (self.source_vocab_, self.target_vocab_)
             limits = (self.max_source_length_, self.max_output_length_)
             training.check_warm_start(
@@ -284,11 +288,17 @@ class Seq2Seq(PortableModule, BaseEstimator):
         src = source_ids(vocabularies[0], sources)  # (encode + [EOS]), as predict reads
         tgt = [vocabularies[1].encode(t) for t in targets]  # (BOS / EOS added per batch)
 
-        with training.seeded(rng, device), allotment.torch_threads(self.n_threads) as threads:
+        before = _FittedState(self, warm)  # put back if training fails (diverges, say)
+        with (
+            before.restored_on_error(),
+            training.seeded(rng, device),
+            allotment.torch_threads(self.n_threads) as threads,
+        ):
             module = self.module_ if warm else Seq2SeqModule(config)
             # the checks passed: from here on the fitted attributes are this fit's
             self.source_vocab_, self.target_vocab_ = vocabularies
             self.device_, self.output_kind_, self.n_threads_ = device, output_kind, threads
+            self.tokenizer_ = self.tokenizer
             # the limits never shrink under warm_start; the default output limit is at most
             # what an artifact may carry
             self.max_source_length_ = max(limits[0], *map(len, sources))
@@ -305,11 +315,11 @@ class Seq2Seq(PortableModule, BaseEstimator):
                 decode=self._greedy_tokens,
             )
             history = trainer.fit(train_idx, val_idx, rng)
-        before = self.history_ if warm else []
-        self.history_ = training.continue_history(before, history)
+        earlier = self.history_ if warm else []
+        self.history_ = training.continue_history(earlier, history)
         self.n_iter_ = len(self.history_)
         self.n_steps_ = self.history_[-1]["steps"]
-        self.best_epoch_ = len(before) + (trainer.best_epoch or len(history))
+        self.best_epoch_ = len(earlier) + (trainer.best_epoch or len(history))
         return self
 
     def _config(self, source_vocab=None, target_vocab=None) -> ModelConfig:
@@ -323,6 +333,19 @@ class Seq2Seq(PortableModule, BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "module_")
 
+    def _fitted_tokenizer(self) -> str:
+        """The tokenizer the model was fitted with; ``ValueError`` if ``tokenizer`` has been
+        set to another since (the vocabulary holds that tokenizer's tokens: another would read
+        every source as unknown tokens)."""
+        fitted = getattr(self, "tokenizer_", self.tokenizer)  # models saved before tokenizer_
+        if self.tokenizer != fitted:
+            raise ValueError(
+                f"tokenizer={self.tokenizer!r}, but the model was fitted with "
+                f"tokenizer={fitted!r}, whose tokens its vocabulary holds; set it back, or fit "
+                "again with warm_start=False"
+            )
+        return fitted
+
     # ------------------------------------------------------------ predict
 
     def _translator(self) -> Translator:
@@ -330,7 +353,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self.module_.eval()
         vocabularies = (self.source_vocab_, self.target_vocab_)
         backend = TorchBackend(self.module_, self.device_)
-        return Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)
+        return Translator(backend, *vocabularies, self._fitted_tokenizer(), self.output_kind_)
 
     def _search_settings(self, beam_size: int | None = None) -> SearchSettings:
         """Prediction-time settings, read at every call (``set_params`` after ``fit`` applies)."""
@@ -350,7 +373,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
     def _translate(self, X: Sequence, **options) -> tuple[list, list | None]:
         check_is_fitted(self)
         self._validate_params()
-        sources, _ = as_token_lists(X, "X", self.tokenizer)
+        sources, _ = as_token_lists(X, "X", self._fitted_tokenizer())
         with allotment.torch_threads(self.n_threads):
             return translate(self._translator(), sources, self._search_settings(), **options)
 
@@ -394,8 +417,10 @@ class Seq2Seq(PortableModule, BaseEstimator):
         ----------
         X, y : sequence of str or of token lists
         """
-        _, targets, _ = as_token_pairs(X, y, self.tokenizer)
-        return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
+        check_is_fitted(self)
+        tokenizer = self._fitted_tokenizer()
+        _, targets, _ = as_token_pairs(X, y, tokenizer)
+        return exact_match(targets, self.predict(X), tokenizer=tokenizer)
 
     def export_onnx(
         self,
@@ -422,4 +447,42 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self._validate_params()  # set_params may have changed a prediction-time setting
         from skattn.export import export_onnx
 
+        if hasattr(self, "module_"):
+            self._fitted_tokenizer()  # the artifact's tokenizer must be the vocabulary's
+
         return export_onnx(self, path, quantize=quantize, max_source_length=max_source_length)
+
+
+class _FittedState:
+    """An estimator's fitted attributes (``name_``) before a ``fit``, and its module's weights
+    when the fit goes on from them (``warm_start``), put back by :meth:`restored_on_error` if
+    the fit raises: a fit that fails (a diverged loss, say) leaves the model as it was,
+    unfitted or fitted as before."""
+
+    def __init__(self, estimator: BaseEstimator, warm: bool) -> None:
+        self.estimator = estimator
+        self.attributes = {name: getattr(estimator, name) for name in _fitted_names(estimator)}
+        module = getattr(estimator, "module_", None)
+        self.weights = (
+            {name: value.detach().clone() for name, value in module.state_dict().items()}
+            if warm
+            else None
+        )
+
+    @contextlib.contextmanager
+    def restored_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception:
+            for name in _fitted_names(self.estimator):
+                if name not in self.attributes:
+                    delattr(self.estimator, name)
+            for name, value in self.attributes.items():
+                setattr(self.estimator, name, value)
+            if self.weights is not None:  # trained in place: the weights it had
+                self.estimator.module_.load_state_dict(self.weights)
+            raise
+
+
+def _fitted_names(estimator: BaseEstimator) -> list[str]:
+    return [name for name in vars(estimator) if name.endswith("_") and not name.startswith("_")]

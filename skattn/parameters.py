@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from skattn.core.checks import parse_device
-from skattn.core.manifest import MAX_BEAM_SIZE, MAX_OUTPUT_LENGTH
+from skattn.core.checks import MAX_THREADS, parse_device
+from skattn.core.manifest import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY, MAX_OUTPUT_LENGTH
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
 
@@ -78,7 +78,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     # beam_size and max_output_length: at most what an artifact may carry (core.manifest), so
     # that what fits also exports and serves, and no setting decodes for hours
     "beam_size": [_Range(Integral, 1, MAX_BEAM_SIZE, closed="both")],
-    "length_penalty": _reals(0.0, closed="left"),
+    "length_penalty": _reals(0.0, MAX_LENGTH_PENALTY, closed="both"),
     "max_output_length": [_Range(Integral, 1, MAX_OUTPUT_LENGTH, closed="both"), None],
     "batch_size": _at_least(1),
     "max_epochs": _at_least(1),
@@ -97,7 +97,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "tol": _reals(0.0, closed="left"),
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
-    "n_threads": [*_at_least(1), None],
+    "n_threads": [_Range(Integral, 1, MAX_THREADS, closed="both"), None],
     "warm_start": ["boolean"],
     "random_state": [*_at_least(0), np.random.RandomState, None],
     "verbose": ["verbose"],

@@ -289,6 +289,11 @@ class Trainer:
                 break
         self.notify("on_train_end")
         self.module.eval()
+        if not all(bool(torch.isfinite(w).all()) for w in self.module.parameters()):
+            raise ValueError(
+                "training diverged: the weights are not finite after training; lower "
+                "learning_rate, keep max_grad_norm on, or warm up (warmup_steps)"
+            )
         return self.history
 
     def train_epoch(self, train_idx: np.ndarray, rng: np.random.RandomState) -> float:
@@ -308,11 +313,18 @@ class Trainer:
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss, n_tokens = self.batch_loss(batch, self.label_smoothing)
+        value = float(loss.detach())
+        if not math.isfinite(value):  # before the update: NaN gradients would spread to weights
+            raise ValueError(
+                f"training diverged: the loss of step {self.steps + 1} is {value}; lower "
+                f"learning_rate (now {self.optimizer.defaults['lr']:g}), keep max_grad_norm "
+                "on, or warm up (warmup_steps)"
+            )
         (loss / n_tokens).backward()
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
         self.optimizer.step()
-        return float(loss.detach()), n_tokens
+        return value, n_tokens
 
     def batch_loss(
         self, batch: np.ndarray, label_smoothing: float = 0.0

@@ -100,8 +100,11 @@ def test_max_length_cuts_the_output():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("beam_size", 0), ("max_length", 0), ("length_penalty", -1.0), ("temperature", 0.0)],
-)
+    [
+        ("beam_size", 0), ("max_length", 0), ("length_penalty", -1.0),
+        ("length_penalty", 10.5), ("length_penalty", 1e4), ("temperature", 0.0),
+    ],
+)  # fmt: skip
 def test_search_settings_are_validated(field, value):
     name = "max_output_length" if field == "max_length" else field
     with pytest.raises(ValueError, match=name):
@@ -168,6 +171,7 @@ def test_the_binding_covers_vocabularies_state_and_model():
     [
         ("beam_size", MAX_BEAM_SIZE + 1, "beam_size"),
         ("beam_size", True, "beam_size"),
+        ("length_penalty", 1e4, r"length_penalty.*<= 10"),
         ("tokenizer", "bpe", "tokenizer"),
         ("temperature", 0, "temperature"),
         ("state_names", ["not an identifier"], "state_names"),

@@ -428,8 +428,12 @@ def test_empty_input_gives_empty_results(runtime):
 
 
 @pytest.mark.parametrize(
-    "sources", [["abc", 3], ["abc", None], [b"abc"], "abc", b"abc", 5, {"abc": 1}, iter(["a"])]
-)
+    "sources",
+    [
+        ["abc", 3], ["abc", None], [b"abc"], "abc", b"abc", 5, {"abc": 1}, iter(["a"]),
+        {"abc", "fed"}, frozenset(["abc"]), np.array("abc"),  # no order, or not a sequence
+    ],
+)  # fmt: skip
 def test_non_string_inputs_raise(runtime, sources):
     with pytest.raises(ValueError, match="sources"):
         runtime.predict(sources)
@@ -439,6 +443,26 @@ def test_any_sized_collection_of_str_is_accepted(runtime):
     expected = runtime.predict(["abc", "fed"])
     assert runtime.predict(("abc", "fed")) == expected
     assert runtime.predict(np.array(["abc", "fed"])) == expected
+
+
+@pytest.mark.parametrize("flag", ["decode_graph", "io_binding"])
+@pytest.mark.parametrize("value", [0, 1, "no", "False", 1.0])
+def test_flags_other_than_bools_are_refused(artifact, flag, value):
+    with pytest.raises(ValueError, match=f"{flag} must be True, False or None"):
+        load(artifact, **{flag: value})
+
+
+def test_numpy_bools_are_flags(artifact, runtime):
+    steps = load(artifact, decode_graph=np.False_)
+    assert steps.decode_graph is False
+    assert steps.predict(["abc", "fed"]) == runtime.predict(["abc", "fed"])
+    assert load(artifact, io_binding=np.bool_(False)).io_binding is False
+
+
+@pytest.mark.parametrize("threads", [0, 1025, 10**5, 2.0, True])
+def test_thread_counts_beyond_1024_are_refused(artifact, threads):
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        load(artifact, intra_op_num_threads=threads)
 
 
 def test_check_source(runtime):

@@ -195,3 +195,66 @@ def test_warm_start_never_shrinks_the_output_and_source_limits(data):
     limits = model.max_source_length_, model.max_output_length_
     model.fit(["12"] * 8, ["21"] * 8)  # shorter items than the first fit's
     assert (model.max_source_length_, model.max_output_length_) == limits
+
+
+# ---------------------------------------------------------------- failed fits
+
+
+DIVERGING = dict(learning_rate=1e12, lr_schedule="constant", max_grad_norm=None, max_steps=20)
+
+
+def test_a_diverging_fit_raises_and_leaves_an_unfitted_model_unfitted(data):
+    from sklearn.exceptions import NotFittedError
+
+    X, y = data
+    model = Seq2Seq(**{**TINY, **DIVERGING})
+    with pytest.raises(ValueError, match="training diverged: the loss of step"):
+        model.fit(X, y)
+    with pytest.raises(NotFittedError):
+        model.predict(X[:2])
+    assert not [name for name in vars(model) if name.endswith("_") and not name.startswith("_")]
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_a_diverging_refit_leaves_the_fitted_model_as_it_was(data, warm_start):
+    X, y = data
+    model = Seq2Seq(max_epochs=2, **TINY).fit(X, y)
+    before, history, predictions = weights(model), list(model.history_), model.predict(X)
+    module = model.module_
+    model.set_params(warm_start=warm_start, **DIVERGING)
+    with pytest.raises(ValueError, match="training diverged"):
+        model.fit(X, y)
+    assert model.module_ is module and model.history_ == history
+    for name, tensor in weights(model).items():
+        assert torch.equal(tensor, before[name]), name
+    assert model.predict(X) == predictions
+
+
+def test_warm_start_refuses_another_tokenizer_and_predict_refuses_it_too(data):
+    X, y = data
+    model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)
+    predictions, before = model.predict(X), weights(model)
+    model.set_params(tokenizer="space")
+    with pytest.raises(ValueError, match="tokenizer='space', but the model was fitted with"):
+        model.fit(X, [list(t) for t in y])  # every source would read as one unknown token
+    for method in (model.predict, model.predict_attention):
+        with pytest.raises(ValueError, match="tokenizer='space'"):
+            method(X[:2])
+    with pytest.raises(ValueError, match="tokenizer='space'"):
+        model.score(X, y)
+    model.set_params(tokenizer="char")
+    assert model.predict(X) == predictions and model.tokenizer_ == "char"
+    assert all(torch.equal(t, before[n]) for n, t in weights(model).items())
+    refit = model.set_params(warm_start=False, tokenizer="space").fit(X, [list(t) for t in y])
+    assert refit.tokenizer_ == "space"  # without warm_start, a new model of the new tokenizer
+
+
+@pytest.mark.parametrize(("name", "value"), [("length_penalty", 10.5), ("n_threads", 1025)])
+def test_length_penalty_and_threads_are_bounded(data, name, value):
+    X, y = data
+    with pytest.raises(ValueError, match=name):
+        Seq2Seq(**{**TINY, "max_steps": 1, name: value}).fit(X, y)
+    model = Seq2Seq(**{**TINY, "max_steps": 1, "beam_size": 3}).fit(X, y)
+    model.set_params(**{name: value})
+    with pytest.raises(ValueError, match=name):
+        model.predict(X[:2])  # a prediction-time setting, checked at every call

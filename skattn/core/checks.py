@@ -1,4 +1,4 @@
-"""The validators that every module shares: integers, real numbers, devices and usable cores.
+"""The validators that every module shares: integers, real numbers, flags, devices, cores.
 
 Each check returns the value as a plain Python number (NumPy scalars from a grid built with
 ``np.arange`` become ``int`` / ``float``) or raises ``ValueError`` naming the parameter.
@@ -15,14 +15,34 @@ from pathlib import Path
 
 __all__ = [
     "DEVICE_PATTERN",
+    "MAX_THREADS",
+    "check_bool",
     "check_int",
     "check_real",
     "parse_device",
     "usable_cores",
 ]
 
+#: The most threads a caller may ask torch or onnxruntime for (``n_threads``,
+#: ``intra_op_num_threads``): beyond the largest machines' cores, short of what breaks a process
+#: (100,000 onnxruntime threads hung for minutes in 3 GB; torch's ran out of address space).
+MAX_THREADS = 1024
+
 #: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")
+
+
+def check_bool(value: object, name: str, *, none_ok: bool = False) -> bool | None:
+    """``value`` as a ``bool`` if it is one (NumPy's too), else ``ValueError`` naming ``name``:
+    ``0``, ``"no"`` or ``"False"`` are not flags (``bool("no")`` is ``True``)."""
+    if value is None and none_ok:
+        return None
+    kind = type(value)
+    numpy_bool = kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+    if isinstance(value, bool) or numpy_bool:
+        return bool(value)
+    allowed = "True, False or None" if none_ok else "True or False"
+    raise ValueError(f"{name} must be {allowed}, got {value!r}"[:300])
 
 
 def check_int(

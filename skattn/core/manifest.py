@@ -86,6 +86,9 @@ QUANTIZATIONS = ("int8",)
 MAX_BEAM_SIZE = 64
 MAX_OUTPUT_LENGTH = 4096
 MAX_SOURCE_LENGTH = 65536
+#: Beyond it ``length ** length_penalty`` overflows a float for long outputs (85 at 4,096
+#: tokens), long before it ranks anything usefully (GNMT's ``alpha`` is 0.6-1).
+MAX_LENGTH_PENALTY = 10.0
 
 
 class ArtifactError(ValueError):
@@ -286,7 +289,7 @@ class Manifest:
                 "max_output_length", 1, MAX_OUTPUT_LENGTH
             ),
             beam_size=reader.integer("beam_size", 1, MAX_BEAM_SIZE),
-            length_penalty=reader.real("length_penalty", 0.0),
+            length_penalty=reader.real("length_penalty", 0.0, MAX_LENGTH_PENALTY),
             temperature=reader.real("temperature", 0.0, low_open=True),
             output_kind=reader.choice("output_kind", OUTPUT_KINDS),
             files=reader.files(),
@@ -363,12 +366,15 @@ class _Reader:
             raise self.fail(key, f"an int in [{low}, {high}]" if high else f"an int >= {low}")
         return value
 
-    def real(self, key: str, low: float, *, low_open: bool = False) -> float:
+    def real(
+        self, key: str, low: float, high: float = math.inf, *, low_open: bool = False
+    ) -> float:
         value = self.data.get(key)
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and math.isfinite(value) and (value > low if low_open else value >= low)
-        if not ok:
-            raise self.fail(key, f"a finite number {'>' if low_open else '>='} {low}")
+        if not (ok and value <= high):
+            bound = "" if high == math.inf else f" and <= {high:g}"
+            raise self.fail(key, f"a finite number {'>' if low_open else '>='} {low}{bound}")
         return float(value)
 
     def choice(self, key: str, options: tuple[str, ...]) -> str:

@@ -302,6 +302,21 @@ def pad_batch(
     return batch, lengths
 
 
+def ordered_items(items: Any, name: str, what: str = "str") -> list:
+    """``items`` as a list if it is a sized collection in the caller's order (a list, tuple,
+    1-D array, pandas Series), else ``ValueError`` naming ``name``: a single str or bytes, a
+    set or mapping (whose order is not the caller's, so answers could not be matched to
+    items), a 0-d array, an iterator."""
+    unordered = isinstance(items, set | frozenset | Mapping)
+    zero_d = isinstance(items, np.ndarray) and items.ndim == 0
+    if isinstance(items, str | bytes) or not hasattr(items, "__len__") or unordered or zero_d:
+        raise ValueError(
+            f"{name} must be a sequence of {what} (in order: a list, tuple or 1-D array), got "
+            f"{type(items).__name__} {items!r}"[:300]
+        )
+    return list(items)
+
+
 def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str]], str]:
     """Tokenize a sequence of str / token-list items; also say which kind the items were.
 
@@ -309,14 +324,7 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     lists (lists, tuples or 1-D NumPy arrays of str), not a mix; ``name`` names the argument in
     errors. Returns the token lists and ``"str"`` or ``"tokens"``.
     """
-    unordered = isinstance(items, set | frozenset | Mapping)  # its order is not the user's
-    zero_d = isinstance(items, np.ndarray) and items.ndim == 0
-    if isinstance(items, str | bytes) or not hasattr(items, "__len__") or unordered or zero_d:
-        raise ValueError(
-            f"{name} must be a sequence of str or of token lists (in order: a list, tuple or "
-            f"1-D array), got {type(items).__name__} {items!r}"[:300]
-        )
-    items = list(items)
+    items = ordered_items(items, name, "str or of token lists")
     if not items:
         raise ValueError(f"{name} must hold at least one item, got an empty sequence")
     token_lists, kinds = [], set()
