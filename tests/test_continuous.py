@@ -297,8 +297,13 @@ def test_only_greedy_rnn_steps_without_local_m_on_host_memory_run_continuously(f
     local_m = fit(decoder="luong", attention="local-m")
     reason = continuous_support(load(local_m.export_onnx(tmp_path / "local-m")))
     assert "position" in reason and "local-m" in reason
-    transformer = fit(
-        encoder="transformer", decoder="transformer", num_heads=2, num_layers=1, embedding_dim=64
+    transformer = fit(  # the RNN-only settings of FIT_PARAMS back at their defaults
+        encoder="transformer",
+        decoder="transformer",
+        num_heads=2,
+        num_layers=1,
+        embedding_dim=64,
+        window=10,
     )
     reason = continuous_support(load(transformer.export_onnx(tmp_path / "transformer")))
     assert "position" in reason

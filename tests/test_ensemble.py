@@ -30,7 +30,7 @@ from skattn.models.ensemble import EnsembleModule
 KINDS = [
     dict(decoder="bahdanau", attention="global", scorer="additive", random_state=0),
     dict(decoder="luong", attention="local-m", scorer="general", cell="lstm", random_state=1),
-    dict(encoder="transformer", decoder="transformer", embedding_dim=64, num_heads=2),
+    dict(encoder="transformer", decoder="transformer", embedding_dim=64, window=10, num_heads=2),
     dict(decoder="bahdanau", attention="none", random_state=3),
 ]
 NEVER = (0, 1, 3)  # PAD, BOS, UNK: never emitted by the search
