@@ -246,13 +246,12 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
     """Split the body into the parsed JSON header and the binary tensor data after it."""
     if header_length is None:
         size = len(body)
-    else:
-        try:
-            size = int(header_length)
-        except ValueError as exc:
+    else:  # ASCII digits only: int() also reads "1_0", "+10" and other scripts' digits
+        if not (header_length.isascii() and header_length.isdigit()):
             raise ProtocolError(
-                f"{HEADER_LENGTH} must be an integer, got {header_length!r}"
-            ) from exc
+                f"{HEADER_LENGTH} must be a decimal integer, got {header_length!r}"[:300]
+            )
+        size = int(header_length)
         if not 0 <= size <= len(body):
             raise ProtocolError(f"{HEADER_LENGTH} is {size} but the body has {len(body)} bytes")
     try:

@@ -337,6 +337,14 @@ BAD_REQUESTS = {
     "binary cut inside an element": (*binary_request(element(b"abcdef")[:-2]), 400, "ends inside"),
     "binary count mismatch": (*binary_request(element(b"a") * 2), 400, "shape mismatch"),
     "header length past the body": (*binary_request(element(b"a"), header_length=999), 400, "body"),
+    **{
+        f"header length {text!r}": (
+            *binary_request(element(b"a"), header_length=text),
+            400,
+            "must be a decimal integer",
+        )
+        for text in ("1_0", "+10", "ten", "-1")
+    },
     "invalid UTF-8": (*binary_request(element(b"\xff\xfe")), 400, "UTF-8"),
     "unknown encoding": (b"{}", {"Content-Encoding": "br"}, 415, "Content-Encoding"),
     "JSON nested too deeply": (b"[" * 50_000, {}, 400, "nested too deeply"),
@@ -354,6 +362,12 @@ BAD_REQUESTS = {
         "'id'",
     ),
 }
+
+
+def test_a_header_length_in_another_scripts_digits_is_refused():
+    body, _ = binary_request(element(b"a"))
+    with pytest.raises(protocol.ProtocolError, match="must be a decimal integer"):
+        protocol.parse_infer_request(body, "\u0661\u0660", max_items=8)  # int() reads 10
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
