@@ -204,6 +204,7 @@ class Seq2SeqEnsemble(BaseEstimator):
         """Take fitted members after checking that they can be decoded as one model."""
         members = [m.estimator if isinstance(m, FrozenEstimator) else m for m in fitted]
         first = members[0]
+        _fitted_tokenizers(members)
         for i, member in enumerate(members[1:], start=1):
             _check_agrees(first, member, i)
         self.estimators_ = members
@@ -219,9 +220,12 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     @property
     def tokenizer(self) -> str | None:
-        """The members' tokenizer (the scorers in :mod:`skattn.metrics` read it)."""
+        """The members' tokenizer (the scorers in :mod:`skattn.metrics` read it).
+
+        Once fitted, the tokenizer the members were fitted with: ``ValueError`` if a member's
+        ``tokenizer`` has been set to another since (as ``Seq2Seq.predict`` refuses it)."""
         if hasattr(self, "estimators_"):
-            return self.estimators_[0].tokenizer
+            return _fitted_tokenizers(self.estimators_)
         return getattr(next(iter(self.estimators or []), None), "tokenizer", None)
 
     @property
@@ -363,6 +367,17 @@ def _checked(estimators: object, name: str) -> list:
 
 def _fit_member(member, X: Sequence, y: Sequence):
     return member.fit(X, y)
+
+
+def _fitted_tokenizers(members: Sequence[Seq2Seq]) -> str:
+    """The tokenizer the members were fitted with (ValueError naming a member whose
+    ``tokenizer`` was changed after its fit; ``_check_agrees`` compares them across members)."""
+    for i, member in enumerate(members):
+        try:
+            member._fitted_tokenizer()
+        except ValueError as error:
+            raise ValueError(f"estimators[{i}]: {error}") from None
+    return members[0].tokenizer
 
 
 def _check_agrees(first: Seq2Seq, member: Seq2Seq, i: int) -> None:

@@ -345,6 +345,24 @@ def test_members_with_other_vocabularies_are_refused(members):
         Seq2SeqEnsemble.from_fitted([members[0], tokens])
 
 
+def test_a_member_whose_tokenizer_changed_after_fitting_is_refused():
+    """A member's vocabulary holds its fitted tokenizer's tokens: another would read every source
+    as unknown tokens, so the ensemble refuses it as ``Seq2Seq.predict`` does (it read the first
+    member's ``tokenizer`` and answered from unknown tokens)."""
+    members = [member(max_steps=2).fit(X_TRAIN, Y_TRAIN) for _ in range(2)]
+    ensemble = Seq2SeqEnsemble.from_fitted(members)
+    before = ensemble.predict(X_TRAIN[:4])
+    assert ensemble.tokenizer == "char"
+    for i, changed in enumerate(members):  # the ensemble holds the members themselves
+        changed.set_params(tokenizer="space")
+        with pytest.raises(ValueError, match=rf"estimators\[{i}\]: tokenizer='space', but"):
+            ensemble.predict(X_TRAIN[:4])
+        with pytest.raises(ValueError, match=rf"estimators\[{i}\]: tokenizer='space'"):
+            Seq2SeqEnsemble.from_fitted(members)
+        changed.set_params(tokenizer="char")
+    assert ensemble.predict(X_TRAIN[:4]) == before
+
+
 @pytest.mark.parametrize(
     "estimators, match",
     [
