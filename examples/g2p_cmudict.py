@@ -36,7 +36,8 @@ times over).
 ``--encoder transformer`` puts a Transformer encoder under the recurrent decoders, and with
 ``--decoder transformer`` the whole model is a Transformer (``--num-layers`` blocks on each side
 of ``--hidden-size`` = d_model, ``--num-heads``, ``--ffn-size``, ``--positions``); each family is
-given only the options it reads. The README's G2P section gives the Transformer run's figures.
+given only the options it reads. docs/results.md (its G2P section) gives the Transformer run's
+figures.
 
 ``--max-minutes`` becomes the estimator's ``max_time``: training stops when the budget is spent
 (the epoch under way is still validated), and the cosine schedule reaches 0 there, however the

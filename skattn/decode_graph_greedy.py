@@ -17,7 +17,7 @@ every row's memory and keys at every step, ended rows or not. Measured against i
 built from the same step graphs, one thread): the nested loops took 0.90-0.97x its time for
 hidden 64 and 256 at 1-64 rows; letting ended rows run on until a quarter or half of a segment
 had ended (0.95x, 1.09x, on a model whose outputs run 10-40 tokens) lost more in wasted steps
-than it saved in copies (README, Speed).
+than it saved in copies (docs/results.md, Speed).
 """
 
 from __future__ import annotations
