@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from skattn.core.checks import check_int, usable_cores
+from skattn.core.checks import MAX_THREADS, check_int, usable_cores
 
 __all__ = [
     "CHUNK_FLOATS",
@@ -73,7 +73,7 @@ def share_cores(
         if intra_op_num_threads is None and device_type == "cpu" and not io_binding:
             return usable_cores(), 1
         return 1, intra_op_num_threads
-    check_int(workers, "workers")
+    check_int(workers, "workers", 1, MAX_THREADS)
     if workers > 1 and io_binding:
         raise ValueError(
             f"workers={workers}: IO binding (CUDA's default) decodes one chunk at a time; "

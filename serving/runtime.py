@@ -132,6 +132,8 @@ class Runtime:
         io_binding = check_bool(io_binding, "io_binding", none_ok=True)
         decode_graph = check_bool(decode_graph, "decode_graph", none_ok=True)
         manifest = self.manifest = artifact.manifest
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a str or None, got {type(name).__name__} {name!r:.80}")
         self.name = name if name is not None else artifact.directory.resolve().name
         self.max_source_length = manifest.max_source_length
         self.max_output_length = manifest.max_output_length

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -294,7 +295,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
             training.seeded(rng, device),
             allotment.torch_threads(self.n_threads) as threads,
         ):
-            module = self.module_ if warm else Seq2SeqModule(config)
+            module = self.module_ if warm else _build_module(config)
             # the checks passed: from here on the fitted attributes are this fit's
             self.source_vocab_, self.target_vocab_ = vocabularies
             self.device_, self.output_kind_, self.n_threads_ = device, output_kind, threads
@@ -486,3 +487,25 @@ class _FittedState:
 
 def _fitted_names(estimator: BaseEstimator) -> list[str]:
     return [name for name in vars(estimator) if name.endswith("_") and not name.startswith("_")]
+
+
+#: What torch says when a tensor cannot be allocated (CPU allocator, size arithmetic, CUDA).
+_ALLOCATION_FAILED = re.compile(r"can't allocate|out of memory|size calculation overflowed", re.I)
+
+
+def _build_module(config: ModelConfig) -> Seq2SeqModule:
+    """The module of ``config``; ``ValueError`` naming its sizes if its weights cannot be
+    allocated (sizes within the parameters' limits can still exceed the machine's memory)."""
+    try:
+        return Seq2SeqModule(config)
+    except (MemoryError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and not _ALLOCATION_FAILED.search(str(error)):
+            raise
+        sizes = ", ".join(
+            f"{name}={getattr(config, name)}"
+            for name in ("hidden_size", "embedding_dim", "num_layers", "ffn_size")
+            if getattr(config, name) is not None
+        )
+        raise ValueError(
+            f"the model's weights do not fit in memory ({sizes}): choose smaller sizes"
+        ) from error

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from skattn.core.text import TOKENIZERS, tokenize
+from skattn.core.text import TOKENIZERS, ordered_items, tokenize
 
 __all__ = [
     "SCORERS",
@@ -86,15 +86,15 @@ def _as_references(item: Any, tokenizer: str) -> list[Tokens]:
 
 
 def _check_tokenizer(tokenizer: str) -> None:
-    if tokenizer not in TOKENIZERS:
+    if not isinstance(tokenizer, str) or tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {tokenizer!r}")
 
 
 def _pairs(y_true: Sequence, y_pred: Sequence, tokenizer: str) -> list[tuple[list[Tokens], Tokens]]:
     """Validate and tokenize: one ``(references, prediction)`` pair per item."""
     _check_tokenizer(tokenizer)
-    if isinstance(y_true, str) or isinstance(y_pred, str):
-        raise ValueError("y_true and y_pred must be sequences of items, not a single str")
+    y_true = ordered_items(y_true, "y_true", "items")
+    y_pred = ordered_items(y_pred, "y_pred", "items")
     if len(y_true) == 0:
         raise ValueError("y_true must hold at least one item")
     if len(y_pred) != len(y_true):

@@ -18,6 +18,7 @@ from skattn.core.checks import MAX_THREADS, parse_device
 from skattn.core.manifest import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY, MAX_OUTPUT_LENGTH
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
+from skattn.models.config import MAXIMA
 
 __all__ = ["N_JOBS", "PARAMETER_CONSTRAINTS"]
 
@@ -51,6 +52,11 @@ def _at_least(low: int) -> list:
     return [_Range(Integral, low, None, closed="left")]
 
 
+def _size(name: str) -> list:
+    """An int from 1 to the model's limit for ``name`` (``skattn.models.config.MAXIMA``)."""
+    return [_Range(Integral, 1, MAXIMA[name], closed="both")]
+
+
 def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
     return [_Range(Real, low, high, closed=closed)]
 
@@ -66,15 +72,15 @@ N_JOBS: list = [
 PARAMETER_CONSTRAINTS: dict[str, list] = {
     **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
     "input_feeding": ["boolean"],
-    "window": _at_least(1),
+    "window": _size("window"),
     "temperature": _reals(0.0),
-    "embedding_dim": _at_least(1),
-    "hidden_size": _at_least(1),
-    "num_layers": _at_least(1),
+    "embedding_dim": _size("embedding_dim"),
+    "hidden_size": _size("hidden_size"),
+    "num_layers": _size("num_layers"),
     "dropout": _reals(0.0, 1.0, closed="left"),
-    "num_heads": _at_least(1),
-    "num_kv_heads": [*_at_least(1), None],
-    "ffn_size": [*_at_least(1), None],
+    "num_heads": _size("num_heads"),
+    "num_kv_heads": [*_size("num_kv_heads"), None],
+    "ffn_size": [*_size("ffn_size"), None],
     # beam_size and max_output_length: at most what an artifact may carry (core.manifest), so
     # that what fits also exports and serves, and no setting decodes for hours
     "beam_size": [_Range(Integral, 1, MAX_BEAM_SIZE, closed="both")],
@@ -99,6 +105,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "device": [_Device()],
     "n_threads": [_Range(Integral, 1, MAX_THREADS, closed="both"), None],
     "warm_start": ["boolean"],
-    "random_state": [*_at_least(0), np.random.RandomState, None],
+    # NumPy seeds are 32-bit: a larger int is refused here, by name, not by NumPy in fit
+    "random_state": [_Range(Integral, 0, 2**32 - 1, closed="both"), np.random.RandomState, None],
     "verbose": ["verbose"],
 }

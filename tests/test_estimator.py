@@ -16,6 +16,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
 
 from skattn import Seq2Seq, training
+from skattn import estimator as estimator_module
 from skattn.datasets import make_reversal
 
 TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
@@ -578,6 +579,15 @@ BAD_VALUES = [
     ("warmup_steps", 2.5),
     ("average_checkpoints", 0),
     ("warm_start", "yes"),
+    # past the limits (skattn.models.config.MAXIMA): refused by name, not overflowing in torch
+    ("window", 2**64),
+    ("embedding_dim", 2**62),
+    ("hidden_size", 2**40),
+    ("num_layers", 2**40),
+    ("num_heads", 2**40),
+    ("num_kv_heads", 2**20),
+    ("ffn_size", 2**40),
+    ("random_state", 2**32),
 ]
 
 
@@ -681,6 +691,66 @@ def test_beam_size_and_max_output_length_stop_at_what_an_artifact_carries(revers
     long = "ab" * 1100  # 2,200 tokens: the default limit would be 2 * 2,200 + 10
     model = Seq2Seq(hidden_size=4, embedding_dim=4, max_steps=1, early_stopping=False)
     assert model.fit([long], [long]).max_output_length_ == 4096
+
+
+class _Table:
+    """What a pandas DataFrame of 3 rows and one column looks like to the input checks: ``len``
+    counts its rows, iteration yields its column names."""
+
+    ndim = 2
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self):
+        return iter(["w"])
+
+
+class _Miscounted(_Table):
+    ndim = 1
+
+
+@pytest.mark.parametrize("X", [_Table(), _Miscounted()], ids=["table", "len is not its items"])
+def test_tables_and_miscounted_inputs_are_refused(fitted_reversal, X):
+    """A DataFrame iterates over its column names: predict answered once, for "w"."""
+    with pytest.raises(ValueError, match="X must be a sequence"):
+        fitted_reversal.predict(X)
+    with pytest.raises(ValueError, match="X must be a sequence"):
+        clone(fitted_reversal).set_params(max_steps=1).fit(X, ["1", "2", "3"])
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"
+            ),
+            True,
+        ),
+        (
+            RuntimeError("Storage size calculation overflowed with sizes=[7, 4611686018427387904]"),
+            True,
+        ),
+        (MemoryError(), True),
+        (RuntimeError("some other failure"), False),
+    ],
+)
+def test_a_model_whose_weights_cannot_be_allocated_is_refused(monkeypatch, error, refused):
+    """Sizes under the limits can still exceed the machine's memory: fit says which sizes
+    (torch's own allocation errors are replaced; any other error passes unchanged)."""
+
+    def build(config):
+        raise error
+
+    monkeypatch.setattr(estimator_module, "Seq2SeqModule", build)
+    model = Seq2Seq(**TINY)
+    expected = (
+        (ValueError, "do not fit in memory .hidden_size=") if refused else (RuntimeError, "other")
+    )
+    with pytest.raises(expected[0], match=expected[1]):
+        model.fit(["12", "34"], ["21", "43"])
+    assert not hasattr(model, "module_")  # nothing fitted is left behind
 
 
 @pytest.mark.parametrize(

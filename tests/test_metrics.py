@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from skattn import metrics
+from skattn.core.text import tokenize
 from skattn.metrics import (
     SCORERS,
     character_error_rate,
@@ -162,6 +163,23 @@ def test_validation(metric):
 def test_bad_tokenizer_names_the_parameter():
     with pytest.raises(ValueError, match="tokenizer"):
         exact_match(["a"], ["a"], tokenizer="bpe")
+    with pytest.raises(ValueError, match="tokenizer"):
+        exact_match(["a"], ["a"], tokenizer=["char"])  # unhashable: was a TypeError
+    with pytest.raises(ValueError, match="kind"):
+        tokenize("a b", ["space"])
+
+
+@pytest.mark.parametrize(
+    "y_true",
+    [{"ab", "cd"}, {"ab": 1, "cd": 2}, None, (w for w in ["ab", "cd"]), np.array("ab")],
+    ids=["set", "dict", "None", "generator", "0-d array"],
+)
+def test_unordered_or_unsized_references_are_refused(y_true):
+    """A set scored in its own order (exact match 0.0 for equal items), a dict by its keys."""
+    with pytest.raises(ValueError, match="y_true must be a sequence"):
+        exact_match(y_true, ["ab", "cd"])
+    with pytest.raises(ValueError, match="y_pred must be a sequence"):
+        exact_match(["ab", "cd"], y_true)
 
 
 def test_bleu_identical_corpus_is_100():

@@ -360,6 +360,12 @@ def test_learns_to_reverse_short_sequences():
         ("attention_size", 0),
         ("source_vocab_size", 0),
         ("target_vocab_size", np.int64(-1)),
+        ("window", 2**64),  # past the limits: an OverflowError inside torch before
+        ("embedding_dim", 2**62),
+        ("hidden_size", 2**40),
+        ("num_layers", 1025),
+        ("ffn_size", 2**40),
+        ("max_positions", 2**40),
     ],
 )
 def test_bad_configuration_raises_value_error_naming_the_field(name, value):

@@ -465,6 +465,21 @@ def test_thread_counts_beyond_1024_are_refused(artifact, threads):
         load(artifact, intra_op_num_threads=threads)
 
 
+@pytest.mark.parametrize("workers", [0, 1025, 10**6, True])
+def test_worker_counts_beyond_1024_are_refused(artifact, workers):
+    """A worker a chunk: 10**6 workers started a thread for each item of a batch."""
+    with pytest.raises(ValueError, match="workers"):
+        load(artifact, workers=workers)
+
+
+def test_a_path_and_a_name_of_the_wrong_type_are_refused(artifact):
+    with pytest.raises(ValueError, match="path must be a str or os.PathLike, got NoneType"):
+        load(None)
+    with pytest.raises(ValueError, match="name must be a str or None, got int"):
+        load(artifact, name=5)
+    assert load(artifact, name="reverse").name == "reverse"
+
+
 def test_check_source(runtime):
     runtime.check_source("")
     runtime.check_source("a" * runtime.max_source_length)

@@ -101,6 +101,10 @@ def test_build_bad_min_count(min_count):
         Vocabulary.build([["a"]], min_count=min_count)
 
 
+def test_build_min_count_takes_numpy_ints():
+    assert Vocabulary.build([["x", "x", "y"]], min_count=np.int64(2)).tokens == ["x"]
+
+
 def test_to_list_from_list_round_trip():
     v = Vocabulary.build([["K", "AH", "Z"], ["AH", "M"]])
     w = Vocabulary.from_list(v.to_list())

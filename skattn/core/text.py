@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from skattn.core.checks import check_int
+
 __all__ = [
     "BOS",
     "EOS",
@@ -59,7 +61,7 @@ TOKENIZERS: dict[str, tuple[Callable[[str], list[str]], Callable[[Sequence[str]]
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in TOKENIZERS:
+    if not isinstance(kind, str) or kind not in TOKENIZERS:
         raise ValueError(f"kind must be one of {sorted(TOKENIZERS)}, got {kind!r}")
 
 
@@ -159,8 +161,7 @@ class Vocabulary:
         Vocabulary
             Tokens in first-seen order.
         """
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise ValueError(f"min_count must be an int >= 1, got {min_count!r}")
+        min_count = check_int(min_count, "min_count")
         counts: Counter[str] = Counter()
         for sequence in sequences:
             counts.update(sequence)  # Counter keeps first-seen order
@@ -309,12 +310,21 @@ def ordered_items(items: Any, name: str, what: str = "str") -> list:
     items), a 0-d array, an iterator."""
     unordered = isinstance(items, set | frozenset | Mapping)
     zero_d = isinstance(items, np.ndarray) and items.ndim == 0
-    if isinstance(items, str | bytes) or not hasattr(items, "__len__") or unordered or zero_d:
+    # a table (a pandas DataFrame: ndim 2) iterates over its column names, not its rows
+    table = not isinstance(items, np.ndarray) and getattr(items, "ndim", 1) != 1
+    sized = hasattr(items, "__len__")
+    if isinstance(items, str | bytes) or not sized or unordered or zero_d or table:
         raise ValueError(
             f"{name} must be a sequence of {what} (in order: a list, tuple or 1-D array), got "
             f"{type(items).__name__} {items!r}"[:300]
         )
-    return list(items)
+    listed = list(items)
+    if len(listed) != len(items):  # len counts one thing, iteration yields another
+        raise ValueError(
+            f"{name} must be a sequence of {what}: len({name}) is {len(items)} but it yields "
+            f"{len(listed)} items ({type(items).__name__})"
+        )
+    return listed
 
 
 def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str]], str]:

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from skattn.core.checks import check_int, check_real
+from skattn.core.manifest import MAX_SOURCE_LENGTH
 
-__all__ = ["OPTIONS", "ModelConfig"]
+__all__ = ["MAXIMA", "OPTIONS", "ModelConfig"]
 
 #: The choices of each string hyperparameter (the estimator's constraints use them too).
 OPTIONS: dict[str, tuple[str, ...]] = {
@@ -26,6 +27,23 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "attention": ("global", "local-m", "local-p", "none"),
     "scorer": ("dot", "general", "additive", "scaled_dot"),
     "positions": ("sinusoidal", "learned", "none"),
+}
+
+#: The largest value of each size and count: far past any model that fits in memory, so that
+#: a mistyped value is refused by name instead of overflowing inside torch (a window of 2**64)
+#: or allocating for minutes. A model under these limits that does not fit in memory is
+#: refused when ``fit`` builds it.
+MAX_WIDTH = 65_536
+MAXIMA: dict[str, int] = {
+    "embedding_dim": MAX_WIDTH,
+    "hidden_size": MAX_WIDTH,
+    "attention_size": MAX_WIDTH,
+    "num_heads": MAX_WIDTH,
+    "num_kv_heads": MAX_WIDTH,
+    "ffn_size": 4 * MAX_WIDTH,
+    "num_layers": 1_024,
+    "window": MAX_SOURCE_LENGTH,  # a window as wide as the longest source an artifact takes
+    "max_positions": MAX_SOURCE_LENGTH,
 }
 
 _SIZES = ("source_vocab_size", "target_vocab_size", "embedding_dim", "hidden_size")
@@ -129,9 +147,14 @@ class ModelConfig:
     max_positions: int = 512
 
     def __post_init__(self) -> None:
-        clean: dict[str, Any] = {name: check_int(getattr(self, name), name) for name in _SIZES}
-        clean |= {name: check_int(getattr(self, name), name) for name in _COUNTS}
-        clean |= {name: check_int(getattr(self, name), name, none_ok=True) for name in _OPTIONAL}
+        clean: dict[str, Any] = {
+            name: check_int(getattr(self, name), name, 1, MAXIMA.get(name))
+            for name in _SIZES + _COUNTS
+        }
+        clean |= {
+            name: check_int(getattr(self, name), name, 1, MAXIMA[name], none_ok=True)
+            for name in _OPTIONAL
+        }
         clean["dropout"] = check_real(self.dropout, "dropout", 0.0, 1.0, high_open=True)
         for name, choices in OPTIONS.items():
             value = getattr(self, name)
