@@ -56,4 +56,5 @@ class QueuedItem:
     future: asyncio.Future
     maps: Maps = None
     request: int = 0  # which submit() call it came from (they count up)
+    turn: int = 0  # its request's place in the rotation (Batcher._rotate), lowest first
     enqueued: float = field(default_factory=time.monotonic)

@@ -20,23 +20,26 @@ class Queued(Protocol):
     temperature: float | None
     maps: tuple | None  # the (layer, head) of the attention maps asked for; None: default
     request: int  # which submit() call it came from (they count up)
+    turn: int  # its request's place in the rotation: the lowest goes first
 
 
 Item = TypeVar("Item", bound=Queued)
 
 
 def choose_batch(
-    pending: Sequence[Item], last_lead: int, max_batch_size: int, max_batch_chars: int
+    pending: Sequence[Item], max_batch_size: int, max_batch_chars: int
 ) -> tuple[list[Item], list[Item]]:
     """A lead item, then the items of its temperature and maps closest to it in length,
     within ``max_batch_size`` items and ``max_batch_chars`` padded characters; and the rest.
 
-    The lead is the oldest item of the first request after ``last_lead`` (the request that led
-    the latest batch), else the oldest item: requests take turns, so a request of many long
-    items is served a batch at a time between the requests that came after it. Returns
-    ``(chosen, remaining)``; ``chosen`` starts with the lead, ``remaining`` keeps queue order.
+    The lead is the oldest item of the lowest ``turn``: requests take turns in a rotation
+    (the batcher moves a request that led behind every request queued then), so a request
+    of many long items is served a batch at a time between the others, and an item that
+    never fits beside others (a long one) leads within as many batches as there were
+    requests queued before it. Returns ``(chosen, remaining)``; ``chosen`` starts with the
+    lead, ``remaining`` keeps queue order.
     """
-    lead = next((i for i in pending if i.request > last_lead), pending[0])
+    lead = min(pending, key=lambda item: item.turn)  # the first of the lowest: the oldest
     key = (lead.temperature, lead.maps)  # one runtime call: one temperature, one map selection
     same_key = [item for item in pending if (item.temperature, item.maps) == key]
     length = len(lead.source)
@@ -58,7 +61,6 @@ def choose_batch(
 def choose_admissions(
     pending: Sequence[Item],
     key: tuple | None,
-    last_request: int,
     rows: int,
     longest: int,
     max_batch_size: int,
@@ -69,12 +71,13 @@ def choose_admissions(
     ``key`` is the running set's ``(temperature, maps)``; None when it is empty, and then the
     oldest queued item sets it. Only items of that key join, and none while an item of another
     key waits: the set then drains, and once it is empty that item, now the oldest, leads.
-    Requests take turns, one item each, starting after ``last_request`` (the request of the
-    last item admitted), within ``max_batch_size`` rows and ``max_batch_chars`` padded
-    characters (rows x the longest source, ``longest`` so far). An item that does not fit
-    stops the admissions after it, so that the set shrinks until it fits rather than filling
-    with shorter ones for ever; the first item of an empty set joins whatever its length.
-    No item waits for ever. ``remaining`` keeps queue order.
+    Requests take turns, one item each, in the order of their ``turn`` (the batcher moves a
+    request whose item joined behind every request queued then), within ``max_batch_size``
+    rows and ``max_batch_chars`` padded characters (rows x the longest source, ``longest`` so
+    far). An item that does not fit stops the admissions after it, so that the set shrinks
+    until it fits rather than filling with shorter ones for ever; the first item of an empty
+    set joins whatever its length. No item waits for ever: newer requests queue behind it.
+    ``remaining`` keeps queue order.
     """
     if not pending:
         return [], []
@@ -87,8 +90,8 @@ def choose_admissions(
     for index, item in enumerate(pending):
         if (item.temperature, item.maps) != key:
             continue
-        turn = turns[item.request] = turns.get(item.request, -1) + 1
-        order.append((turn, item.request <= last_request, item.request, index))
+        nth = turns[item.request] = turns.get(item.request, -1) + 1  # its request's nth item
+        order.append((nth, item.turn, index))
     order.sort()
     chosen: list[Item] = []
     for *_, index in order:

@@ -5,8 +5,10 @@ by one scheduling task. A batch is taken when ``max_batch_size`` items wait or t
 waited ``max_delay_ms``; it holds only items of its lead item's temperature and attention
 layer and head (different ones never share a batch), chosen closest to the lead in source
 length (in characters, a proxy for tokens) to limit padding, within ``max_batch_size`` items and
-``max_batch_chars`` padded characters. Requests take turns at leading a batch, so that a
-request of many long items cannot hold the worker for everyone queued after it.
+``max_batch_chars`` padded characters. Requests take turns at leading a batch, in a rotation
+(:meth:`Batcher._rotate`), so that a request of many long items cannot hold the worker for
+everyone queued after it, and newer requests cannot keep an item that never fits beside others
+(a long one, which runs only when it leads) from its turn.
 
 An ``eager`` batcher also stops waiting as soon as no request is being received (handlers
 announce the reading of a request with :meth:`Batcher.receiving`): waiting only pays when more
@@ -125,7 +127,9 @@ class Batcher:
         self._metrics = metrics
         self._pending: list[QueuedItem] = []  # arrival order
         self._submits = 0  # submit() calls so far
-        self._last_lead = 0  # the request whose item led the latest batch
+        # The rotation's clock: a request's items are stamped with it when queued, and again
+        # when the request takes its turn (_rotate), which puts them behind those queued then.
+        self._clock = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -247,11 +251,11 @@ class Batcher:
                 )
         loop = asyncio.get_running_loop()
         self._submits += 1
+        self._clock += 1
         maps = (layer, head) if with_attention and (layer, head) != (None, None) else None
+        future, request, turn = loop.create_future, self._submits, self._clock
         items = [
-            QueuedItem(
-                source, temperature, with_attention, loop.create_future(), maps, self._submits
-            )
+            QueuedItem(source, temperature, with_attention, future(), maps, request, turn)
             for source in sources
         ]
         self._pending.extend(items)
@@ -339,9 +343,9 @@ class Batcher:
     def _take_batch(self) -> list[QueuedItem]:
         """The next batch (:func:`serving.batch_policy.choose_batch`), out of the queue."""
         chosen, self._pending = choose_batch(
-            self._pending, self._last_lead, self.max_batch_size, self.max_batch_chars
+            self._pending, self.max_batch_size, self.max_batch_chars
         )
-        self._last_lead = chosen[0].request
+        self._rotate([chosen[0].request])
         self._report_depth()
         chosen.sort(key=lambda item: len(item.source))
         return chosen
@@ -356,7 +360,19 @@ class Batcher:
             for item in batch:
                 self._metrics.queue_wait(started - item.enqueued)
         with_attention = any(item.with_attention for item in batch)
-        await self._run_group(batch, batch[0].temperature, with_attention)
+        await self._run_batch(batch, batch[0].temperature, with_attention)
+
+    async def _run_batch(
+        self, batch: list[QueuedItem], temperature: float | None, with_attention: bool
+    ) -> None:
+        """:meth:`_run_group` over a batch taken out of the queue: if it is cancelled (the
+        batcher stops) or raises, every item of the batch not answered yet gets an error, also
+        those of a half the bisection had not reached."""
+        try:
+            await self._run_group(batch, temperature, with_attention)
+        except BaseException:
+            self._fail(batch, BatcherClosedError("the batcher stopped"))
+            raise
 
     async def _run_group(
         self, group: list[QueuedItem], temperature: float | None, with_attention: bool
@@ -374,10 +390,7 @@ class Batcher:
             predictions, attentions = await loop.run_in_executor(
                 self._executor, self._predict, sources, temperature, with_attention, maps
             )
-        except asyncio.CancelledError:
-            self._fail(group, BatcherClosedError("the batcher stopped"))
-            raise
-        except Exception as exc:
+        except Exception as exc:  # (cancelled: _run_batch answers the whole batch)
             self._record(len(group), started, failed=True)
             if len(group) > 1:
                 logger.warning(
@@ -416,6 +429,17 @@ class Batcher:
         return list(predictions), attentions
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _rotate(self, requests: Sequence[int]) -> None:
+        """These requests took their turn: their queued items go behind every request queued
+        now, in this order (newer requests then queue behind them: no item waits for ever)."""
+        stamps = {}
+        for request in requests:
+            if request not in stamps:
+                self._clock += 1
+                stamps[request] = self._clock
+        for item in self._pending:
+            item.turn = stamps.get(item.request, item.turn)
 
     def _drop_cancelled(self) -> None:
         if any(item.future.cancelled() for item in self._pending):

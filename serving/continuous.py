@@ -133,14 +133,13 @@ class ContinuousBatcher(Batcher):
         admitted, self._pending = choose_admissions(
             self._pending,
             _key(running[0]) if running else None,
-            self._last_lead,
             len(running),
             longest,
             self.max_batch_size,
             self.max_batch_chars,
         )
         if admitted:
-            self._last_lead = admitted[-1].request
+            self._rotate([item.request for item in admitted])
             self._report_depth()
             now = time.monotonic()
             if self._metrics is not None:
@@ -203,4 +202,4 @@ class ContinuousBatcher(Batcher):
         items = [item for item in items if not item.future.done()]
         if items:
             with_attention = any(item.with_attention for item in items)
-            await self._run_group(items, items[0].temperature, with_attention)
+            await self._run_batch(items, items[0].temperature, with_attention)

@@ -291,12 +291,12 @@ def test_items_asking_for_other_maps_never_share_a_batch():
     from serving.batch_policy import choose_batch
 
     items = [
-        SimpleNamespace(source="ab", temperature=None, maps=maps, request=i)
+        SimpleNamespace(source="ab", temperature=None, maps=maps, request=i, turn=i)
         for i, maps in enumerate([None, (0, 1), None, (0, 1), (1, None)])
     ]
-    chosen, remaining = choose_batch(items, last_lead=-1, max_batch_size=8, max_batch_chars=100)
+    chosen, remaining = choose_batch(items, max_batch_size=8, max_batch_chars=100)
     assert chosen == [items[0], items[2]]
-    chosen, _ = choose_batch(remaining, last_lead=0, max_batch_size=8, max_batch_chars=100)
+    chosen, _ = choose_batch(remaining, max_batch_size=8, max_batch_chars=100)
     assert chosen == [items[1], items[3]]
 
 

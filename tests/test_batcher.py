@@ -315,6 +315,28 @@ def test_failure_isolation_is_bounded_by_bisection():
     assert len(runtime.batch_sizes) - 2 <= 2 * 6  # 2 log2(64) calls after the failed batch
 
 
+def test_a_stop_that_cancels_the_bisection_answers_every_item_of_the_batch():
+    """A batch fails and its first half is running when the scheduler is cancelled (a stop
+    under a timeout, a loop torn down): the second half had left the queue, so nothing
+    answered it and its requests waited for ever."""
+
+    async def body():
+        runtime = ReverseRuntime(delay=0.3, gated=True)
+        batcher = await started(runtime, max_batch_size=4, max_delay_ms=0)
+        hold = batcher.submit(["hold"])
+        await wait_for_batches(runtime, 1)
+        futures = batcher.submit(["b", "c", "d", "boom"])  # halves [b, c] and [d, boom]
+        runtime.release()
+        await wait_for_batches(runtime, 2)  # the batch of four, then its first half
+        batcher._task.cancel()
+        done, pending = await asyncio.wait(hold + futures, timeout=5)
+        return futures, pending
+
+    futures, pending = run(body())
+    assert not pending
+    assert all(isinstance(f.exception(), BatcherClosedError) for f in futures)
+
+
 def test_a_runtime_that_returns_too_few_answers_fails_the_batch():
     class Lossy(ReverseRuntime):
         def predict_batch(self, sources, temperature=None, with_attention=False):
@@ -484,26 +506,60 @@ def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies():
 # -- the policy alone -----------------------------------------------------------------------
 
 
-def test_choose_batch_leads_with_the_next_request_and_keeps_the_limits():
+def _policy_item(source, request, temperature=None, turn=None):
     from types import SimpleNamespace
 
+    turn = request if turn is None else turn
+    return SimpleNamespace(
+        source=source, temperature=temperature, maps=None, request=request, turn=turn
+    )
+
+
+def test_choose_batch_leads_with_the_lowest_turn_and_keeps_the_limits():
     from serving.batch_policy import choose_batch
 
-    def item(source, request, temperature=None):
-        return SimpleNamespace(source=source, temperature=temperature, maps=None, request=request)
-
-    long_ones = [item("x" * 100, 1) for _ in range(5)]
+    item = _policy_item
+    long_ones = [item("x" * 100, 1, turn=4) for _ in range(5)]  # request 1 led: behind 2 and 3
     short = item("ab", 2)
     warm = item("abc", 3, temperature=0.5)
     pending = [*long_ones, short, warm]
-    # Request 1 led the latest batch: request 2 leads now; one long item fits its 250 padded
-    # characters beside it (2 x 100), a second would not (3 x 100); the warm one never joins.
-    chosen, remaining = choose_batch(pending, last_lead=1, max_batch_size=8, max_batch_chars=250)
+    # Request 2 leads now; one long item fits its 250 padded characters beside it (2 x 100),
+    # a second would not (3 x 100); the warm one never joins.
+    chosen, remaining = choose_batch(pending, max_batch_size=8, max_batch_chars=250)
     assert chosen == [short, long_ones[0]]
     assert remaining == [*long_ones[1:], warm]  # queue order kept
-    # With no later request, the oldest leads; max_batch_size caps the count.
-    chosen, _ = choose_batch(pending, last_lead=3, max_batch_size=2, max_batch_chars=10**6)
+    # The oldest item of the lowest turn leads; max_batch_size caps the count.
+    for one in long_ones:
+        one.turn = 1
+    chosen, _ = choose_batch(pending, max_batch_size=2, max_batch_chars=10**6)
     assert chosen == long_ones[:2]
     # A lead longer than max_batch_chars still goes, alone.
-    chosen, _ = choose_batch(long_ones, last_lead=0, max_batch_size=8, max_batch_chars=50)
+    chosen, _ = choose_batch(long_ones, max_batch_size=8, max_batch_chars=50)
     assert chosen == [long_ones[0]]
+
+
+def test_a_long_item_leads_in_its_turn_under_steady_load():
+    """An item too long to join others (1,000 characters beside 10-character ones, with
+    max_batch_chars 8,192) runs only when it leads. Requests used to take turns after the
+    latest lead's request number, so while newer requests kept coming it never led; now a
+    request that led goes behind the requests queued then, and the long item leads soon."""
+
+    async def body():
+        batcher = await started(ReverseRuntime(), max_batch_size=64, max_delay_ms=60_000)
+        batcher.submit(["s" * 10, "L" * 1000])
+        for _ in range(10):
+            batcher.submit(["z" * 10])
+        long_item = batcher._pending[1]
+        taken = []  # batches taken by hand, between which ten requests arrive each time
+        while len(taken) < 50 and long_item not in (taken[-1] if taken else []):
+            taken.append(batcher._take_batch())
+            for _ in range(10):
+                batcher.submit(["z" * 10])
+        batcher._pending.clear()
+        await batcher.stop()
+        return long_item, taken
+
+    long_item, taken = run(body())
+    assert long_item in taken[-1], "the long item was still queued after 50 batches"
+    assert len(taken) <= 12  # behind at most the 11 requests queued before its own turn
+    assert all(long_item not in batch for batch in taken[:-1])

@@ -318,36 +318,67 @@ def test_only_greedy_rnn_steps_without_local_m_on_host_memory_run_continuously(f
 
 def test_choose_admissions_takes_turns_keeps_the_limits_and_starves_no_one():
     class Item:
-        def __init__(self, source, request, temperature=None):
+        def __init__(self, source, request, temperature=None, turn=None):
             self.source, self.request = source, request
             self.temperature, self.maps = temperature, None
+            self.turn = request if turn is None else turn
 
-    a = [Item("aaaa", 1) for _ in range(3)]
+    a = [Item("aaaa", 1, turn=4) for _ in range(3)]  # request 1 had its turn: behind 2 and 3
     b = [Item("bb", 2) for _ in range(2)]
     c = [Item("c" * 50, 3)]
     pending = [*a, *b, *c]
-    # Requests take turns, one item each, starting after the last admitted one.
-    chosen, rest = choose_admissions(pending, None, 1, 0, 0, 4, 10_000)
+    # Requests take turns, one item each, in the order of their turn.
+    chosen, rest = choose_admissions(pending, None, 0, 0, 4, 10_000)
     assert chosen == [b[0], c[0], a[0], b[1]]
     assert rest == [a[1], a[2]]
     # Rows and padded characters are bounded. An item that does not fit stops the admissions
     # after it: the set shrinks until it fits, instead of filling with shorter items for ever.
-    chosen, rest = choose_admissions(pending, (None, None), 0, 2, 4, 5, 20)
+    for item in a:
+        item.turn = 1
+    chosen, rest = choose_admissions(pending, (None, None), 2, 4, 5, 20)
     assert chosen == [a[0], b[0]]
     assert rest == [a[1], a[2], b[1], c[0]]
-    chosen, _ = choose_admissions([c[0], *b], (None, None), 2, 3, 4, 64, 100)
+    c[0].turn = 0  # its turn first: it does not fit beside 3 rows, so nothing joins
+    chosen, _ = choose_admissions([c[0], *b], (None, None), 3, 4, 64, 100)
     assert chosen == []
     # The first item of an empty set joins whatever its length.
-    chosen, _ = choose_admissions([c[0], *b], None, 2, 0, 0, 64, 10)
+    chosen, _ = choose_admissions([c[0], *b], None, 0, 0, 64, 10)
     assert chosen == [c[0]]
     # While an item of another temperature waits, nothing joins the running set; once the set
     # is empty the oldest item leads, however many newer requests of the old key came after it.
     hot = Item("x", 4, temperature=2.0)
     newer = [Item("y", 5 + i) for i in range(3)]
-    chosen, rest = choose_admissions([hot, *newer], (None, None), 0, 1, 4, 8, 10_000)
+    chosen, rest = choose_admissions([hot, *newer], (None, None), 1, 4, 8, 10_000)
     assert chosen == [] and rest == [hot, *newer]
-    chosen, rest = choose_admissions([hot, *newer], None, 7, 0, 0, 8, 10_000)
+    chosen, rest = choose_admissions([hot, *newer], None, 0, 0, 8, 10_000)
     assert chosen == [hot] and rest == newer
+
+
+def test_a_request_s_later_items_join_under_steady_load():
+    """A full set of 4 rows where one item ends and one one-item request arrives per step:
+    request 1's second and third items used to wait behind every newer request for ever (turns
+    ran after the last admitted request's number); now a request whose item joined goes behind
+    the requests queued then (``Batcher._rotate``, as ``ContinuousBatcher._tick`` calls it)."""
+
+    async def body():
+        batcher = Batcher(ReverseRuntime(), max_batch_size=4, max_delay_ms=60_000)
+        await batcher.start()
+        batcher.submit(["a", "b", "c"])
+        rows, joined = 4, []
+        for _ in range(20):  # steps
+            rows -= 1  # one running item ends ...
+            batcher.submit(["z"])  # ... and one request arrives
+            admitted, batcher._pending = choose_admissions(
+                batcher._pending, (None, None), rows, 1, 4, 8192
+            )
+            batcher._rotate([item.request for item in admitted])
+            rows += len(admitted)
+            joined += [item.source for item in admitted if item.request == 1]
+        batcher._pending.clear()
+        await batcher.stop()
+        return joined
+
+    assert run(body()) == ["a", "b", "c"]
 
 
 # -- the server --------------------------------------------------------------------------------
