@@ -321,6 +321,8 @@ class Runtime:
         ----------
         sources : list of str
             Any sized collection (list, tuple, NumPy or pandas), as the estimator accepts.
+            Unlike ``Seq2Seq.predict``, which follows scikit-learn in refusing an empty ``X``,
+            an empty batch is answered with empty lists (a server's batch of no items).
         temperature : float, optional
             Softmax temperature of the attention; default: the manifest's.
         with_attention : bool, default=False

@@ -480,6 +480,12 @@ def test_a_path_and_a_name_of_the_wrong_type_are_refused(artifact):
     assert load(artifact, name="reverse").name == "reverse"
 
 
+def test_an_empty_batch_gets_empty_answers(runtime):
+    """The runtime answers a batch of no items (a server's); the estimator refuses an empty X."""
+    assert runtime.predict([]) == []
+    assert list(runtime.predict_attention(())) == []
+
+
 def test_check_source(runtime):
     runtime.check_source("")
     runtime.check_source("a" * runtime.max_source_length)
