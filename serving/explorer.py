@@ -122,6 +122,7 @@ def mount_explorer(
             headers={
                 "Content-Security-Policy": CONTENT_SECURITY_POLICY,
                 "Cache-Control": "no-cache",
+                "X-Content-Type-Options": "nosniff",
             },
         )
 
@@ -131,4 +132,16 @@ def mount_explorer(
             [model_summary(name, info, ready(name)) for name, info in infos.items()]
         )
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="explorer-static")
+    app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="explorer-static")
+
+
+class _StaticFiles(StaticFiles):
+    """The page's script and style, revalidated on every load (an upgraded server's page must
+    not run a cached older script: browsers otherwise cache by a guess from the file's age)
+    and never sniffed as another type."""
+
+    def file_response(self, *args, **kwargs):
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response

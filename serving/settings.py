@@ -112,8 +112,11 @@ class ServerSettings:
 
 
 def check_model_name(name: object, where: str = "") -> None:
-    """Raise ``ValueError`` unless ``name`` can be a path segment: a non-empty str without '/'."""
+    """Raise ``ValueError`` unless ``name`` can be a path segment: a non-empty str without '/',
+    and not '.' or '..' (which clients collapse: ``v2/models/../infer`` is ``v2/infer``)."""
     if not isinstance(name, str):
         raise ValueError(f"{where}model name {name!r} must be a str")
-    if not name or "/" in name:
-        raise ValueError(f"{where}model name {name!r} must be non-empty and hold no '/'")
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(
+            f"{where}model name {name!r} must be non-empty, hold no '/' and not be '.' or '..'"
+        )

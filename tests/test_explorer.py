@@ -290,10 +290,14 @@ def test_page_and_static_files_are_served_without_outside_references(fake_runtim
         assert page.status_code == 200
         assert page.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["x-content-type-options"] == "nosniff"
         for name in ("explorer.js", "explorer.css"):
             response = client.get(f"/static/{name}")
             assert response.status_code == 200
             assert response.text == (STATIC_DIR / name).read_text(encoding="utf-8")
+            # revalidated on every load: an upgraded server's page never runs an older script
+            assert response.headers["cache-control"] == "no-cache"
+            assert response.headers["x-content-type-options"] == "nosniff"
         assert client.get("/static/missing.js").status_code == 404
         ready = {m["name"]: m["ready"] for m in client.get("/v2/models").json()}
         assert ready == {"reverse": True, "reverse-none": False}
@@ -569,6 +573,7 @@ def test_no_attention_partner_only_for_the_same_task(browser) -> None:
         "reverse": FakeRuntime("reverse"),
         "reverse-none": FakeRuntime("reverse-none", attention="none"),
         "other-none": FakeRuntime("other-none", attention="none", vocabulary="xyz"),
+        "other-task": FakeRuntime("other-task", vocabulary="pqr"),
     }
     with ThreadedServer(explorer_app(runtimes)) as server:
         page = Page(browser, server.url + "/?model=g2p&source=cab")
@@ -579,6 +584,10 @@ def test_no_attention_partner_only_for_the_same_task(browser) -> None:
         Select(page.find("#model")).select_by_value("reverse")
         assert page.find("#compare-field").is_displayed()
         assert "reverse-none" in page.find("#compare-label").text  # same vocabularies
+        # both bare models read and write characters, but of other data: no partner (the
+        # kind of tokens only matches where a model does not say its vocabularies)
+        Select(page.find("#model")).select_by_value("other-task")
+        assert not page.find("#compare-field").is_displayed()
 
 
 class LayeredRuntime(FakeRuntime):

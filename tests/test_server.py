@@ -978,7 +978,13 @@ def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad_name:
         main(["--model-dir", "x", "--model-name", "a/b"])
     assert bad_name.value.code == 2
-    assert "'a/b' must be non-empty and hold no '/'" in capsys.readouterr().err
+    assert "'a/b' must be non-empty, hold no '/'" in capsys.readouterr().err
+    for dots in (".", ".."):  # a client collapses v2/models/../infer into v2/infer
+        with pytest.raises(SystemExit):
+            main(["--model-dir", "x", "--model-name", dots])
+        assert f"model name {dots!r} must be non-empty, hold no '/' and not be" in (
+            capsys.readouterr().err
+        )
     with pytest.raises(SystemExit):
         main(["--model-dir", "x", "--model-name", ""])
     assert "model name '' must be non-empty" in capsys.readouterr().err

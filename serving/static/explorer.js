@@ -69,11 +69,18 @@ class ServerError extends Error {
   }
 }
 
+/** How long a request may take before the page gives up on it (a server or proxy that never
+ *  answers would otherwise hold the page in "loading" and every later query behind it). */
+const REQUEST_TIMEOUT_MS = 60_000;
+
 async function fetchJson(url, options) {
   let response;
   try {
-    response = await fetch(url, options);
+    response = await fetch(url, { ...options, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
   } catch (error) {
+    if (error.name === "TimeoutError") {
+      throw new ServerError(0, `no answer within ${REQUEST_TIMEOUT_MS / 1000} s`, null);
+    }
     throw new ServerError(0, `cannot reach the server (${error.message})`, null);
   }
   let payload = null;
@@ -85,6 +92,9 @@ async function fetchJson(url, options) {
   if (!response.ok) {
     const message = payload && typeof payload.error === "string" ? payload.error : response.statusText;
     throw new ServerError(response.status, message, response.headers.get("Retry-After"));
+  }
+  if (payload === null) {
+    throw new ServerError(0, `${url} answered ${response.status} without a JSON body`, null);
   }
   return payload;
 }
@@ -415,7 +425,9 @@ class Explorer {
       this.queryIfTyped();
     });
     this.resetButton.addEventListener("click", () => {
-      this.setTemperature(this.currentModel().temperature ?? 1, true);
+      const model = this.currentModel(); // none before the models are listed, or if that failed
+      if (!model) return;
+      this.setTemperature(model.temperature ?? 1, true);
       this.queryIfTyped();
     });
     this.compareBox.addEventListener("change", () => this.queryIfTyped());
@@ -454,17 +466,21 @@ class Explorer {
   }
 
   currentModel() {
-    return this.models.find((m) => m.name === this.modelSelect.value);
+    return (this.models || []).find((m) => m.name === this.modelSelect.value);
   }
 
   /** The model without attention to show beside `model`: one trained on the same data (same
-   *  vocabularies), else one that reads and writes the same kind of tokens; null if none. */
+   *  vocabularies), else, where a model does not say its vocabularies, one that reads and
+   *  writes the same kind of tokens; null if none (models of other data are never paired). */
   partnerFor(model) {
     if (!model || model.attention === "none") return null;
     const bare = this.models.filter((m) => m.attention === "none");
     const sameData = bare.find((m) => m.vocabulary_id && m.vocabulary_id === model.vocabulary_id);
     const sameKind = bare.find(
-      (m) => m.tokenizer === model.tokenizer && m.output_kind === model.output_kind,
+      (m) =>
+        !(m.vocabulary_id && model.vocabulary_id) &&
+        m.tokenizer === model.tokenizer &&
+        m.output_kind === model.output_kind,
     );
     return sameData || sameKind || null;
   }
