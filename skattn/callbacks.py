@@ -66,6 +66,9 @@ class Callback:
     def on_train_begin(self, trainer: Trainer) -> None:
         pass
 
+    def on_baseline(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """The validation ``record`` of the weights a warm start begins with (epoch 0)."""
+
     def on_step_end(self, trainer: Trainer) -> None:
         pass
 
@@ -224,8 +227,9 @@ class Monitor:
 
 
 class EarlyStopping(Callback):
-    """Stop after ``patience`` epochs without an improvement of ``monitor`` (as scikit-learn's
-    MLP counts them) and give the module back the weights it keeps.
+    """Stop after ``patience`` epochs without an improvement of ``monitor`` (scikit-learn's MLP
+    runs one more: it stops when more than ``n_iter_no_change`` went without) and give the
+    module back the weights it keeps.
 
     With ``keep_best``, those are the best epoch's; without, the last epoch's. With
     ``average = k > 1`` they are the mean of the weights at the end of that epoch and of the
@@ -238,6 +242,13 @@ class EarlyStopping(Callback):
         self.average = average
         self.last_improvement, self.best_epoch, self.best_state = 0, 0, None
         self.recent: collections.deque[dict[str, torch.Tensor]] = collections.deque()
+
+    def on_baseline(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """A warm start's weights are the best so far (epoch 0): an epoch must beat them to
+        be kept, as scikit-learn's MLP keeps its best score across warm starts."""
+        self.monitor.update(record)
+        if self.keep_best:
+            self.best_epoch, self.best_state = 0, copy.deepcopy(trainer.module.state_dict())
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         improved, is_best = self.monitor.update(record)

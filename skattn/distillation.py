@@ -101,6 +101,12 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
     if not callable(getattr(student, "fit", None)):
         raise ValueError(f"student must have a fit method, got {type(student).__name__}")
     tokenizer = getattr(student, "tokenizer", "char")
+    taught_with = _tokenizer_of(teacher)
+    if taught_with is not None and taught_with != tokenizer:
+        raise ValueError(
+            f"the student's tokenizer={tokenizer!r} would read the outputs of a teacher fitted "
+            f"with tokenizer={taught_with!r} as other tokens: give the student the teacher's"
+        )
     n_sources = len(as_token_lists(X, "X", tokenizer)[0])  # clear errors before the teacher runs
     if y is not None:
         references, kind = as_token_lists(y, "y", tokenizer)
@@ -119,6 +125,17 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
             )
         sources, outputs = sources + list(X), outputs + list(y)
     return student.fit(sources, outputs)
+
+
+def _tokenizer_of(teacher) -> str | None:
+    """How the teacher's targets were tokenized, where it says: a fitted estimator's (or an
+    ensemble's) fitted tokenizer, a runtime's ``info.tokenizer``; None for other teachers."""
+    fitted = getattr(teacher, "_fitted_tokenizer", None)
+    if callable(fitted):
+        return fitted()
+    info = getattr(teacher, "info", None)
+    found = getattr(teacher, "tokenizer", None) or getattr(info, "tokenizer", None)
+    return found if isinstance(found, str) else None
 
 
 def _key(source) -> object:

@@ -83,23 +83,31 @@ class Seq2Seq(PortableModule, BaseEstimator):
         share of max_time spent)``: 0 at the end of the budget. ``"inverse_sqrt"``:
         ``learning_rate * sqrt(W / max(t, W))`` at step ``t`` (from 1) after ``W`` warmup steps.
     warmup_steps : int, default=0
-        The rate rises linearly to its schedule over the first ``W`` steps (any schedule).
+        The rate rises linearly to its schedule over the first ``W`` steps (any schedule: the
+        factors multiply, so with ``"cosine"`` over ``T`` steps the peak, at the ``W``-th
+        step, is ``learning_rate * (1 + cos(pi (W - 1) / T)) / 2``, not ``learning_rate``).
     average_checkpoints : int, default=1
-        Keep the mean of the weights at the end of the kept epoch and the ``k - 1`` before it.
+        Keep the mean of the weights at the end of the kept epoch and the ``k - 1`` before it
+        (fewer when the kept epoch is among the first ``k - 1`` of this ``fit``).
     label_smoothing : float, default=0.0
         The target puts ``1 - label_smoothing`` on the reference and spreads the rest over the
         vocabulary (Szegedy et al. 2016); ``val_loss`` stays the plain cross-entropy.
     max_grad_norm : float or None, default=1.0
         Gradients are clipped to this global norm; ``None`` turns clipping off.
     early_stopping : bool, default=True
-        Hold out ``validation_fraction``, stop after ``n_iter_no_change`` epochs without an
-        improvement by ``tol``, keep the best weights (without it: on the training loss).
+        Hold out ``validation_fraction`` of the distinct sources (every item of a held-out
+        source: validation never scores a source trained on), stop after ``n_iter_no_change``
+        epochs without an improvement by ``tol``, keep the best weights (without it: on the
+        training loss). A ``warm_start`` fit holds out the sources the model held out before
+        (when ``X`` is the same) and keeps the weights it started from if no epoch beats them.
     early_stopping_metric : {"loss", "exact_match"}, default="loss"
         What early stopping and ``"plateau"`` monitor on the validation split: the teacher-
         forced loss, or the greedy exact match (what G2P is judged by) with ties broken by the
         loss. Without ``early_stopping``, the training loss.
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=5
+        Epochs without an improvement by ``tol`` after which training stops (scikit-learn's
+        MLP waits one epoch more).
     tol : float, default=1e-3
         Smallest change of the monitored quantity (loss in nats per token) that counts.
     tokenizer : {"char", "space"}, default="char"
@@ -134,7 +142,11 @@ class Seq2Seq(PortableModule, BaseEstimator):
     n_iter_, n_steps_ : int
         Epochs run and optimizer steps taken.
     best_epoch_ : int
-        The epoch whose weights were kept.
+        The epoch whose weights were kept (counted over every ``warm_start`` fit).
+    validation_seed_ : int
+        The random state of the validation split, drawn by the first ``fit`` and reused by a
+        ``warm_start`` fit, so that it holds out the same sources even with
+        ``random_state=None``.
     output_kind_ : {"str", "tokens"}
         What ``predict`` returns, following what ``y`` held in ``fit``.
     max_output_length_ : int
@@ -269,9 +281,12 @@ class Seq2Seq(PortableModule, BaseEstimator):
         sources, targets, output_kind = as_token_pairs(X, y, self.tokenizer)
         refuse_reserved_tokens(targets)
         rng = check_random_state(self.random_state)
-        fraction = self.validation_fraction if self.early_stopping else None
-        train_idx, val_idx = training.split(len(sources), fraction, rng)
         warm = self.warm_start and hasattr(self, "module_")
+        fraction = self.validation_fraction if self.early_stopping else None
+        # the split's own random state, kept: a warm start holds out the same sources
+        seed = getattr(self, "validation_seed_", None) if warm else None
+        seed = int(rng.randint(np.iinfo(np.int32).max)) if seed is None else seed
+        train_idx, val_idx = training.split(sources, fraction, np.random.RandomState(seed))
         # Every check runs before a fitted attribute changes: a fit that raises leaves a fitted
         # model as it was (its module, vocabularies and limits still belong together).
         if warm:  # the fitted model must be able to continue on this data
@@ -299,7 +314,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
             # the checks passed: from here on the fitted attributes are this fit's
             self.source_vocab_, self.target_vocab_ = vocabularies
             self.device_, self.output_kind_, self.n_threads_ = device, output_kind, threads
-            self.tokenizer_ = self.tokenizer
+            self.tokenizer_, self.validation_seed_ = self.tokenizer, seed
             # the limits never shrink under warm_start; the default output limit is at most
             # what an artifact may carry
             self.max_source_length_ = max(limits[0], *map(len, sources))
@@ -315,12 +330,15 @@ class Seq2Seq(PortableModule, BaseEstimator):
                 validation=len(val_idx) > 0,
                 decode=self._greedy_tokens,
             )
-            history = trainer.fit(train_idx, val_idx, rng)
+            history = trainer.fit(train_idx, val_idx, rng, baseline=warm)
         earlier = self.history_ if warm else []
         self.history_ = training.continue_history(earlier, history)
         self.n_iter_ = len(self.history_)
         self.n_steps_ = self.history_[-1]["steps"]
-        self.best_epoch_ = len(earlier) + (trainer.best_epoch or len(history))
+        if trainer.best_epoch == 0:  # no epoch beat the weights a warm start began with
+            self.best_epoch_ = getattr(self, "best_epoch_", len(earlier))
+        else:
+            self.best_epoch_ = len(earlier) + (trainer.best_epoch or len(history))
         return self
 
     def _config(self, source_vocab=None, target_vocab=None) -> ModelConfig:

@@ -53,19 +53,30 @@ BUCKET_BATCHES = 50
 
 
 def split(
-    n: int, validation_fraction: float | None, rng: np.random.RandomState
+    sources: Sequence[Sequence[str]],
+    validation_fraction: float | None,
+    rng: np.random.RandomState,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Shuffled train / validation indices of ``n`` items (no validation for ``None``)."""
-    order = rng.permutation(n)
+    """Shuffled train / validation indices of the items of ``sources`` (no validation for
+    ``None``), held out by source: ``validation_fraction`` of the distinct sources, with every
+    item of each (a word's other pronunciations; a distilled pair beside its reference), so
+    that validation never scores a source the model trained on."""
+    order = rng.permutation(len(sources))  # (n,)
     if validation_fraction is None:
         return order, order[:0]
-    n_val = max(1, round(validation_fraction * n))
-    if n - n_val < 1:
+    group_of: dict[tuple[str, ...], int] = {}
+    groups = np.array([group_of.setdefault(tuple(s), len(group_of)) for s in sources])  # (n,)
+    n_val = max(1, round(validation_fraction * len(group_of)))
+    if len(group_of) - n_val < 1:
         raise ValueError(
-            f"early_stopping needs at least one training item after the validation split; "
-            f"got {n} items with validation_fraction={validation_fraction}"
+            f"early_stopping needs at least one training source after the validation split; "
+            f"got {len(group_of)} distinct sources with validation_fraction={validation_fraction}"
+            "; pass early_stopping=False to train on every item"
         )
-    return order[n_val:], order[:n_val]
+    held_out = np.zeros(len(group_of), dtype=bool)
+    held_out[rng.permutation(len(group_of))[:n_val]] = True
+    validation = held_out[groups[order]]  # (n,) in shuffled order
+    return order[~validation], order[validation]
 
 
 def length_batches(
@@ -271,10 +282,20 @@ class Trainer:
             getattr(callback, event)(self, *args)
 
     def fit(
-        self, train_idx: np.ndarray, val_idx: np.ndarray, rng: np.random.RandomState
+        self,
+        train_idx: np.ndarray,
+        val_idx: np.ndarray,
+        rng: np.random.RandomState,
+        baseline: bool = False,
     ) -> list[dict[str, Any]]:
-        """Train epoch by epoch until ``max_epochs`` or a callback's ``stop``; the history."""
+        """Train epoch by epoch until ``max_epochs`` or a callback's ``stop``; the history.
+
+        With ``baseline`` (a warm start) and validation items, the weights training starts
+        from are scored first (``on_baseline``), so that early stopping keeps them
+        (``best_epoch`` 0) if no epoch beats them."""
         self.notify("on_train_begin")
+        if baseline and len(val_idx):
+            self.notify("on_baseline", self.evaluate(val_idx))
         for epoch in range(1, self.max_epochs + 1):
             start = time.perf_counter()
             lr = self.optimizer.param_groups[0]["lr"]

@@ -101,3 +101,17 @@ def test_bad_arguments_get_a_clear_error(fitted_reversal):
         distill(fitted_reversal, Recorder(), ["12", "34"], [["2", "1"], ["4", "3"]])
     with pytest.raises(ValueError, match="returned 0 outputs for 1 sources"):
         distill(Silent(), Recorder(), ["ab"])
+
+
+def test_a_student_with_another_tokenizer_than_the_teacher_is_refused(fitted_reversal, tmp_path):
+    """A "char" student would read a "space" teacher's phoneme strings letter by letter."""
+    spaced = copy.deepcopy(fitted_reversal)
+    spaced.tokenizer = spaced.tokenizer_ = "space"  # as if fitted on space-separated tokens
+    with pytest.raises(
+        ValueError, match="student's tokenizer='char' would read .*tokenizer='space'"
+    ):
+        distill(spaced, Recorder(), ["12"])
+    runtime = serving.load(fitted_reversal.export_onnx(tmp_path / "teacher"))
+    with pytest.raises(ValueError, match="tokenizer='space' would read .*tokenizer='char'"):
+        distill(runtime, Recorder(tokenizer="space"), ["12"])
+    assert distill(Mapping({"12": "21"}), Recorder(tokenizer="space"), ["12"]).seen_  # unknown

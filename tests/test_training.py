@@ -42,12 +42,26 @@ def fit(trainer, n=80):
 
 
 def test_split_holds_out_the_validation_fraction():
-    train, val = training.split(50, 0.1, np.random.RandomState(0))
+    sources = [list(str(i)) for i in range(50)]
+    train, val = training.split(sources, 0.1, np.random.RandomState(0))
     assert len(val) == 5 and sorted([*train, *val]) == list(range(50))
-    train, val = training.split(50, None, np.random.RandomState(0))
+    train, val = training.split(sources, None, np.random.RandomState(0))
     assert len(val) == 0 and sorted(train) == list(range(50))
-    with pytest.raises(ValueError, match="early_stopping needs at least one training item"):
-        training.split(1, 0.1, np.random.RandomState(0))
+    with pytest.raises(ValueError, match="at least one training source.*1 distinct sources"):
+        training.split([["a"]] * 10, 0.1, np.random.RandomState(0))
+
+
+def test_split_holds_out_every_item_of_a_source_or_none():
+    """A word with several pronunciations (or a distilled pair beside its reference) on both
+    sides would be scored in validation on a source the model trained on."""
+    words = [list(f"w{i}") for i in range(40)]
+    sources = [w for w in words for _ in range(1 + int(w[1]) % 3)]  # 1-3 items a word
+    for seed in range(5):
+        train, val = training.split(sources, 0.25, np.random.RandomState(seed))
+        assert sorted([*train, *val]) == list(range(len(sources)))
+        held_out = {tuple(sources[i]) for i in val}
+        assert len(held_out) == 10  # a quarter of the 40 words, with all their items
+        assert not held_out & {tuple(sources[i]) for i in train}
 
 
 def test_training_batches_cover_every_item_once_and_group_similar_lengths():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from skattn import Seq2Seq, callbacks
+from skattn import Seq2Seq, callbacks, training
 from skattn.datasets import make_reversal
 
 TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
@@ -155,11 +155,42 @@ def test_warm_start_training_goes_on_learning(data):
     assert fresh.history_[-1]["train_loss"] == pytest.approx(first_loss)
 
 
+def test_a_warm_start_keeps_its_weights_if_no_new_epoch_beats_them(data):
+    """A warm fit whose epochs are all worse (here a rate that wrecks the model) used to keep
+    the best of those; scikit-learn's MLP keeps its best across warm starts, and so does this."""
+    X, y = data
+    params = dict(lr_schedule="constant", learning_rate=0.01, warm_start=True, **TINY)
+    model = Seq2Seq(max_epochs=4, **params).fit(X, y)
+    before, best_epoch = weights(model), model.best_epoch_
+    model.set_params(learning_rate=3.0, max_epochs=1, max_grad_norm=None).fit(X, y)
+    assert model.history_[-1]["val_loss"] > min(h["val_loss"] for h in model.history_[:-1])
+    for name, tensor in weights(model).items():
+        torch.testing.assert_close(tensor, before[name], rtol=0, atol=0)
+    assert model.best_epoch_ == best_epoch and model.n_iter_ == 5
+
+
+def test_a_warm_start_holds_out_the_same_sources_even_without_a_random_state(data, monkeypatch):
+    X, y = data
+    held_out = []
+    split = training.split
+
+    def recording(sources, fraction, rng):
+        train, val = split(sources, fraction, rng)
+        held_out.append(sorted(val.tolist()))
+        return train, val
+
+    monkeypatch.setattr(training, "split", recording)
+    params = {**TINY, "random_state": None}
+    model = Seq2Seq(max_epochs=1, warm_start=True, validation_fraction=0.25, **params)
+    model.fit(X, y).fit(X, y)
+    assert held_out[0] == held_out[1] and model.validation_seed_ >= 0
+
+
 def test_without_warm_start_fit_starts_over(data):
     X, y = data
     model = Seq2Seq(max_epochs=1, **TINY).fit(X, y)
     module = model.module_
-    model.fit(["xyz"] * 8, ["zyx"] * 8)
+    model.fit(["xyz", "zy"] * 4, ["zyx", "yz"] * 4)
     assert model.module_ is not module and "x" in model.target_vocab_
     assert len(model.history_) == 1
 
@@ -193,7 +224,7 @@ def test_warm_start_never_shrinks_the_output_and_source_limits(data):
     X, y = data
     model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)
     limits = model.max_source_length_, model.max_output_length_
-    model.fit(["12"] * 8, ["21"] * 8)  # shorter items than the first fit's
+    model.fit(["12", "1"] * 4, ["21", "1"] * 4)  # shorter items than the first fit's
     assert (model.max_source_length_, model.max_output_length_) == limits
 
 
