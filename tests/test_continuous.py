@@ -270,7 +270,10 @@ def test_a_failing_step_is_redone_with_bisection_and_only_the_bad_item_fails(
     assert [outcomes[i] for i in good] == predict_batch([sources[i] for i in good])[0]
     assert [after] == predict_batch(["abc"])[0]
     assert calls[fail_at] >= (1 if fail_at == "admit" else 3)
-    assert batches[0] == (4, True)  # the continuous hop of all four items failed
+    assert batches[0][0] == 4  # all four items entered the set together
+    # a continuous hop failed (on admission, the first; part-way, the one holding the third
+    # step, whichever items the barely trained model had ended by then)
+    assert batches[0] == (4, True) if fail_at == "admit" else any(f for _, f in batches[:-1])
     assert batches[-1] == (1, False)  # then "abc" ran continuously
 
 

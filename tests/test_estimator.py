@@ -26,6 +26,12 @@ def lower_all(X):
     return [x.lower() for x in X]
 
 
+def validation_items(model: Seq2Seq, X) -> np.ndarray:
+    """The indices ``fit`` held out of ``X`` (char tokens): the split of its kept seed."""
+    seed = np.random.RandomState(model.validation_seed_)
+    return training.split([list(x) for x in X], model.validation_fraction, seed)[1]
+
+
 def trainer_of(model: Seq2Seq, X, y) -> training.Trainer:
     """A trainer over a fitted model's module and the encoded items ``X``, ``y`` (char tokens)."""
     src = [model.source_vocab_.encode(list(x)) + [2] for x in X]
@@ -240,9 +246,8 @@ def test_early_stopping_stops_after_n_iter_no_change():
     assert model.n_iter_ == 3
     best = min(model.history_, key=lambda h: h["val_loss"])
     assert model.best_epoch_ == best["epoch"] < model.n_iter_
-    # The kept weights are the best epoch's: they reproduce its validation loss (the split is
-    # the first permutation drawn from random_state=0, 10% of 60 items).
-    val_idx = np.random.RandomState(0).permutation(len(X))[:6]
+    # The kept weights are the best epoch's: they reproduce its validation loss.
+    val_idx = validation_items(model, X)
     val_loss = trainer_of(model, X, y).evaluate(val_idx)["val_loss"]
     assert val_loss == pytest.approx(best["val_loss"], rel=1e-6)
     assert val_loss != pytest.approx(model.history_[-1]["val_loss"], rel=1e-3)
@@ -306,7 +311,7 @@ def test_label_smoothing_trains_on_the_smoothed_loss_and_validates_on_the_plain_
     assert float(smoothed) == pytest.approx(float((1 - e) * nll + e * uniform), rel=1e-5)
     assert float(smoothed) > float(plain)
     # history_'s val_loss is the plain cross-entropy of the validation items.
-    val_idx = np.random.RandomState(0).permutation(len(X))[:6]
+    val_idx = validation_items(model, X)
     val_loss = trainer.evaluate(val_idx)["val_loss"]
     with torch.no_grad():
         plain_val, n_val = trainer.batch_loss(val_idx)
@@ -322,7 +327,7 @@ def test_early_stopping_on_exact_match_keeps_the_most_exact_epoch():
     # the most exact epoch, ties broken by the lower validation loss
     best = max(model.history_, key=lambda h: (h["val_exact_match"], -h["val_loss"]))
     assert model.best_epoch_ == best["epoch"]
-    val_idx = np.random.RandomState(0).permutation(len(X))[:20]
+    val_idx = validation_items(model, X)
     assert trainer_of(model, X, y).evaluate(val_idx)["val_exact_match"] == max(scores)
 
 
