@@ -11,8 +11,10 @@ Models: the small reversal model (``bench_runtime_chunks``', trained here briefl
 exact match; with ``--g2p PATH`` (a fitted G2P ``Seq2Seq`` or ensemble saved with joblib, e.g.
 ``benchmarks/results/g2p/member0cc.joblib``), that model on the CMUdict test words, scored by
 PER and WER (a word is right when it matches any of its pronunciations); each greedy and with
-beam 5. ``--packaged`` adds the two packaged G2P artifacts as they ship (``cmudict-g2p``, without
-``decode.onnx``, and ``cmudict-g2p-int8``, with it), at their beam.
+beam 5. ``--packaged`` adds the two packaged G2P artifacts as they ship (``cmudict-g2p``, the
+one-layer ensemble in float32 without ``decode.onnx``, and ``cmudict-g2p-int8``, the two-layer
+ensemble in int8 with it: since 2026-12-04 two models, so their speeds and scores side by side,
+not how often they agree), at their beam.
 
     python benchmarks/bench_quantize.py --g2p benchmarks/results/g2p/member0cc.joblib
     python benchmarks/bench_quantize.py --quick     # seconds: the small model, greedy
@@ -122,7 +124,8 @@ def measure(name: str, task, args) -> list[dict]:
 
 
 def packaged(args) -> dict:
-    """The two packaged G2P artifacts as they ship (``cmudict-g2p`` and ``-int8``)."""
+    """The two packaged G2P artifacts as they ship (``cmudict-g2p`` and ``-int8``: since
+    2026-12-04 two models, the one-layer ensemble and the two-layer one)."""
     directories = {
         "float32": serving.packaged_model_dir("cmudict-g2p"),
         "int8": serving.packaged_model_dir("cmudict-g2p-int8"),

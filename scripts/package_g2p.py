@@ -102,8 +102,16 @@ def measured_figures(record: dict, artifact: Path, dev_words: int, seed: int) ->
     }
 
 
-def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str:
+def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) -> str:
+    member = models[0]
     config = member.get_params()
+    layers = f" of {config['num_layers']} layers" if config["num_layers"] > 1 else ""
+    states = sorted({str(m.get_params()["random_state"]) for m in models})
+    seeds = (
+        f"random state {states[0]} for each"
+        if len(states) == 1 and len(models) > 1
+        else f"random state{'s' if len(states) > 1 else ''} {', '.join(states)}"
+    )
     minutes = (config["max_time"] or 0) / 60
     members = "\n".join(f"- `{p.name}`" for p in args.model)
     name = args.out.name
@@ -121,11 +129,11 @@ def recipe(args: argparse.Namespace, member, record: dict, dropped: bool) -> str
         f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and its defaults "
         f"({config['decoder'].capitalize()} decoder, {config['scorer']} attention, "
         f"{config['encoder']} encoder, bi-{config['cell'].upper()} "
-        f"{config['hidden_size']}, embedding {config['embedding_dim']}, dropout "
+        f"{config['hidden_size']}{layers}, embedding {config['embedding_dim']}, dropout "
         f"{config['dropout']}, batch {config['batch_size']}, Adam {config['learning_rate']} on a "
         f"{config['lr_schedule']} schedule, the epoch with the best validation "
-        f"{config['early_stopping_metric'].replace('_', ' ')} kept), one "
-        f"random state each (`--model-seed`), on the training words left after a "
+        f"{config['early_stopping_metric'].replace('_', ' ')} kept; {seeds}, "
+        f"`--model-seed`), on the training words left after a "
         f"{record['dev_words']:,}-word development set; chosen on it only.",
         members,
         *([f"\n{args.note}"] if args.note else []),
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> Path:
         if args.quantize:
             record = measured_figures(record, staged, args.dev_words, args.seed)
         (staged / "figures.json").write_text(json.dumps(record, indent=2) + "\n")
-        (staged / "RECIPE.md").write_text(recipe(args, members[0], record, dropped))
+        (staged / "RECIPE.md").write_text(recipe(args, members, record, dropped))
         (staged / "LICENSE").write_text(cmudict_license())
         if args.out.exists():
             shutil.rmtree(args.out)

@@ -50,7 +50,7 @@ def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys)
 # ---------------------------------------------------------------- the shipped G2P model
 
 G2P = "cmudict-g2p"
-#: The same ensemble exported with int8 weight products, for the CPU (skattn.quantize).
+#: The two-layer ensemble exported with int8 weight products, for the CPU (skattn.quantize).
 G2P_INT8 = "cmudict-g2p-int8"
 
 
@@ -61,21 +61,21 @@ def g2p_dir(request):
     return serving.packaged_model_dir(request.param)
 
 
-def test_the_int8_g2p_model_is_the_float_ones_quantized(tmp_path):
+def test_the_int8_g2p_model_is_the_better_model_that_fits_the_budget():
+    """The two-layer ensemble is more accurate than the one-layer one, but 27 MB in float32:
+    it ships in int8 (with its search graph), and the float32 package, for CUDA too, stays the
+    one-layer ensemble. Each records figures measured on its own artifact."""
     if not {G2P, G2P_INT8} <= set(serving.packaged_models()):
         pytest.skip("the packaged G2P models are not in this install")
     float_dir, int8_dir = (serving.packaged_model_dir(name) for name in (G2P, G2P_INT8))
     manifests = [serving.load(d, "cpu").manifest for d in (float_dir, int8_dir)]
     assert [m.quantization for m in manifests] == ["none", "int8"]
     assert "decode.onnx" in manifests[1].files  # small enough to keep the search graph
-    # Quantizing the float artifact here writes the very step graphs that ship.
-    from skattn.quantize import quantize_artifact
-
-    again = serving.load(quantize_artifact(float_dir, tmp_path / "int8"), "cpu").manifest
-    for name in ("encoder.onnx", "decoder_step.onnx"):
-        assert again.files[name] == manifests[1].files[name]
     figures = [json.loads((d / "figures.json").read_text()) for d in (float_dir, int8_dir)]
-    assert abs(figures[0]["test_wer"] - figures[1]["test_wer"]) <= 0.5
+    assert figures[1]["test_wer"] < figures[0]["test_wer"]
+    assert figures[1]["test_per"] < figures[0]["test_per"]
+    assert figures[1]["quantization"] == "int8"
+    assert "of 2 layers" in (int8_dir / "RECIPE.md").read_text()
 
 
 def test_the_g2p_model_ships_with_its_recipe_figures_and_license(g2p_dir):
