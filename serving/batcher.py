@@ -253,9 +253,11 @@ class Batcher:
         self._submits += 1
         self._clock += 1
         maps = (layer, head) if with_attention and (layer, head) != (None, None) else None
-        future, request, turn = loop.create_future, self._submits, self._clock
+        request, turn = self._submits, self._clock
         items = [
-            QueuedItem(source, temperature, with_attention, future(), maps, request, turn)
+            QueuedItem(
+                source, temperature, with_attention, loop.create_future(), maps, request, turn
+            )
             for source in sources
         ]
         self._pending.extend(items)

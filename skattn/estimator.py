@@ -335,9 +335,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self.history_ = training.continue_history(earlier, history)
         self.n_iter_ = len(self.history_)
         self.n_steps_ = self.history_[-1]["steps"]
-        if trainer.best_epoch == 0:  # no epoch beat the weights a warm start began with
-            self.best_epoch_ = getattr(self, "best_epoch_", len(earlier))
-        else:
+        if trainer.best_epoch != 0:  # 0: no epoch beat a warm start's weights, kept as they were
             self.best_epoch_ = len(earlier) + (trainer.best_epoch or len(history))
         return self
 
