@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from serving_doubles import ReverseRuntime
 from test_batcher import RecordingMetrics, run
-from test_runtime import SOURCES, fit, load
+from test_runtime import SOURCES, TRANSFORMER_PARAMS, fit, load
 from test_server import MODEL, infer_body
 
 from serving.batch_items import BatchError
@@ -305,14 +305,7 @@ def test_only_greedy_rnn_steps_without_local_m_on_host_memory_run_continuously(f
     local_m = fit(decoder="luong", attention="local-m")
     reason = continuous_support(load(local_m.export_onnx(tmp_path / "local-m")))
     assert "position" in reason and "local-m" in reason
-    transformer = fit(  # the RNN-only settings of FIT_PARAMS back at their defaults
-        encoder="transformer",
-        decoder="transformer",
-        num_heads=2,
-        num_layers=1,
-        embedding_dim=64,
-        window=10,
-    )
+    transformer = fit(**TRANSFORMER_PARAMS, num_layers=1)
     reason = continuous_support(load(transformer.export_onnx(tmp_path / "transformer")))
     assert "position" in reason
     mixed = Seq2SeqEnsemble.from_fitted([fitted["bahdanau-additive"], local_m])

@@ -19,7 +19,15 @@ from sklearn.base import clone
 from sklearn.frozen import FrozenEstimator
 from sklearn.model_selection import GridSearchCV
 from sklearn.utils.validation import NotFittedError
-from test_runtime import FIT_PARAMS, SOURCES, X_TRAIN, Y_TRAIN, assert_same_attention, load
+from test_runtime import (
+    FIT_PARAMS,
+    SOURCES,
+    TRANSFORMER_PARAMS,
+    X_TRAIN,
+    Y_TRAIN,
+    assert_same_attention,
+    load,
+)
 from test_server import MODEL, infer_body
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
@@ -30,7 +38,7 @@ from skattn.models.ensemble import EnsembleModule
 KINDS = [
     dict(decoder="bahdanau", attention="global", scorer="additive", random_state=0),
     dict(decoder="luong", attention="local-m", scorer="general", cell="lstm", random_state=1),
-    dict(encoder="transformer", decoder="transformer", embedding_dim=64, window=10, num_heads=2),
+    TRANSFORMER_PARAMS,
     dict(decoder="bahdanau", attention="none", random_state=3),
 ]
 NEVER = (0, 1, 3)  # PAD, BOS, UNK: never emitted by the search

@@ -64,6 +64,12 @@ FIT_PARAMS = dict(
     random_state=0,
 )
 
+#: A Transformer of FIT_PARAMS' sizes: the RNN-only settings there (embedding_dim, window) back
+#: at their defaults, which a Transformer requires.
+TRANSFORMER_PARAMS = dict(
+    encoder="transformer", decoder="transformer", num_heads=2, embedding_dim=64, window=10
+)
+
 KINDS = [
     dict(decoder=decoder, attention=attention, scorer=scorer)
     for decoder in ("bahdanau", "luong")
