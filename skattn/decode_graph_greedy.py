@@ -1,7 +1,8 @@
 """Greedy search as nested ONNX ``Loop``s around the inlined decoder step (part of ``decode.onnx``).
 
 The same decisions as :func:`skattn.core.greedy.greedy_decode`: ``y_i = argmax_y log p(y | ...)``
-with PAD, BOS and UNK ruled out and ties to the lowest id, until EOS or ``max_length`` tokens.
+with PAD, BOS and UNK ruled out and ties to the lowest id, until EOS, ``max_length`` tokens or
+a step where no id has a finite log-probability.
 A row's result reads only its own values, as in the NumPy search.
 
 Two loops, so that the encoder's memory and keys are copied only when rows are dropped::
@@ -115,11 +116,19 @@ def _steps(
     best = body.op("ArgMax", log_probs, axis=1, keepdims=1)  # (n, 1), first of equal maxima
     best_lp = body.squeeze(body.op("GatherElements", log_probs, best, axis=1), 1)  # (n,)
     best = body.squeeze(best, 1)  # (n,)
+    # A row whose best log-probability is -inf or NaN is stuck: it ends like EOS, and this step
+    # adds nothing to its score (the NumPy search's rule).
+    finite = body.op(  # (n,)
+        "Not", body.op("Or", body.op("IsInf", best_lp), body.op("IsNaN", best_lp))
+    )
     # Every row of a segment is alive at each of its steps: the segment ends with the first EOS.
-    emit = body.op("Not", body.op("Equal", best, body.const(EOS, np.int64)))  # (n,)
+    not_eos = body.op("Not", body.op("Equal", best, body.const(EOS, np.int64)))  # (n,)
+    emit = body.op("And", not_eos, finite)  # (n,)
     token = body.where(emit, best, body.const(0, np.int64))  # (n,) EOS written as 0
     step_weights = body.where(body.unsqueeze(emit, 1), weights, body.const(0.0, np.float32))
-    score = body.op("Add", own["score"], best_lp)  # EOS counted
+    score = body.op(  # EOS counted
+        "Add", own["score"], body.where(finite, best_lp, body.const(0.0, np.float64))
+    )
     length = body.op("Add", own["length"], body.cast(emit, INT64))
     live = body.op("ReduceSum", body.cast(emit, INT64), keepdims=0)  # ()
     cond = body.op("Equal", live, body.squeeze(body.dim(emit, 0), 0))  # no row ended yet

@@ -361,3 +361,21 @@ def test_chunks_of_every_size_run_on_the_decode_graph(fitted_reversal, beam_size
     runtime.predict(["123", "4567"] * 32)
     runtime.predict(["12"] * 65)  # two chunks
     assert session.calls == 4
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_step_without_a_finite_log_probability_ends_the_items(beam_size, tmp_path):
+    """A model whose log-probabilities are NaN (here a NaN output bias) emits nothing, with a
+    score of 0, in both searches: never PAD (id 0, where argmax lands) until max_length."""
+    module = make_module(seed=5)
+    with torch.no_grad():
+        module.decoder.output.bias[5] = float("nan")
+    directory = export(module, tmp_path / "m", beam_size=beam_size)
+    manifest, encoder, decoder, decode = sessions(directory)
+    src, lengths = random_source(4, 6, np.random.default_rng(1))
+    expected = reference_search(encoder, decoder, manifest, src, lengths, 5, 1.0)
+    outputs = run_decode(decode, src, lengths, 5, 1.0)
+    assert compare_with_search(expected, *outputs) == []
+    assert [h.tokens for h in expected] == [[]] * 4
+    assert outputs[1].tolist() == [0] * 4
+    assert outputs[3].tolist() == [0.0] * 4

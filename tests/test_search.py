@@ -456,3 +456,32 @@ def test_a_search_whose_step_reads_the_position_refuses_late_rows():
         search.admit(backend.carry([3]), [3])
     with pytest.raises(ValueError, match="widths"):
         GreedySearch(backend.step, backend.select, 5).admit(backend.carry([0]), [0], widths=[])
+
+
+def test_a_step_without_a_finite_log_probability_ends_the_row_as_a_beam_does():
+    # Item 0 takes token 4, then every id has p = 0; item 1 gets NaNs at once; item 2 is fine
+    # and stops with EOS. argmax would have picked PAD (id 0), which no search may emit.
+    def step(y_prev, carry, position):
+        log_probs = np.full((y_prev.size, VOCAB), -np.inf)
+        weights = np.full((y_prev.size, T), 1.0 / T)
+        for row, item in enumerate(carry):
+            if item == 0 and position == 0:
+                log_probs[row, 4] = 0.0
+            elif item == 1:
+                log_probs[row] = np.nan
+            elif item == 2:
+                log_probs[row, [4, EOS_ID]] = np.log([0.4, 0.6]) if position else (0.0, -np.inf)
+        return log_probs, carry, weights
+
+    def select(carry, rows):
+        return carry[rows]
+
+    carry = np.arange(3)
+    greedy = greedy_decode(step, select, carry, 3, max_length=5)
+    beam = beam_decode(step, select, carry, 3, 1, 5, length_penalty=0.0)
+    assert [h.tokens for h in greedy] == [[4], [], [4]]
+    assert [h.score for h in greedy] == [0.0, 0.0, pytest.approx(np.log(0.6))]
+    assert [h.weights.shape for h in greedy] == [(1, T), (0, T), (2, T)]
+    for g, b in zip(greedy, beam, strict=True):
+        assert g.tokens == b.tokens and g.score == pytest.approx(b.score)
+        np.testing.assert_array_equal(g.weights, b.weights)

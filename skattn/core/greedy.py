@@ -184,7 +184,8 @@ class GreedySearch:
 
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """Run one decoder step over every row; return ``(key, hypothesis)`` of the items that
-        ended (emitted EOS or reached ``max_length`` tokens), in row order."""
+        ended (emitted EOS, reached ``max_length`` tokens, or got no finite log-probability),
+        in row order."""
         if not self.size:
             return []
         position = int(self._steps[0])  # every row's, unless the step ignores it
@@ -192,28 +193,43 @@ class GreedySearch:
             self._step, self._y_prev, self.carry, position, self.never
         )
         # log_probs (N, V), weights (N, T)
-        best = log_probs.argmax(axis=1)  # (N,)
-        self._scores += log_probs[np.arange(best.size), best]  # (N,) sum log p(y_i)
+        best = log_probs.argmax(axis=1)  # (N,) the first of equal maxima
+        best_lp = log_probs[np.arange(best.size), best]  # (N,)
+        # A row where every id has p = 0 (or a NaN) is stuck: it ends here without a token,
+        # weights or a score for this step, as in a beam (argmax would pick PAD, id 0).
+        stuck = ~np.isfinite(best_lp)  # (N,)
+        self._scores += np.where(stuck, 0.0, best_lp)  # (N,) sum log p(y_i)
         eos = self.eos_id
-        rows = zip(self._tokens, self._weights, weights, self._widths, best.tolist(), strict=True)
-        for tokens, record, row_weights, width, token in rows:
-            record.append(row_weights if width is None else row_weights[:width])
+        rows = zip(
+            self._tokens,
+            self._weights,
+            weights,
+            self._widths,
+            best.tolist(),
+            stuck.tolist(),
+            strict=True,
+        )
+        for tokens, record, row_weights, width, token, is_stuck in rows:
+            if is_stuck:
+                continue
+            record.append(row_weights if width is None else row_weights[:width])  # EOS's too
             if token != eos:
                 tokens.append(token)
         self._steps += 1
-        ends = (best == self.eos_id) | (self._steps >= self.max_length)
+        ends = (best == eos) | stuck | (self._steps >= self.max_length)
         self._y_prev = best.astype(np.int64)
         if not ends.any():
             return []
-        ended = [
-            (
-                self.keys[row],
-                Hypothesis(
-                    self._tokens[row], np.stack(self._weights[row]), float(self._scores[row])
-                ),
+        ended = []
+        for row in np.flatnonzero(ends).tolist():
+            record, width = self._weights[row], self._widths[row]
+            rows_so_far = (  # (t, T); (0, T) for a row stuck at its first step
+                np.stack(record)
+                if record
+                else np.zeros((0, width or weights.shape[1]), weights.dtype)
             )
-            for row in np.flatnonzero(ends)
-        ]
+            hypothesis = Hypothesis(self._tokens[row], rows_so_far, float(self._scores[row]))
+            ended.append((self.keys[row], hypothesis))
         self._keep(np.flatnonzero(~ends))
         return ended
 
