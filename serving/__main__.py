@@ -19,7 +19,7 @@ from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
 from serving.process import LOG_LEVELS, configure_logging, serve
-from serving.settings import BATCHING, ServerSettings, check_model_name
+from serving.settings import BATCHING, ServerSettings, check_model_name, host_name
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
 logger = logging.getLogger("serving")
@@ -29,16 +29,18 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def allowed_hosts(given: Sequence[str] | None, bind: str) -> tuple[str, ...] | None:
-    """The Host allow-list: ``given`` ('*' among them: any), else the loopback names when
-    ``bind`` is a loopback address (a DNS-rebinding page then cannot reach the server), else
-    any (None)."""
+    """The Host allow-list: ``given`` ('*' among them: any), else the loopback names and
+    ``bind`` itself when ``bind`` is a loopback address (a DNS-rebinding page then cannot reach
+    the server), else any (None)."""
     if given:
         return None if "*" in given else tuple(given)
     try:
         loopback = ipaddress.ip_address(bind).is_loopback
     except ValueError:
         loopback = bind == "localhost"
-    return LOOPBACK_HOSTS if loopback else None
+    if not loopback:
+        return None
+    return tuple(dict.fromkeys([*LOOPBACK_HOSTS, host_name(bind)]))  # 127.0.0.2 too
 
 
 def _model_dir(value: str) -> tuple[str | None, Path]:
@@ -98,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-host",
         action="append",
         metavar="HOST",
-        help="a host name a request's Host header may name (repeat for several; '*': any); "
-        "others get 400 (default: localhost, 127.0.0.1 and ::1 when --host is a loopback "
-        "address, else any)",
+        help="a host name (no port) a request's Host header may name (repeat for several; "
+        "'*': any); others get 400 (default: localhost, 127.0.0.1, ::1 and --host when --host "
+        "is a loopback address, else any)",
     )
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     parser.add_argument(

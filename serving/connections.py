@@ -23,7 +23,11 @@ Content-Lengths, broken chunked encoding) with the server's JSON error body
 closes the connection.
 
 The body's read timeout is the app's (``ServerSettings.body_timeout_s``): the protocol cannot
-tell a slow body from a slow handler.
+tell a slow body from a slow handler. A request answered before its body was read (an unknown
+model, a declared length over the limit) keeps its connection: uvicorn reads the rest of the
+body and drops it, then serves the next request. That rest is bounded too: more than
+:data:`DISCARD_BYTES`, or longer than ``header_timeout_s``, and the connection is closed (the
+answer was sent already).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import h11
 import uvicorn
 
 from serving import protocol
@@ -49,6 +54,10 @@ logger = logging.getLogger("serving.connections")
 REFUSE = "skattn.refuse"
 
 HEALTH_PREFIX = "/v2/health/"
+
+#: The most bytes of a body left unread by an early answer that the connection reads and drops
+#: before the next request on it; beyond this it is closed.
+DISCARD_BYTES = 1 << 20
 
 # File descriptors the process needs besides its connections: the listening socket, epoll,
 # the model files onnxruntime maps, logs, the interpreter's own.
@@ -134,6 +143,8 @@ class _GuardedProtocol:
         self._header_timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = False
         self._header_bytes = 0
+        self._discarded = 0  # bytes of a body dropped after its early answer
+        self._reading_body = False  # httptools: a request's headers came, its end did not
         self._health_only = False
         self._last_active = time.monotonic()
 
@@ -169,13 +180,21 @@ class _GuardedProtocol:
             return
         self._last_active = time.monotonic()
         before = self.cycle
-        if not self._awaiting_headers and (before is None or before.response_complete):
+        answered = before is None or before.response_complete
+        discarding = answered and self._body_unread()  # the rest of an early-answered body
+        if discarding:
+            self._discard(len(data))
+            if self.transport.is_closing():
+                return
+        elif answered and not self._awaiting_headers:
             self._await_headers()  # the first byte of the next request on this connection
         if self._awaiting_headers:
             self._header_bytes += len(data)
         super().data_received(data)
         if self.cycle is not before and self.cycle is not None:  # its headers are complete
             self._headers_complete(self.cycle.scope)
+        elif discarding and not self._body_unread():
+            self._await_headers()  # the body ended: the next request's deadline starts now
         elif (
             self._awaiting_headers
             and self._header_bytes > self.limits.max_header_bytes
@@ -183,7 +202,44 @@ class _GuardedProtocol:
         ):
             self._refuse(431, self._too_large_message())
 
+    # httptools' parser callbacks (h11's parser state is read from its connection instead)
+
+    def on_headers_complete(self) -> None:
+        self._reading_body = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._reading_body = False
+        super().on_message_complete()
+
     # -- helpers -----------------------------------------------------------------------------
+
+    def _body_unread(self) -> bool:
+        """Whether the parser is inside a request's body (its headers came, its end not)."""
+        conn = getattr(self, "conn", None)  # h11's connection state machine
+        if conn is not None:
+            return conn.their_state is h11.SEND_BODY
+        return self._reading_body
+
+    def _discard(self, size: int) -> None:
+        """Count ``size`` bytes of a body read after its answer; close past the bounds."""
+        if self._discarded == 0:
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._discard_timeout
+            )
+        self._discarded += size
+        if self._discarded > DISCARD_BYTES:
+            self._close_after_discard()
+
+    def _discard_timeout(self) -> None:
+        self._header_timer = None
+        if self._body_unread():
+            self._close_after_discard()
+
+    def _close_after_discard(self) -> None:
+        self._cancel_header_timer()
+        self.transport.close()
 
     def _await_headers(self) -> None:
         self._cancel_header_timer()
@@ -196,6 +252,7 @@ class _GuardedProtocol:
     def _headers_complete(self, scope: dict) -> None:
         self._cancel_header_timer()
         self._awaiting_headers = False
+        self._discarded = 0
         size = len(scope.get("raw_path", b"")) + sum(
             len(name) + len(value) + 4 for name, value in scope["headers"]
         )

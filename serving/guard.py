@@ -25,18 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serving import protocol
 from serving.connections import REFUSE
 from serving.infer import request_headers, send_answer
+from serving.settings import host_name
 
 __all__ = ["INFER_CONTENT_TYPES", "RequestGuard", "host_name"]
 
 INFER_CONTENT_TYPES = ("application/json", "application/octet-stream")
-
-
-def host_name(host: str) -> str:
-    """The host of a ``Host`` header, lower-cased, without its port (``[::1]:8000`` -> ``::1``)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class RequestGuard:

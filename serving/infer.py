@@ -134,7 +134,10 @@ class InferHandler:
         try:
             model = lookup(self.models, name, version)
         except ApiError as exc:
-            self.metrics.unknown_model()
+            if name in self.models:  # a version this model does not have
+                self.models[name].metrics.request("not_found", time.monotonic() - started)
+            else:
+                self.metrics.unknown_model()
             return exc.status, {}, protocol.error_body(exc.message)
         try:
             headers = request_headers(scope)
@@ -319,9 +322,11 @@ async def _read_body(
 ) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit`` bytes, and with 408
     (closing the connection) if it has not all arrived ``timeout`` seconds from now."""
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds {limit}")
+    declared = headers.get("content-length", "").lstrip("0")  # int() refuses 4,300 digits
+    if declared.isascii() and declared.isdigit():
+        if len(declared) > len(str(limit)) or int(declared) > limit:
+            shown = protocol.shown_number(declared)
+            raise ApiError(413, f"request body of {shown} bytes exceeds {limit}")
     chunks, size = [], 0
     deadline = time.monotonic() + timeout
     while True:

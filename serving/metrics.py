@@ -11,7 +11,8 @@ Every series carries a ``model`` label, so that one server can host several mode
     skattn_queue_depth{model}                   items waiting for a batch
 
 Requests for a model the server does not have count under ``model=""``, ``outcome="not_found"``
-(the name a client sent never becomes a label: that would let clients grow the series).
+(the name a client sent never becomes a label: that would let clients grow the series); a
+request for a version a served model does not have counts under that model.
 """
 
 from __future__ import annotations

@@ -242,6 +242,12 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_items: in
     return InferRequest(request_id, sources, outputs, temperature, layer, head)
 
 
+def shown_number(digits: str) -> str:
+    """A decimal number for an error message: in full up to 20 digits, else its first ten and
+    its length (a header may carry thousands)."""
+    return digits if len(digits) <= 20 else f"{digits[:10]}... ({len(digits)} digits)"
+
+
 def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
     """Split the body into the parsed JSON header and the binary tensor data after it."""
     if header_length is None:
@@ -251,9 +257,12 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
             raise ProtocolError(
                 f"{HEADER_LENGTH} must be a decimal integer, got {header_length!r}"[:300]
             )
-        size = int(header_length)
-        if not 0 <= size <= len(body):
-            raise ProtocolError(f"{HEADER_LENGTH} is {size} but the body has {len(body)} bytes")
+        digits = header_length.lstrip("0") or "0"  # int() refuses over 4,300 digits
+        if len(digits) > len(str(len(body))) or int(digits) > len(body):
+            raise ProtocolError(
+                f"{HEADER_LENGTH} is {shown_number(digits)} but the body has {len(body)} bytes"
+            )
+        size = int(digits)
     try:
         header = json.loads(body[:size])
     except RecursionError as exc:
@@ -463,4 +472,5 @@ __all__ = [
     "parse_infer_request",
     "prediction_tensor",
     "serialize_bytes_tensor",
+    "shown_number",
 ]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from skattn.core.checks import check_int, check_real
 
-__all__ = ["BATCHING", "ServerSettings", "check_model_name"]
+__all__ = ["BATCHING", "ServerSettings", "check_model_name", "host_name"]
 
 #: The batching designs (``ServerSettings.batching``).
 BATCHING = ("dynamic", "continuous")
@@ -100,6 +100,13 @@ class ServerSettings:
             raise ValueError(
                 f"allowed_hosts must be None or a tuple of host names, got {self.allowed_hosts!r}"
             )
+        for host in self.allowed_hosts or ():
+            if host != "*" and host_name(host) != host.strip().lower():  # never matched
+                raise ValueError(
+                    "allowed_hosts (--allowed-host) takes host names without a port or "
+                    f"brackets (a Host header's port is not compared): got {host!r}, "
+                    f"meaning {host_name(host)!r}"
+                )
         if not isinstance(self.eager_batching, bool):
             raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
         if self.batching not in BATCHING:
@@ -120,3 +127,11 @@ def check_model_name(name: object, where: str = "") -> None:
         raise ValueError(
             f"{where}model name {name!r} must be non-empty, hold no '/' and not be '.' or '..'"
         )
+
+
+def host_name(host: str) -> str:
+    """The host of a ``Host`` header, lower-cased, without its port (``[::1]:8000`` -> ``::1``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -153,6 +153,60 @@ def test_half_closing_before_the_body_is_complete_closes_without_an_answer(serve
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
 
 
+def post_head(path: bytes, length: int) -> bytes:
+    """The request line and headers of a JSON POST of ``length`` bytes to ``path``."""
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (path, length)
+    )
+
+
+def read_response(sock) -> tuple[bytes, bytes]:
+    """One response's head and body (by its Content-Length) from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_an_early_answer_drops_the_rest_of_its_body_and_serves_the_next_request(serve, http_impl):
+    # An unknown model is answered from the headers alone; the 100 kB body that follows is
+    # read and dropped, not taken for the next request's headers (431 past 32 KiB, before).
+    server = serve(http_impl=http_impl)
+    valid = json.dumps(infer_body(["abc"])).encode()
+    with connect(server) as sock:
+        sock.sendall(post_head(b"/v2/models/nope/infer", 100_000))
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 404 ") and b"nope" in body
+        sock.sendall(b"x" * 100_000)
+        sock.sendall(post_head(INFER, len(valid)) + valid)
+        head, body = read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert json.loads(body)["outputs"][0]["data"] == ["cba"]
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_the_dropped_rest_of_an_early_answered_body_is_bounded(serve, http_impl):
+    server = serve(http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(post_head(b"/v2/models/nope/infer", 100_000_000))
+        head, _ = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 404 ")
+        try:
+            for _ in range(100):  # 100 MB would be read and dropped to the end without a bound
+                sock.sendall(b"x" * (1 << 20))
+        except OSError:  # closed while we were still sending
+            pass
+        answer, _ = read_until_closed(sock)
+    assert answer == b""  # closed with nothing more said: the request had its answer
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+
+
 def test_at_max_connections_an_idle_connection_makes_room(serve):
     server = serve(limits=ConnectionLimits(max_connections=4, health_connections=1))
     idle = [connect(server) for _ in range(4)]

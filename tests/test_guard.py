@@ -1,6 +1,8 @@
 """Requests a browser page could forge (issue 14, item 7): Content-Type, Host, Origin, and
 HEAD on the health routes. Every server listens on 127.0.0.1."""
 
+import re
+
 import httpx
 import pytest
 from serving_doubles import ReverseRuntime
@@ -97,6 +99,9 @@ def test_the_cli_allows_loopback_names_on_a_loopback_bind_only():
     assert allowed_hosts(None, "0.0.0.0") is None
     assert allowed_hosts(["models.internal"], "0.0.0.0") == ("models.internal",)
     assert allowed_hosts(["*"], "127.0.0.1") is None
+    # another loopback address the server binds names itself in its requests' Host
+    assert allowed_hosts(None, "127.0.0.2") == (*LOOPBACK_HOSTS, "127.0.0.2")
+    assert allowed_hosts(None, "localhost") == LOOPBACK_HOSTS
     assert [host_name(h) for h in ("A.b:80", "[::1]:8000", "::1", "x")] == [
         "a.b",
         "::1",
@@ -109,6 +114,12 @@ def test_allowed_hosts_are_validated():
     for bad in (["localhost"], ("",), "localhost"):
         with pytest.raises(ValueError, match="allowed_hosts"):
             ServerSettings(allowed_hosts=bad)
+    # a port or brackets would never match: a Host header's port is dropped before comparing
+    for bad, meant in (("127.0.0.1:8000", "'127.0.0.1'"), ("[::1]", "'::1'")):
+        message = rf"--allowed-host.*{re.escape(repr(bad))}.*meaning {re.escape(meant)}"
+        with pytest.raises(ValueError, match=message):
+            ServerSettings(allowed_hosts=(bad,))
+    assert ServerSettings(allowed_hosts=("::1", "Models.Internal")).allowed_hosts
 
 
 def test_request_headers_are_decoded_once_and_the_last_of_a_repeated_name_wins():

@@ -452,6 +452,10 @@ def test_unknown_model_is_404(serve):
         assert response.status_code == 404
         assert response.json()["error"]
     assert server.metric("skattn_requests_total", model="", outcome="not_found") == 1
+    wrong_version = f"{server.url}/v2/models/{MODEL}/versions/2/infer"
+    assert httpx.post(wrong_version, json=infer_body(["a"])).status_code == 404
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="not_found") == 1
+    assert server.metric("skattn_requests_total", model="", outcome="not_found") == 1
 
 
 def test_another_method_on_the_infer_path_is_405(serve):
@@ -1320,3 +1324,27 @@ def test_a_request_cancelled_by_the_shutdown_gets_a_json_503():
     headers = dict(start["headers"])
     assert headers[b"content-type"] == b"application/json" and headers[b"retry-after"] == b"2"
     assert "shutting down" in json.loads(end["body"])["error"]
+
+
+def test_lengths_of_thousands_of_digits_are_refused_not_crashed_on(serve):
+    # int() refuses more than 4,300 digits: a ValueError that was answered 500 before
+    server = serve()
+    body = json.dumps(infer_body(["abc"])).encode()
+    huge = "9" * 5000
+    response = httpx.post(
+        f"{server.url}/v2/models/{MODEL}/infer",
+        content=body,
+        headers={"Content-Type": "application/octet-stream", protocol.HEADER_LENGTH: huge},
+    )
+    assert response.status_code == 400
+    assert "9999999999... (5000 digits)" in response.json()["error"]
+    padded = "0" * 4990 + str(len(body))  # the HTTP parser reads it as the real length
+    request = (
+        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {padded}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(request)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="error") == 0
