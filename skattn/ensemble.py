@@ -235,11 +235,13 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     @property
     def module_(self) -> EnsembleModule:
-        """The members behind one seam, built once (and again if a member's module changed)."""
+        """The members behind one seam, built once (and again if a member's module changed:
+        a member fitted again, whose vocabularies are then checked and taken again)."""
         check_is_fitted(self)
         modules = [m.module_ for m in self.estimators_]
         cached = self.__dict__.get("_module")
         if cached is None or list(cached.members) != modules:  # modules compare by identity
+            self._adopt(self.estimators_)
             cached = self.__dict__["_module"] = EnsembleModule(modules)
         return cached
 

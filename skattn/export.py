@@ -276,9 +276,10 @@ def export_onnx(
     """
     if not hasattr(estimator, "module_"):
         raise ValueError("estimator must be fitted before export_onnx")
+    module = estimator.module_  # first: an ensemble checks its members' vocabularies again
     _check_sources_are_strings(estimator.source_vocab_.tokens, estimator.tokenizer)
     return export_module(
-        estimator.module_,
+        module,
         path,
         source_vocabulary=estimator.source_vocab_.to_list(),
         target_vocabulary=estimator.target_vocab_.to_list(),
