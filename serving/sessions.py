@@ -23,7 +23,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from serving.artifact import Artifact, ArtifactError, check_binding
+from serving.artifact import Artifact, ArtifactError, check_binding, check_search
 from skattn.core.checks import MAX_THREADS, check_int, parse_device, usable_cores
 from skattn.core.manifest import DECODER_FILE, Manifest
 
@@ -236,6 +236,8 @@ def open_artifact(
     if decode_graph:
         names = (manifest.decode_inputs(), manifest.decode_outputs())
         decode = graph(artifact.decode_path, *names)
+        metadata = decode.get_modelmeta().custom_metadata_map
+        check_search(artifact.decode_path, metadata, manifest)
     if artifact.attention_path is not None:
         names = (manifest.attention_inputs(), manifest.attention_outputs())
         attention = graph(artifact.attention_path, *names)

@@ -26,7 +26,8 @@ against the NumPy search over the two graphs), for the Transformer decoder ``att
 every layer's and head's maps (:mod:`skattn.attention_graph`), and ``manifest.json``: a
 :class:`skattn.core.manifest.Manifest`, which also names the graphs' inputs and outputs. Each
 graph's metadata holds the manifest's ``binding`` digest (vocabularies, state names, model
-hyperparameters), which ``serving.load`` checks.
+hyperparameters, and ``export_id``, a digest of the weights), and ``decode.onnx``'s its search
+(beam size, length penalty), which ``serving.load`` checks.
 
 Tracing and checking the graphs: :mod:`skattn.tracing` (the TorchScript exporter, opset 17, ``B``
 and ``T`` dynamic). Every export is verified: the graphs pass ``onnx.checker`` (full check), and
@@ -37,6 +38,8 @@ unlike the tracing ones, or the export raises.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from skattn.core.manifest import (
     MANIFEST_FILE,
     MAX_SOURCE_LENGTH,
     QUANTIZATIONS,
+    SEARCH_KEY,
     Manifest,
 )
 from skattn.core.text import tokenize
@@ -175,6 +179,7 @@ def export_module(
         model=config.to_dict(),
         writer={"opset": OPSET, "torch_version": torch.__version__.split("+")[0]},
         quantization=quantize or "none",
+        export_id=weights_digest(model),
     )
     Manifest.from_dict(manifest.to_dict(), "the manifest to export")  # bounds, before tracing
 
@@ -214,11 +219,25 @@ def export_module(
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
     (directory / ATTENTION_FILE).unlink(missing_ok=True)  # a previous artifact's
     for graph, name in graphs:
-        onnx.helper.set_model_props(graph, {BINDING_KEY: manifest.binding})
+        props = {BINDING_KEY: manifest.binding}
+        if name == DECODE_FILE:  # its search is built in
+            props[SEARCH_KEY] = json.dumps(manifest.search())
+        onnx.helper.set_model_props(graph, props)
         onnx.save_model(graph, directory / name)
     manifest = manifest.with_files(directory)
     (directory / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
     return directory
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of a module's parameters and buffers (names, shapes, types and bytes): the
+    manifest's ``export_id``, so that the graphs of two models that differ only in their
+    weights cannot be mixed in one artifact."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _check_sources_are_strings(tokens: list[str], tokenizer: str) -> None:

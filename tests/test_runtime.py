@@ -626,16 +626,23 @@ def rewrite_manifest(directory, rebind=False, **changes):
     manifest = json.loads(path.read_text())
     manifest.update(changes)
     if rebind:
-        names = ("source_vocabulary", "target_vocabulary", "state_names", "model")
+        names = ("source_vocabulary", "target_vocabulary", "state_names", "model", "export_id")
         manifest["binding"] = binding_digest(*(manifest[name] for name in names))
     path.write_text(json.dumps(manifest))
 
 
-def as_format_1(directory):
-    """Rewrite the manifest as the first format wrote it: no model, no binding."""
+def as_format_1(directory, graphs_too=True):
+    """Rewrite the artifact as the first format wrote it: no model, binding or export id in
+    the manifest, no metadata in the graphs (``graphs_too=False``: the manifest only)."""
     path = directory / "manifest.json"
     manifest = json.loads(path.read_text())
-    del manifest["model"], manifest["binding"]
+    del manifest["model"], manifest["binding"], manifest["export_id"]
+    if graphs_too:
+        for name in manifest["files"]:
+            graph = onnx.load(directory / name)
+            del graph.metadata_props[:]
+            onnx.save_model(graph, directory / name)
+            manifest["files"][name] = sha256_file(directory / name)
     path.write_text(json.dumps({**manifest, "format_version": 1}))
 
 
@@ -696,14 +703,25 @@ def test_swapped_graphs_are_named(copy_of):
         (json.dumps({"format_version": 1}), "missing key"),
         ('{"format_version": ' + "1" * 5000 + "}", "JSON"),  # past Python's int conversion
         (b"\xff\xfe{}", "cannot be read"),  # not UTF-8
-        (None, "cannot be read"),  # a directory
+        ("directory", "not a regular file"),
+        ("fifo", "not a regular file"),  # open() would wait for a writer forever
+        ("/dev/zero", "not a regular file"),  # a read would never end
+        ("huge", "larger than 64 MiB"),
     ],
 )
 def test_a_malformed_manifest_is_named(copy_of, text, message):
     path = copy_of / "manifest.json"
-    if text is None:
+    if text in ("directory", "fifo", "/dev/zero", "huge"):
         path.unlink()
+    if text == "directory":
         path.mkdir()
+    elif text == "fifo":
+        os.mkfifo(path)
+    elif text == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif text == "huge":
+        with open(path, "wb") as file:  # sparse: no 64 MiB written
+            file.truncate((64 << 20) + 1)
     elif isinstance(text, bytes):
         path.write_bytes(text)
     else:
@@ -746,6 +764,43 @@ def test_a_format_1_artifact_still_loads_and_predicts_the_same(copy_of, runtime)
     old = serving.load(copy_of)
     assert old.manifest.format_version == 1 and old.manifest.model == {}
     assert old.predict(SOURCES[:40]) == runtime.predict(SOURCES[:40])
+
+
+def test_a_graph_of_a_model_that_differs_only_in_its_weights_is_refused(fitted, copy_of, tmp_path):
+    # Same data, same configuration, another random state: the same vocabularies and model
+    # hyperparameters, so only the export id (a digest of the weights) tells them apart.
+    twin = fit(random_state=1)
+    twin.export_onnx(tmp_path / "twin")
+    ours, theirs = (
+        json.loads((d / "manifest.json").read_text()) for d in (copy_of, tmp_path / "twin")
+    )
+    assert ours["model"] == theirs["model"] and ours["export_id"] != theirs["export_id"]
+    shutil.copy(tmp_path / "twin" / "decoder_step.onnx", copy_of / "decoder_step.onnx")
+    files = {**ours["files"], "decoder_step.onnx": sha256_file(copy_of / "decoder_step.onnx")}
+    rewrite_manifest(copy_of, files=files)
+    with pytest.raises(ArtifactError, match=r"decoder_step\.onnx.*another model"):
+        serving.load(copy_of)
+    assert (
+        fitted.export_onnx(tmp_path / "again")
+        and json.loads((tmp_path / "again" / "manifest.json").read_text())["export_id"]
+        == ours["export_id"]
+    )  # the same weights, the same id
+
+
+def test_a_manifest_edited_to_another_search_than_decode_onnx_is_refused(copy_of):
+    rewrite_manifest(copy_of, beam_size=3)  # the binding leaves decoding settings out
+    with pytest.raises(ArtifactError, match=r"decode\.onnx.*beam_size.*1.*decode_graph=False"):
+        serving.load(copy_of)
+    stepwise = load(copy_of, decode_graph=False)  # the step graphs search as the manifest says
+    assert stepwise.info.beam_size == 3
+    assert stepwise.predict(SOURCES[:5]) == fit().set_params(beam_size=3).predict(SOURCES[:5])
+
+
+def test_a_format_version_lowered_to_skip_the_binding_is_refused(copy_of):
+    # The graphs carry a binding, which format 1 predates: only an edit gets them together.
+    as_format_1(copy_of, graphs_too=False)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx.*carries a binding.*edited"):
+        serving.load(copy_of)
 
 
 def test_a_vocabulary_edited_after_export_is_refused(copy_of):

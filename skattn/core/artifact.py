@@ -30,7 +30,11 @@ from skattn.core.manifest import (
     sha256_file,
 )
 
-__all__ = ["Artifact", "read_artifact"]
+__all__ = ["MAX_MANIFEST_BYTES", "Artifact", "read_artifact"]
+
+#: The largest ``manifest.json`` read (its vocabularies: a word-level one of 100,000 tokens
+#: takes about 2 MB).
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -97,11 +101,20 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: not an artifact directory (no such directory)")
     manifest_path = directory / MANIFEST_FILE
+    if not manifest_path.is_file():  # a FIFO would block the read, /dev/zero never end it
+        if manifest_path.exists():
+            raise ArtifactError(f"{manifest_path}: not a regular file")
+        raise ArtifactError(f"{manifest_path}: missing manifest file")
     try:
-        text = manifest_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ArtifactError(f"{manifest_path}: missing manifest file") from None
-    except (OSError, UnicodeDecodeError) as error:  # a directory, unreadable, not UTF-8
+        with open(manifest_path, "rb") as file:
+            data = file.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ArtifactError(
+                f"{manifest_path}: larger than {MAX_MANIFEST_BYTES >> 20} MiB, more than any "
+                "manifest's vocabularies take"
+            )
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:  # unreadable, not UTF-8
         raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
     manifest = Manifest.from_json(text, where=str(manifest_path))
     if not set(GRAPH_FILES) <= set(manifest.files):

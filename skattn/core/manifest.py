@@ -25,8 +25,12 @@ methods of the record, so the writer and the reader cannot disagree about them.
 
 Format versions: 1 (the first); 2 adds ``model`` (the model's hyperparameters) and ``binding``
 (a digest of the vocabularies and the model, also stored in each graph's metadata, so that a
-manifest whose vocabulary was edited, or a graph from another model, is refused at load).
-Version 1 artifacts still load, without that check. ``decode.onnx`` and ``attention.onnx``
+manifest whose vocabulary was edited, or a graph from another model, is refused at load), and
+later ``export_id`` (a digest of the weights, counted in the binding when present, so that the
+graphs of two models of one configuration cannot be mixed either). Version 1 artifacts still
+load, without that check, and graphs that carry a binding are refused beside a version-1
+manifest. ``decode.onnx``'s metadata also holds its search (``SEARCH_KEY``), checked against the
+manifest's ``beam_size`` and ``length_penalty``. ``decode.onnx`` and ``attention.onnx``
 are optional in both versions: an artifact that lists one in ``files`` has its checksum and
 (format 2) binding checked like the step graphs'; one without it still loads.
 """
@@ -57,6 +61,7 @@ __all__ = [
     "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
     "QUANTIZATIONS",
+    "SEARCH_KEY",
     "ArtifactError",
     "Manifest",
     "binding_digest",
@@ -75,8 +80,12 @@ DECODE_FILE = "decode.onnx"
 #: Every layer's and head's cross-attention maps of the Transformer decoder (optional too).
 ATTENTION_FILE = "attention.onnx"
 OPTIONAL_GRAPH_FILES = (DECODE_FILE, ATTENTION_FILE)
+HEX_DIGITS = frozenset("0123456789abcdef")
+
 #: The key of the graphs' ``metadata_props`` entry that holds :attr:`Manifest.binding`.
 BINDING_KEY = "skattn.binding"
+#: The key of ``decode.onnx``'s entry that holds its search (:meth:`Manifest.search`, JSON).
+SEARCH_KEY = "skattn.search"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")
@@ -132,6 +141,9 @@ class Manifest:
         ``"int8"``: the weight products are onnxruntime's ``MatMulIntegerToFloat`` with int8
         weights and fixed input ranges (:mod:`skattn.quantize`), which runs on the CPU only.
         Absent means ``"none"``.
+    export_id : str
+        SHA-256 of the exported weights (``""``: an artifact written before it existed), part
+        of the binding: a graph of another model of the same configuration is refused too.
     """
 
     tokenizer: str
@@ -154,6 +166,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     writer: Mapping[str, Any] = field(default_factory=dict)
     quantization: str = "none"
+    export_id: str = ""
 
     # -- graph names ------------------------------------------------------------------------
 
@@ -217,14 +230,24 @@ class Manifest:
 
     @property
     def binding(self) -> str:
-        """SHA-256 of what the graphs were built for: vocabularies, state names, the model.
+        """SHA-256 of what the graphs were built for: vocabularies, state names, the model,
+        and its weights (``export_id``, when the manifest has one).
 
         Written into each graph's metadata at export; a graph whose binding differs was not
         exported with this manifest (an edited vocabulary, a graph from another model).
         """
         return binding_digest(
-            self.source_vocabulary, self.target_vocabulary, self.state_names, self.model
+            self.source_vocabulary,
+            self.target_vocabulary,
+            self.state_names,
+            self.model,
+            self.export_id,
         )
+
+    def search(self) -> dict[str, Any]:
+        """The search ``decode.onnx`` runs: ``{"beam_size", "length_penalty"}``, also stored
+        in its metadata (``SEARCH_KEY``), since the graph cannot search otherwise."""
+        return {"beam_size": self.beam_size, "length_penalty": self.length_penalty}
 
     # -- JSON -------------------------------------------------------------------------------
 
@@ -241,6 +264,8 @@ class Manifest:
         }
         data["files"] = dict(self.files)
         data["model"] = dict(self.model)
+        if not self.export_id:  # written before export ids: the layout it was read from
+            del data["export_id"]
         data["binding"] = self.binding
         writer = data.pop("writer")
         return {**data, **writer}
@@ -298,6 +323,7 @@ class Manifest:
             quantization=reader.choice("quantization", ("none", *QUANTIZATIONS))
             if "quantization" in data
             else "none",
+            export_id=reader.digest("export_id") if "export_id" in data else "",
         )
         if version >= 2 and reader.take("binding", str) != manifest.binding:
             raise ArtifactError(
@@ -320,9 +346,13 @@ def binding_digest(
     target_vocabulary: Sequence[str],
     state_names: Sequence[str],
     model: Mapping[str, Any],
+    export_id: str = "",
 ) -> str:
-    """SHA-256 of canonical JSON of what a pair of graphs was exported for."""
+    """SHA-256 of canonical JSON of what a pair of graphs was exported for (``export_id``
+    counted when there is one: artifacts written before it keep their binding)."""
     bound = [list(source_vocabulary), list(target_vocabulary), list(state_names), dict(model)]
+    if export_id:
+        bound.append(export_id)
     text = json.dumps(bound, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -381,6 +411,12 @@ class _Reader:
         value = self.data.get(key)
         if value not in options:
             raise self.fail(key, f"one of {list(options)}")
+        return value
+
+    def digest(self, key: str) -> str:
+        value = self.data.get(key)
+        if not (isinstance(value, str) and len(value) == 64 and set(value) <= HEX_DIGITS):
+            raise self.fail(key, "a SHA-256 in 64 lower-case hex digits")
         return value
 
     def vocabulary(self, key: str) -> tuple[str, ...]:
