@@ -41,6 +41,7 @@ from serving.responses import (  # the responses' half; its names stay importabl
     prediction_tensor,
     serialize_bytes_tensor,
 )
+from skattn.core.checks import FLOAT32_MAX
 
 INPUT_NAME = "source"
 #: Request parameters that select the attention maps' layer and head.
@@ -143,9 +144,6 @@ def deserialize_bytes_tensor(buffer: bytes) -> list[bytes]:
 #: costs a pass over what follows it, so 50,000 empty members in 1 MB held the event loop for
 #: 0.7 s before this bound.
 MAX_GZIP_MEMBERS = 16
-
-#: The largest finite float32: the graphs take ``temperature`` as float32.
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def decode_content(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
@@ -439,14 +437,14 @@ def _temperature(value: object) -> float | None:
         temperature = float(value)
     except OverflowError:  # an integer of hundreds of digits
         temperature = math.inf
-    if not math.isfinite(temperature) or temperature <= 0 or temperature > _FLOAT32_MAX:
+    if not math.isfinite(temperature) or temperature <= 0 or temperature > FLOAT32_MAX:
         if isinstance(value, float):
             shown = f"{value:.3g}"
         else:  # a huge int is not printed: its digits could fill the response
-            shown = "a larger integer" if temperature > _FLOAT32_MAX else str(value)
+            shown = "a larger integer" if temperature > FLOAT32_MAX else str(value)
         raise ProtocolError(
             "parameters.temperature must be positive and finite in float32 (at most "
-            f"{_FLOAT32_MAX:.4g}), got {shown}"
+            f"{FLOAT32_MAX:.4g}), got {shown}"
         )
     return temperature
 

@@ -46,7 +46,7 @@ from serving.sessions import (
 )
 from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
-from skattn.core.checks import check_bool, check_int, check_real
+from skattn.core.checks import FLOAT32_MAX, check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import DECODE_FILE
 from skattn.core.text import (
@@ -301,7 +301,7 @@ class Runtime:
             beam_size=manifest.beam_size,
             length_penalty=manifest.length_penalty,
             max_length=self.max_output_length,
-            temperature=check_real(temperature, "temperature", 0.0, low_open=True),
+            temperature=check_real(temperature, "temperature", 0.0, FLOAT32_MAX, low_open=True),
         )
 
     # -- prediction -------------------------------------------------------------------------

@@ -78,10 +78,11 @@ def default_threads(
     See the module's docstring for the order; at least 1, at most ``cores``.
     """
     cores = usable_cores() if cores is None else cores
-    if allotment.engine == "ray" and allotment.cpus:
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    if allotment.engine == "ray" and allotment.cpus and math.isfinite(allotment.cpus):
         threads = math.floor(allotment.cpus)
-    elif environ.get("OMP_NUM_THREADS", "").strip().isdigit():
-        threads = int(environ["OMP_NUM_THREADS"])
+    elif omp.isascii() and omp.isdigit():  # not "²", which isdigit() and int() refuses
+        threads = int(omp)
     elif allotment.engine == "dask" and allotment.nthreads:
         threads = cores // allotment.nthreads
     else:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from skattn.core.checks import MAX_THREADS, check_int
+
 __all__ = ["DASK_WORKER_CONFIG", "dask_setup", "local_dask_cluster", "warm_up"]
 
 #: Dask settings for a cluster whose workers fit skattn models. Read where the workers and the
@@ -66,6 +68,9 @@ def local_dask_cluster(n_workers: int, config: Mapping[str, object] = DASK_WORKE
     """A ``distributed.LocalCluster`` of ``n_workers`` one-thread worker processes on
     127.0.0.1, without a dashboard, created under the Dask ``config`` (``{}``: Dask's
     defaults)."""
+    check_int(n_workers, "n_workers", 1, MAX_THREADS)  # 0 or -1: a cluster that runs nothing
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a mapping of Dask settings, got {type(config).__name__}")
     import dask
     from distributed import LocalCluster
 

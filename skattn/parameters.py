@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from skattn.core.checks import MAX_THREADS, parse_device
+from skattn.core.checks import FLOAT32_MAX, MAX_THREADS, parse_device
 from skattn.core.manifest import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY, MAX_OUTPUT_LENGTH
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
@@ -73,7 +73,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
     "input_feeding": ["boolean"],
     "window": _size("window"),
-    "temperature": _reals(0.0),
+    "temperature": _reals(0.0, FLOAT32_MAX, closed="right"),
     "embedding_dim": _size("embedding_dim"),
     "hidden_size": _size("hidden_size"),
     "num_layers": _size("num_layers"),

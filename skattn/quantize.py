@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -312,6 +313,9 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    for name, path in (("source", source), ("destination", destination)):
+        if not isinstance(path, str | os.PathLike):
+            raise ValueError(f"{name} must be a str or os.PathLike, got {type(path).__name__}")
     source, destination = Path(source), Path(destination)
     manifest = read_artifact(source).manifest
     if manifest.quantization != "none":

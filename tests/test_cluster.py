@@ -70,9 +70,26 @@ def test_default_threads_follow_the_engine_then_the_environment_then_the_cores()
     assert allotment.default_threads(Allotment("ray", cpus=8.0), {}, cores=4) == 4
     assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "3"}, cores=4) == 3
     assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "x"}, cores=4) == 4
+    assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "²"}, cores=4) == 4
+    assert allotment.default_threads(Allotment("ray", cpus=float("inf")), {}, cores=4) == 4
     assert allotment.default_threads(Allotment("dask", nthreads=2), {}, cores=8) == 4
     assert allotment.default_threads(Allotment("dask", nthreads=16), {}, cores=8) == 1
     assert allotment.default_threads(Allotment(), {}, cores=1) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n_workers": 0}, "n_workers"),  # a cluster of no workers: fits would wait forever
+        ({"n_workers": -1}, "n_workers"),
+        ({"n_workers": True}, "n_workers"),
+        ({"n_workers": "2"}, "n_workers"),
+        ({"n_workers": 1, "config": 5}, "config must be a mapping"),
+    ],
+)
+def test_local_dask_cluster_refuses_bad_arguments_before_starting_anything(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        local_dask_cluster(**kwargs)
 
 
 @pytest.mark.parametrize(

@@ -540,6 +540,7 @@ BAD_VALUES = [
     ("input_feeding", "yes"),
     ("window", 0),
     ("temperature", 0.0),
+    ("temperature", 1e39),  # infinite in float32
     ("cell", "rnn"),
     ("embedding_dim", 0),
     ("hidden_size", 2.5),

@@ -621,6 +621,9 @@ def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, 
         quantize_artifact(int8, tmp_path / "z")
     with pytest.raises(ValueError, match="exists"):
         quantize_artifact(floats, int8)
+    for args, name in (((None, tmp_path / "w"), "source"), ((floats, 5), "destination")):
+        with pytest.raises(ValueError, match=rf"{name} must be a str or os\.PathLike"):
+            quantize_artifact(*args)
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
     with pytest.raises(SystemExit) as exited:
         main([str(tmp_path / "missing"), str(tmp_path / "out")])

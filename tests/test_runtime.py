@@ -501,7 +501,7 @@ def test_check_source(runtime):
         runtime.check_source(["a"])
 
 
-@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf"), "1", True])
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf"), 1e39, "1", True])
 def test_bad_temperature_raises(runtime, temperature):
     with pytest.raises(ValueError, match="temperature"):
         runtime.predict(["abc"], temperature=temperature)
@@ -741,6 +741,7 @@ def test_a_malformed_manifest_is_named(copy_of, text, message):
         ({"length_penalty": -1.0}, "length_penalty"),
         ({"length_penalty": float("nan")}, "length_penalty"),
         ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": 1e39}, "temperature"),
         ({"target_vocabulary": ["a", "b", "c", "d", "e"]}, "target_vocabulary.*start with"),
         ({"source_vocabulary": "duplicate"}, "source_vocabulary.*twice"),
         ({"target_vocabulary": "shorter"}, r"manifest\.json.*'binding'"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 __all__ = [
     "DEVICE_PATTERN",
+    "FLOAT32_MAX",
     "MAX_THREADS",
     "check_bool",
     "check_int",
@@ -27,6 +28,10 @@ __all__ = [
 #: ``intra_op_num_threads``): beyond the largest machines' cores, short of what breaks a process
 #: (100,000 onnxruntime threads hung for minutes in 3 GB; torch's ran out of address space).
 MAX_THREADS = 1024
+
+#: The largest finite float32: the largest ``temperature`` (the graphs take it as float32; a
+#: larger one would become infinite there, and torch's float32 arithmetic too).
+FLOAT32_MAX = 3.4028234663852886e38
 
 #: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")

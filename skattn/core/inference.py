@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from skattn.core.checks import check_int, check_real
+from skattn.core.checks import FLOAT32_MAX, check_int, check_real
 from skattn.core.manifest import MAX_LENGTH_PENALTY
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
 from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
@@ -77,7 +77,7 @@ class SearchSettings:
         check_int(self.beam_size, "beam_size")
         check_int(self.max_length, "max_output_length")
         check_real(self.length_penalty, "length_penalty", 0.0, MAX_LENGTH_PENALTY)
-        check_real(self.temperature, "temperature", 0.0, low_open=True)
+        check_real(self.temperature, "temperature", 0.0, FLOAT32_MAX, low_open=True)
 
 
 def as_text(prediction: str | Sequence[str]) -> str:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from skattn.core.checks import FLOAT32_MAX
 from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
 
 __all__ = [
@@ -315,7 +316,7 @@ class Manifest:
             ),
             beam_size=reader.integer("beam_size", 1, MAX_BEAM_SIZE),
             length_penalty=reader.real("length_penalty", 0.0, MAX_LENGTH_PENALTY),
-            temperature=reader.real("temperature", 0.0, low_open=True),
+            temperature=reader.real("temperature", 0.0, FLOAT32_MAX, low_open=True),
             output_kind=reader.choice("output_kind", OUTPUT_KINDS),
             files=reader.files(),
             model=model,
