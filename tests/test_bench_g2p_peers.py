@@ -148,3 +148,39 @@ def test_phonetisaurus_learns_a_lexicon_and_estimates_other_orders_from_one_alig
     assert other.options.label == "-o 2 --seq2_del" and other.align_cost_ == model.align_cost_
     assert other.train_cost_.cpu_seconds > model.align_cost_.cpu_seconds > 0
     assert other.predict(["ABCD"]) == [["AA", "B", "K", "D"]]
+    lists = model.nbest(["ABCD", "DCBA"], k=3)
+    best = [items[0][0] for items in lists]
+    assert best == [["AA", "B", "K", "D"], ["D", "K", "B", "AA"]]
+    for items in lists:  # best first, each a log-probability-like score
+        scores = [score for _, score in items]
+        assert 1 <= len(items) <= 3 and scores == sorted(scores, reverse=True)
+        assert all(score <= 1e-6 for score in scores)
+
+
+@pytest.mark.skipif(
+    phonetisaurus_g2p.unavailable_reason() is not None,
+    reason=str(phonetisaurus_g2p.unavailable_reason()),
+)
+def test_a_saved_model_reranks_phonetisaurus_nbest_with_a_weight_chosen_on_dev(tmp_path):
+    X = ["AB", "BA", "ABA", "BAB", "AAB", "BBA"] * 10
+    y = [" ".join({"A": "EY", "B": "B IY"}[c] for c in w).split() for w in X]
+    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_epochs=2, beam_size=2, random_state=0)
+    saved = tmp_path / "model.joblib"
+    joblib.dump(model.fit(X, y), saved)
+    saved.with_suffix(".json").write_text(json.dumps({"train_seconds": 123.0}))
+    argv = ["--quick", "--no-g2p-en", "--serving-workers", "0", "--rerank", "3"]
+    results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}"])
+    rows = {row["system"]: row for row in results["rows"]}
+    reranked = rows["m, reranking Phonetisaurus' 3-best (two systems)"]
+    assert_scored(reranked, max_per=float("inf"))
+    chosen = next(row for name, row in rows.items() if "dev-chosen" in name)
+    assert reranked["train_seconds"] == pytest.approx(123.0 + chosen["train_seconds"], abs=1.0)
+    assert reranked["rerank"]["k"] == 3 and reranked["rerank"]["weight"] >= 0
+    # the toy model knows nothing of real words: trusting Phonetisaurus must win on dev
+    assert reranked["wer"] <= rows["m, beam 2"]["wer"]
+
+
+def test_rerank_needs_phonetisaurus(capsys):
+    with pytest.raises(SystemExit):
+        bench_g2p_peers.parse_args(["--rerank", "5", "--no-phonetisaurus"])
+    assert "--rerank" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""log_likelihood (teacher-forced scores of given outputs) and NBestReranker, on small reversal
+models: the score of a model's own answer is the search's score of it, items score the same
+alone and in a batch, and the reranker chooses its weight on held-out data."""
+
+import numpy as np
+import pytest
+from test_runtime import SOURCES, X_TRAIN, Y_TRAIN, fit
+
+from skattn import Seq2Seq, Seq2SeqEnsemble
+from skattn.backend import TorchBackend
+from skattn.core.inference import SearchSettings, Translator, source_ids
+from skattn.rescoring import NBestReranker
+
+FEW = SOURCES[:30]
+#: Sources whose reversal the model can write: "é" is no target token (its outputs score -inf).
+CLEAN = [s for s in SOURCES if "é" not in s]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return fit(max_steps=60)
+
+
+def search_scores(estimator, sources):
+    """The greedy search's score (summed log-probabilities, EOS included) of each answer, and
+    whether the answer ended with EOS (not cut at the output limit)."""
+    backend = TorchBackend(estimator.module_.eval(), estimator.device_)
+    vocabularies = (estimator.source_vocab_, estimator.target_vocab_)
+    translator = Translator(backend, *vocabularies, estimator.tokenizer, estimator.output_kind_)
+    limit = estimator._output_limit()
+    ids = source_ids(estimator.source_vocab_, [list(s) for s in sources])
+    hypotheses = translator.decode(ids, SearchSettings(beam_size=1, max_length=limit))
+    return np.array([h.score for h in hypotheses]), [len(h.tokens) < limit for h in hypotheses]
+
+
+@pytest.mark.parametrize("kind", ["model", "ensemble"])
+def test_the_log_likelihood_of_the_models_answer_is_its_search_score(model, kind):
+    if kind == "ensemble":
+        model = Seq2SeqEnsemble.from_fitted([model, fit(max_steps=60, random_state=1)])
+    expected, ended = search_scores(model, FEW)
+    scores = model.log_likelihood(FEW, model.predict(FEW))
+    assert sum(ended) >= 20
+    # An answer cut at the output limit has no EOS, which its log-likelihood counts.
+    np.testing.assert_allclose(scores[ended], expected[ended], rtol=1e-6, atol=1e-6)
+    assert np.all(scores[~np.array(ended)] < expected[~np.array(ended)])
+
+
+def test_items_score_the_same_alone_and_in_a_batch_and_better_outputs_score_higher(model):
+    sources = CLEAN[:30]
+    targets = [s[::-1] for s in sources]  # the right answers
+    together = model.log_likelihood(sources, targets)
+    pairs = zip(sources[:5], targets[:5], strict=True)
+    alone = [model.log_likelihood([s], [t])[0] for s, t in pairs]
+    np.testing.assert_allclose(together[:5], alone, rtol=1e-5, atol=1e-5)  # float32 sums
+    assert np.all(np.isfinite(together) & (together <= 0))
+    wrong = model.log_likelihood(sources, [t[1:] + t[:1] for t in targets])  # rotated
+    assert np.mean(together > wrong) > 0.6 and together.mean() > wrong.mean()  # a weak model
+
+
+def test_log_likelihood_refuses_what_it_cannot_score(model):
+    assert model.log_likelihood(["abc"], ["cbq"])[0] == -np.inf  # "q": not a target token
+    with pytest.raises(ValueError, match="same length|2 .* 1|length"):
+        model.log_likelihood(["abc", "ab"], ["cba"])
+    model.set_params(temperature=0.5)
+    try:
+        with pytest.raises(ValueError, match="temperature"):
+            model.log_likelihood(["abc"], ["cba"])
+    finally:
+        model.set_params(temperature=1.0)
+    with pytest.raises(ValueError, match="fitted|fit"):
+        Seq2Seq().log_likelihood(["abc"], ["cba"])
+
+
+def reversal_nbest(wrong_score: float, right_score: float):
+    """A stand-in for another system: the right answer and a wrong one, with these scores."""
+
+    def nbest(sources):
+        return [[(s[::-1][1:] + "a", wrong_score), (s[::-1], right_score)] for s in sources]
+
+    return nbest
+
+
+def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(model):
+    dev, test = CLEAN[30:90], CLEAN[90:150]
+    own = np.mean([p == s[::-1] for p, s in zip(model.predict(test), test, strict=True)])
+    trusted = reversal_nbest(-50.0, 0.0)
+    reranker = NBestReranker(model, trusted, weights=(0.0, 0.01, 10.0))
+    reranker.fit(dev, [s[::-1] for s in dev])
+    assert reranker.weight_ == 10.0  # the other system is right every time: trust it
+    assert reranker.fit_scores_[(reranker.weight_, reranker.length_exponent_)] == 1.0
+    assert reranker.predict(test) == [s[::-1] for s in test]
+    # A system that prefers the wrong answer: weight 0, the model's own choice among the
+    # candidates, at least as good as its own answer alone (which is one of them).
+    misleading = NBestReranker(model, reversal_nbest(0.0, -50.0)).fit(dev, [s[::-1] for s in dev])
+    assert misleading.weight_ == 0.0
+    reranked = misleading.predict(test)
+    assert np.mean([p == s[::-1] for p, s in zip(reranked, test, strict=True)]) >= own
+    tokens_model = fit(X_TRAIN, [list(y) for y in Y_TRAIN], max_steps=2)
+    as_tokens = NBestReranker(tokens_model, reversal_nbest(-50.0, 0.0), weights=[1.0])
+    assert as_tokens.fit(dev[:5], [list(s[::-1]) for s in dev[:5]]).predict(["abc"]) == [
+        ["c", "b", "a"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"nbest": "lists"}, "nbest must be callable"),
+        ({"nbest": lambda sources: [[]]}, "one list per source"),
+        ({"nbest": lambda sources: [[("cba", float("nan"))] for _ in sources]}, "finite"),
+        ({"nbest": reversal_nbest(0, 0), "weights": []}, "weights"),
+        ({"nbest": reversal_nbest(0, 0), "weights": [-1.0]}, "weights"),
+        ({"nbest": reversal_nbest(0, 0), "length_exponents": ["1"]}, "length_exponents"),
+        ({"nbest": reversal_nbest(0, 0), "missing_penalty": -1}, "missing_penalty"),
+    ],
+)
+def test_the_reranker_refuses_bad_settings_and_bad_lists(model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NBestReranker(model, **kwargs).fit(["abc", "ab"], ["cba", "ba"])
