@@ -29,6 +29,10 @@ and WER on the test words, words/s.
   its options) within ``--max-minutes``: a complete comparison in one command.
 - **g2p_en** 2.1, inference only: its network was trained on all of CMUdict, these test words
   included, so its figures flatter it.
+- **Two systems** (``--rerank K``): each joblib model reranking the dev-chosen Phonetisaurus'
+  K-best plus its own beam answer (``skattn.rescoring.NBestReranker``: ``log p_model + w *
+  Phonetisaurus' score``, ``w`` and the length exponent chosen on the dev words); training time:
+  both systems'.
 
     python benchmarks/bench_g2p_peers.py --quick          # a smoke run: about a minute
     python benchmarks/bench_g2p_peers.py --skattn bigru=runs/g2p/member0.joblib \\
