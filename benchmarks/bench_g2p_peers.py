@@ -29,7 +29,8 @@ and WER on the test words, words/s.
   its options) within ``--max-minutes``: a complete comparison in one command.
 - **g2p_en** 2.1, inference only: its network was trained on all of CMUdict, these test words
   included, so its figures flatter it.
-- **Two systems** (``--rerank K``): each joblib model reranking the dev-chosen Phonetisaurus'
+- **Two systems** (``--rerank K``): each joblib model (and each artifact, through
+  ``serving.load``: its step graph scores the candidates) reranking the dev-chosen Phonetisaurus'
   K-best plus its own beam answer (``skattn.rescoring.NBestReranker``: ``log p_model + w *
   Phonetisaurus' score``, ``w`` and the length exponent chosen on the dev words); training time:
   both systems'.
@@ -252,7 +253,8 @@ def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_
     on one onnxruntime thread each (its default on the CPU)."""
     import serving
 
-    runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=args.serving_workers)
+    workers = args.serving_workers or None  # 0 skips a joblib model's served rows, not these
+    runtime = serving.load(artifact, "cpu", intra_op_num_threads=1, workers=workers)
     cores = len(os.sched_getaffinity(0))
     beam = runtime.manifest.beam_size
     int8 = ", int8" if runtime.manifest.quantization == "int8" else ""
@@ -434,6 +436,12 @@ def main(argv: list[str] | None = None) -> dict:
                 with tempfile.TemporaryDirectory() as directory:
                     quantized = quantize_artifact(path, Path(directory) / name)
                     rows.append(served_row(name, quantized, data, args))
+            if args.rerank and phonetisaurus is not None:  # the artifact itself scores
+                import serving
+
+                workers = args.serving_workers or None
+                runtime = serving.load(path, "cpu", intra_op_num_threads=1, workers=workers)
+                rows.append(rerank_row(f"{name}, served", runtime, None, phonetisaurus, data, args))
         else:
             model, seconds, note = load_skattn(path)
             models.append((name, model, seconds, None, note))

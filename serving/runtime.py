@@ -53,6 +53,7 @@ from skattn.core.text import (
     EOS,
     SPECIAL_TOKENS,
     Vocabulary,
+    as_token_lists,
     detokenize,
     ordered_items,
     tokenize,
@@ -352,6 +353,40 @@ class Runtime:
         return translate_with_maps(
             self.translator, token_lists, settings, selection, self.attention_graph
         )
+
+    def log_likelihood(
+        self, sources: Sequence[str], outputs: Sequence, temperature: float | None = None
+    ) -> np.ndarray:
+        """``log p(output | source)`` of each pair, as ``Seq2Seq.log_likelihood`` (the step
+        graph over the given outputs; -inf where an output token is not in the target
+        vocabulary): what :class:`skattn.rescoring.NBestReranker` scores candidates with.
+
+        Parameters
+        ----------
+        sources : sequence of str
+        outputs : sequence of str or of token lists
+            Strings are split with the model's tokenizer.
+        temperature : float, optional
+            Default: the manifest's.
+
+        Returns
+        -------
+        ndarray of shape (n_items,)
+        """
+        sources = ordered_items(sources, "sources")
+        outputs = ordered_items(outputs, "outputs")
+        if len(sources) != len(outputs):
+            raise ValueError(
+                f"sources and outputs differ in length: {len(sources)}, {len(outputs)}"
+            )
+        for text in sources:
+            self.check_source(text)
+        settings = self.search_settings(temperature)
+        if not sources:
+            return np.empty(0)
+        source_tokens = [tokenize(text, self.tokenizer) for text in sources]
+        output_tokens, _ = as_token_lists(outputs, "outputs", self.tokenizer)
+        return self.translator.log_likelihoods(source_tokens, output_tokens, settings.temperature)
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:
         """Translate ``sources``; see :meth:`predict_batch`."""

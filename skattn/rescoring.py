@@ -39,6 +39,7 @@ from skattn.core.text import (
     as_token_lists,
     as_token_pairs,
     detokenize,
+    ordered_items,
     pad_batch,
 )
 from skattn.metrics import exact_match
@@ -121,8 +122,9 @@ class NBestReranker(BaseEstimator):
 
     Parameters
     ----------
-    estimator : fitted Seq2Seq or Seq2SeqEnsemble
-        The model that scores every candidate (and proposes its own answer).
+    estimator : fitted Seq2Seq or Seq2SeqEnsemble, or a ``serving.load`` runtime
+        The model that scores every candidate (``log_likelihood``) and proposes its own answer
+        (``predict``): an exported artifact reranks too (the packaged G2P models, say).
     nbest : callable
         ``nbest(sources) -> list`` of one list per source of ``(output, score)`` pairs, the
         output a str or token list as the estimator's ``y`` (best first; may be empty).
@@ -155,8 +157,17 @@ class NBestReranker(BaseEstimator):
         self.length_exponents = length_exponents
         self.missing_penalty = missing_penalty
 
+    def _facts(self) -> tuple[str, str]:
+        """The model's tokenizer and output kind: a fitted estimator's or a runtime's."""
+        model = self.estimator
+        manifest = getattr(model, "manifest", None)
+        if manifest is not None and hasattr(model, "log_likelihood"):  # serving.load(...)
+            return manifest.tokenizer, manifest.output_kind
+        check_is_fitted(model)
+        return model.tokenizer, model.output_kind_
+
     def _check(self) -> None:
-        check_is_fitted(self.estimator)
+        self._facts()
         if not callable(self.nbest):
             raise ValueError(f"nbest must be callable, got {type(self.nbest).__name__}")
         for name in ("weights", "length_exponents"):
@@ -169,7 +180,8 @@ class NBestReranker(BaseEstimator):
     def _candidates(self, X: Sequence) -> tuple[list[list[list[str]]], np.ndarray, np.ndarray]:
         """Per source its candidates' tokens, and flat arrays of their model log-likelihoods
         and the other system's scores (the missing ones filled in)."""
-        tokenizer = self.estimator.tokenizer
+        tokenizer, _ = self._facts()
+        X = ordered_items(X, "X")
         sources, _ = as_token_lists(X, "X", tokenizer)
         lists = self.nbest(list(X))
         if not isinstance(lists, list) or len(lists) != len(sources):
@@ -191,7 +203,7 @@ class NBestReranker(BaseEstimator):
             scored.setdefault(tuple(answer_tokens[0]), floor)
             candidates.append([list(c) for c in scored])
             external.extend(scored.values())
-        pairs_x = [s for s, cands in zip(sources, candidates, strict=True) for _ in cands]
+        pairs_x = [s for s, cands in zip(X, candidates, strict=True) for _ in cands]
         pairs_y = [c for cands in candidates for c in cands]
         model = self.estimator.log_likelihood(pairs_x, pairs_y)
         return candidates, model, np.asarray(external)
@@ -215,7 +227,7 @@ class NBestReranker(BaseEstimator):
         if len(X) != len(y) or not len(X):
             raise ValueError(f"X and y must be non-empty and of one length: {len(X)}, {len(y)}")
         candidates, model, external = self._candidates(X)
-        tokenizer = self.estimator.tokenizer
+        tokenizer, _ = self._facts()
         self.fit_scores_ = {}
         for weight in self.weights:
             for exponent in self.length_exponents:
@@ -235,8 +247,9 @@ class NBestReranker(BaseEstimator):
         self._check()
         candidates, model, external = self._candidates(X)
         chosen = self._choose(candidates, model, external, self.weight_, self.length_exponent_)
-        if self.estimator.output_kind_ == "str":
-            return [detokenize(tokens, self.estimator.tokenizer) for tokens in chosen]
+        tokenizer, output_kind = self._facts()
+        if output_kind == "str":
+            return [detokenize(tokens, tokenizer) for tokens in chosen]
         return chosen
 
 

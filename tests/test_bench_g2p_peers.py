@@ -168,9 +168,14 @@ def test_a_saved_model_reranks_phonetisaurus_nbest_with_a_weight_chosen_on_dev(t
     saved = tmp_path / "model.joblib"
     joblib.dump(model.fit(X, y), saved)
     saved.with_suffix(".json").write_text(json.dumps({"train_seconds": 123.0}))
-    argv = ["--quick", "--no-g2p-en", "--serving-workers", "0", "--rerank", "3"]
-    results = bench_g2p_peers.main([*argv, "--skattn", f"m={saved}"])
+    artifact = model.export_onnx(tmp_path / "artifact")
+    argv = ["--quick", "--no-g2p-en", "--serving-workers", "0", "--no-serving-int8"]
+    argv += ["--rerank", "3", "--skattn", f"m={saved}", "--skattn", f"a={artifact}"]
+    results = bench_g2p_peers.main(argv)
     rows = {row["system"]: row for row in results["rows"]}
+    served = rows["a, served, reranking Phonetisaurus' 3-best (two systems)"]
+    assert_scored(served, max_per=float("inf"))  # the artifact scores the candidates itself
+    assert served["train_seconds"] is None
     reranked = rows["m, reranking Phonetisaurus' 3-best (two systems)"]
     assert_scored(reranked, max_per=float("inf"))
     chosen = next(row for name, row in rows.items() if "dev-chosen" in name)

@@ -4,7 +4,7 @@ alone and in a batch, and the reranker chooses its weight on held-out data."""
 
 import numpy as np
 import pytest
-from test_runtime import SOURCES, X_TRAIN, Y_TRAIN, fit
+from test_runtime import SOURCES, X_TRAIN, Y_TRAIN, fit, load
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.backend import TorchBackend
@@ -117,3 +117,26 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
 def test_the_reranker_refuses_bad_settings_and_bad_lists(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         NBestReranker(model, **kwargs).fit(["abc", "ab"], ["cba", "ba"])
+
+
+def test_an_exported_model_scores_as_the_estimator_and_reranks_alike(model, tmp_path):
+    runtime = load(model.export_onnx(tmp_path / "model"))
+    sources = CLEAN[:40]
+    for outputs in (model.predict(sources), [s[::-1] for s in sources]):
+        np.testing.assert_allclose(
+            runtime.log_likelihood(sources, outputs),
+            model.log_likelihood(sources, outputs),
+            rtol=1e-5,
+            atol=1e-4,
+        )
+    assert runtime.log_likelihood(["abc"], [["c", "b", "q"]])[0] == -np.inf
+    assert runtime.log_likelihood([], []).shape == (0,)
+    with pytest.raises(ValueError, match="differ in length"):
+        runtime.log_likelihood(["abc"], [])
+    dev, test = CLEAN[30:90], CLEAN[90:150]
+    references = [s[::-1] for s in dev]
+    trusted = reversal_nbest(-50.0, 0.0)
+    ours = NBestReranker(model, trusted).fit(dev, references)
+    exported = NBestReranker(runtime, trusted).fit(dev, references)
+    assert (exported.weight_, exported.length_exponent_) == (ours.weight_, ours.length_exponent_)
+    assert exported.predict(test) == ours.predict(test)

@@ -33,7 +33,7 @@ import numpy as np
 from skattn.core.checks import FLOAT32_MAX, check_int, check_real
 from skattn.core.manifest import MAX_LENGTH_PENALTY
 from skattn.core.search import Hypothesis, beam_decode, greedy_decode
-from skattn.core.text import EOS, Vocabulary, detokenize, pad_batch
+from skattn.core.text import BOS, EOS, PAD, UNK, Vocabulary, detokenize, pad_batch
 
 __all__ = ["Backend", "SearchSettings", "Translator", "as_text", "attention_rows", "source_ids"]
 
@@ -171,6 +171,38 @@ class Translator:
         than ``max_batch_size`` items, and, with several workers, at least one per worker (up
         to one item a chunk), so that every worker has one; chunks differ by one item at most."""
         return min(n, max(math.ceil(n / self.max_batch_size), self.workers))
+
+    def log_likelihoods(
+        self,
+        sources: Sequence[Sequence[str]],
+        targets: Sequence[Sequence[str]],
+        temperature: float = 1.0,
+    ) -> np.ndarray:
+        """``log p(y | x)`` of each (source tokens, output tokens) pair: the decoder stepped over
+        the given outputs (teacher forcing), each step's log-probability of the next given
+        token summed, EOS's included (for the search's own answer: the score the search gave
+        it); ``-inf`` where an output token is not in the target vocabulary. ``(N,) float64``.
+        """
+        src_ids = self.source_ids(sources)
+        tgt_ids = [self.target_vocabulary.encode(tokens) for tokens in targets]
+        scores = np.empty(len(src_ids))
+        order = np.argsort([len(s) + len(t) for s, t in zip(src_ids, tgt_ids, strict=True)])
+        for rows in np.array_split(order, math.ceil(len(order) / self.max_batch_size) or 1):
+            if not rows.size:
+                continue
+            carry = self.encode([src_ids[r] for r in rows])
+            inputs, _ = pad_batch([[BOS, *tgt_ids[r]] for r in rows])  # (B, L + 1)
+            outputs, _ = pad_batch([[*tgt_ids[r], EOS] for r in rows])  # (B, L + 1)
+            total = np.zeros(rows.size)
+            for t in range(outputs.shape[1]):  # a row past its EOS reads PAD: not counted
+                log_probs, carry, _ = self.backend.step(inputs[:, t], carry, t, temperature)
+                picked = np.asarray(log_probs, dtype=np.float64)[
+                    np.arange(rows.size), outputs[:, t]
+                ]
+                total += np.where(outputs[:, t] != PAD, picked, 0.0)
+            scores[rows] = total
+        scores[[UNK in ids for ids in tgt_ids]] = -np.inf
+        return scores
 
     def encode(self, id_lists: Sequence[Sequence[int]]) -> Any:
         """The backend's initial carry for id lists (each ending with EOS), padded as one batch."""
