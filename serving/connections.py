@@ -194,7 +194,7 @@ class _GuardedProtocol:
         if self.cycle is not before and self.cycle is not None:  # its headers are complete
             self._headers_complete(self.cycle.scope)
         elif discarding and not self._body_unread():
-            self._await_headers()  # the body ended: the next request's deadline starts now
+            self._keep_alive()  # the body ended: idle until the next request, as after one
         elif (
             self._awaiting_headers
             and self._header_bytes > self.limits.max_header_bytes
@@ -231,6 +231,18 @@ class _GuardedProtocol:
         self._discarded += size
         if self._discarded > DISCARD_BYTES:
             self._close_after_discard()
+
+    def _keep_alive(self) -> None:
+        """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's
+        bytes cancelled) runs anew; the next request's header deadline starts at its first
+        byte."""
+        self._cancel_header_timer()
+        self._discarded = 0
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     def _discard_timeout(self) -> None:
         self._header_timer = None

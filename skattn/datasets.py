@@ -19,6 +19,9 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from skattn.core.checks import check_bool
+from skattn.core.text import ordered_items
+
 __all__ = [
     "group_pronunciations",
     "load_cmudict",
@@ -53,11 +56,14 @@ def _rng(random_state: None | int | np.random.Generator | np.random.RandomState)
     if isinstance(random_state, np.random.RandomState):
         return np.random.default_rng(random_state.randint(np.iinfo(np.int32).max))
     if random_state is None or (
-        isinstance(random_state, Integral) and not isinstance(random_state, bool)
+        isinstance(random_state, Integral)
+        and not isinstance(random_state, bool)
+        and random_state >= 0
     ):
         return np.random.default_rng(random_state)
     raise ValueError(
-        f"random_state must be None, an int, or a NumPy Generator/RandomState, got {random_state!r}"
+        "random_state must be None, an int >= 0, or a NumPy Generator/RandomState, "
+        f"got {random_state!r}"
     )
 
 
@@ -154,11 +160,15 @@ def make_number_words(
     max_value = _check_int(max_value, "max_value", 0)
     if max_value < min_value:
         raise ValueError(f"max_value must be >= min_value, got {max_value} < {min_value}")
-    if lang not in CONVERTER_CLASSES:
+    if not isinstance(lang, str) or lang not in CONVERTER_CLASSES:
         raise ValueError(f"lang must be one of {sorted(CONVERTER_CLASSES)}, got {lang!r}")
     forms = ("cardinal", "ordinal", "year")
     if to not in forms:
         raise ValueError(f"to must be one of {list(forms)}, got {to!r}")
+    try:  # num2words lacks some forms of some languages (Czech ordinals, Vietnamese years)
+        num2words(min_value, lang=lang, to=to)
+    except (NotImplementedError, AttributeError, ValueError, TypeError):
+        raise ValueError(f"to={to!r} is not supported for lang={lang!r} by num2words") from None
     values = _rng(random_state).integers(min_value, max_value, endpoint=True, size=n_samples)
     values = [int(v) for v in values]
     return [str(v) for v in values], [num2words(v, lang=lang, to=to) for v in values]
@@ -200,8 +210,8 @@ def load_cmudict(
     Returns
     -------
     words : list of str
-        The grapheme sequences, one per line (letters plus ``'``, ``.``, ``-`` and digits as
-        the dictionary spells them).
+        The grapheme sequences, one per line (upper-case letters and ``'``, as the split
+        spells them).
     pronunciations : list of list of str
         The ARPAbet phonemes of each line, e.g. ``["K", "AH", "Z"]``.
 
@@ -213,6 +223,7 @@ def load_cmudict(
     """
     if split not in CMUDICT_SPLITS:
         raise ValueError(f"split must be one of {list(CMUDICT_SPLITS)}, got {split!r}")
+    lowercase = check_bool(lowercase, "lowercase")
     entries = _read_cmudict(split)
     words = [w.lower() if lowercase else w for w, _ in entries]
     return words, [list(p) for _, p in entries]
@@ -243,11 +254,15 @@ def group_pronunciations(
     >>> group_pronunciations(["A", "B", "A"], [["AH"], ["B", "IY"], ["EY"]])
     (['A', 'B'], [[['AH'], ['EY']], [['B', 'IY']]])
     """
+    words = ordered_items(words, "words")
+    pronunciations = ordered_items(pronunciations, "pronunciations", "token list")
     if len(words) != len(pronunciations):
         raise ValueError(
             "pronunciations must have as many items as words, "
             f"got {len(pronunciations)} and {len(words)}"
         )
+    if any(isinstance(p, str) for p in pronunciations):  # list("K AH") would be characters
+        raise ValueError("pronunciations must be token lists (['K', 'AH']), not strings")
     grouped: dict[str, list[list[str]]] = {}
     for word, pronunciation in zip(words, pronunciations, strict=True):
         references = grouped.setdefault(word, [])
@@ -289,6 +304,7 @@ def split_by_word(
     >>> len(set(X_tr) & set(X_dev)), len(set(X_dev))
     (0, 1)
     """
+    X, y = ordered_items(X, "X"), ordered_items(y, "y", "target")  # a set's order is random
     if len(X) != len(y):
         raise ValueError(f"y must have as many items as X, got {len(y)} and {len(X)}")
     unique = list(dict.fromkeys(X))

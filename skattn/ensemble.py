@@ -262,6 +262,7 @@ class Seq2SeqEnsemble(BaseEstimator):
     def _translate(self, X: Sequence, with_attention: bool) -> tuple[list, list | None]:
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting
+        module = self.module_.eval()  # first: members fitted again are taken, limits and all
         sources, _ = as_token_lists(X, "X", self.tokenizer)
         settings = SearchSettings(
             beam_size=self.beam_size,
@@ -269,7 +270,6 @@ class Seq2SeqEnsemble(BaseEstimator):
             max_length=self._output_limit(),
             temperature=self.temperature,
         )
-        module = self.module_.eval()
         vocabularies = (self.source_vocab_, self.target_vocab_)
         backend = TorchBackend(module, self.device_)
         translator = Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)

@@ -129,6 +129,11 @@ def edit_distance(a: Item, b: Item) -> int:
     >>> edit_distance(["K", "AH", "Z"], ["K", "AO", "Z", "IH"])
     2
     """
+    for name, item in (("a", a), ("b", b)):
+        if not isinstance(item, str) and not (
+            isinstance(item, Sequence) and all(isinstance(t, str) for t in item)
+        ):
+            raise ValueError(f"{name} must be a str or a list of str, got {item!r:.80}")
     return Levenshtein.distance(a, b)
 
 
@@ -389,7 +394,7 @@ class SequenceScorer:
         return sign * self.metric(list(y), list(estimator.predict(X)), **kwargs)
 
     def __repr__(self) -> str:
-        args = [self.metric.__name__]
+        args = [getattr(self.metric, "__name__", None) or repr(self.metric)]  # a partial too
         if not self.greater_is_better:
             args.append("greater_is_better=False")
         args += [f"{k}={v!r}" for k, v in self.kwargs.items()]

@@ -124,7 +124,10 @@ class NBestReranker(BaseEstimator):
     ----------
     estimator : fitted Seq2Seq or Seq2SeqEnsemble, or a ``serving.load`` runtime
         The model that scores every candidate (``log_likelihood``) and proposes its own answer
-        (``predict``): an exported artifact reranks too (the packaged G2P models, say).
+        (``predict``, at its own ``beam_size``): an exported artifact reranks too (the packaged
+        G2P models, say). ``fit`` does not fit it; ``sklearn.base.clone`` would return it
+        unfitted, so wrap a fitted estimator in ``sklearn.frozen.FrozenEstimator`` for
+        ``GridSearchCV`` or ``cross_val_score``.
     nbest : callable
         ``nbest(sources) -> list`` of one list per source of ``(output, score)`` pairs, the
         output a str or token list as the estimator's ``y`` (best first; may be empty).
@@ -193,7 +196,15 @@ class NBestReranker(BaseEstimator):
         candidates, external = [], []
         for i, (listed, answer) in enumerate(zip(lists, own, strict=True)):
             scored: dict[tuple, float] = {}
-            for output, score in listed:
+            if not isinstance(listed, list | tuple):
+                raise ValueError(f"nbest's list for source {i} must be a list, got {listed!r:.60}")
+            for entry in listed:
+                if not (isinstance(entry, list | tuple) and len(entry) == 2):
+                    raise ValueError(
+                        f"nbest's entries must be (output, score) pairs: source {i} has "
+                        f"{entry!r:.60}"
+                    )
+                output, score = entry
                 if not _finite_reals([score]):
                     raise ValueError(f"nbest's score for source {i} is not a finite number")
                 tokens, _ = as_token_lists([output], f"nbest's output for source {i}", tokenizer)
@@ -240,6 +251,11 @@ class NBestReranker(BaseEstimator):
             pair for pair, score in self.fit_scores_.items() if score == best
         )
         return self
+
+    def score(self, X: Sequence, y: Sequence) -> float:
+        """Exact match of :meth:`predict` against ``y`` (any of an item's references counts)."""
+        tokenizer, _ = self._facts()
+        return exact_match(y, self.predict(X), tokenizer=tokenizer)
 
     def predict(self, X: Sequence) -> list:
         """The best candidate of each source, as the estimator's ``predict`` gives outputs."""

@@ -190,6 +190,26 @@ def test_an_early_answer_drops_the_rest_of_its_body_and_serves_the_next_request(
     assert json.loads(body)["outputs"][0]["data"] == ["cba"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_after_a_dropped_body_the_connection_idles_as_kept_alive(serve, http_impl):
+    # Idle between requests is keep_alive_s's, not header_timeout_s's (which closed it early)
+    limits = ConnectionLimits(header_timeout_s=0.4, keep_alive_s=1.5)
+    server = serve(limits=limits, http_impl=http_impl)
+    valid = json.dumps(infer_body(["abc"])).encode()
+    with connect(server) as sock:
+        sock.sendall(post_head(b"/v2/models/nope/infer", 1000))
+        assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+        sock.sendall(b"x" * 1000)
+        time.sleep(0.8)  # longer than the header timeout, within the keep-alive
+        sock.sendall(post_head(INFER, len(valid)) + valid)
+        assert read_response(sock)[0].startswith(b"HTTP/1.1 200 ")
+        sock.sendall(post_head(b"/v2/models/nope/infer", 10) + b"0123456789")
+        assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+        answer, elapsed = read_until_closed(sock)  # then idle: closed after keep_alive_s
+    assert answer == b"" and 1.0 < elapsed < 4
+
+
 @pytest.mark.parametrize("http_impl", IMPLS)
 def test_the_dropped_rest_of_an_early_answered_body_is_bounded(serve, http_impl):
     server = serve(http_impl=http_impl)

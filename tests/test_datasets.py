@@ -207,3 +207,26 @@ def test_docstring_examples():
 
     result = doctest.testmod(skattn.datasets)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_bad_inputs_of_the_generators_and_helpers_are_named():
+    # num2words lacks some forms of some languages: a ValueError naming them, not its errors
+    for lang, to in (("cs", "ordinal"), ("vi", "year"), ("ja", "year")):
+        with pytest.raises(ValueError, match=rf"to='{to}' is not supported for lang='{lang}'"):
+            make_number_words(2, lang=lang, to=to, random_state=0)
+    with pytest.raises(ValueError, match="lang must be one of"):
+        make_number_words(2, lang=["en"], random_state=0)
+    for call in (
+        lambda: make_reversal(3, 1, 3, random_state=-1),
+        lambda: split_by_word(["a", "b"], [1, 2], 1, random_state=-1),
+    ):
+        with pytest.raises(ValueError, match="random_state must be None, an int >= 0"):
+            call()
+    with pytest.raises(ValueError, match="X must be a sequence"):  # a set's order is random
+        split_by_word({"a", "b", "c"}, [1, 2, 3], 1, 0)
+    with pytest.raises(ValueError, match="X must be a sequence"):
+        split_by_word("abc", [1, 2, 3], 1, 0)
+    with pytest.raises(ValueError, match="token lists"):  # list("K AH") would be characters
+        group_pronunciations(["A"], ["K AH"])
+    with pytest.raises(ValueError, match="lowercase must be True or False"):
+        load_cmudict("test", lowercase="no")

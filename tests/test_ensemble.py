@@ -386,6 +386,10 @@ def test_a_member_fitted_again_on_other_vocabularies_is_refused_then_taken_when_
         with pytest.raises(ValueError, match=r"estimators\[1\]\.source_vocab_ differs"):
             use()
     members[1].fit(X_TRAIN[::-1], Y_TRAIN[::-1])  # agreeing again: taken, new ids and all
+    for m in members:  # and their limits, from the first call on (it searched with the old)
+        m.set_params(max_output_length=2).fit(X_TRAIN[::-1], Y_TRAIN[::-1])
+    assert ensemble.max_output_length_ > 2
+    assert all(len(p) <= 2 for p in ensemble.predict(X_TRAIN[:4]))
     assert ensemble.predict(X_TRAIN[:2]) == Seq2SeqEnsemble.from_fitted(members).predict(
         X_TRAIN[:2]
     )

@@ -366,3 +366,12 @@ def test_docstring_examples():
 
     result = doctest.testmod(skattn.metrics)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_edit_distance_names_what_it_cannot_compare_and_scorers_of_partials_print():
+    for a, b, name in (("abc", None, "b"), (["AH", None], ["AH"], "a"), (5, "x", "a")):
+        with pytest.raises(ValueError, match=rf"{name} must be a str or a list of str"):
+            metrics.edit_distance(a, b)
+    partial = functools.partial(metrics.token_error_rate, tokenizer="space")
+    scorer = metrics.make_sequence_scorer(partial, greater_is_better=False)
+    assert repr(scorer).startswith("SequenceScorer(functools.partial(")

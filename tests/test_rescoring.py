@@ -4,6 +4,8 @@ alone and in a batch, and the reranker chooses its weight on held-out data."""
 
 import numpy as np
 import pytest
+from sklearn.base import clone
+from sklearn.frozen import FrozenEstimator
 from test_runtime import SOURCES, X_TRAIN, Y_TRAIN, fit, load
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
@@ -89,6 +91,10 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
     assert reranker.weight_ == 10.0  # the other system is right every time: trust it
     assert reranker.fit_scores_[(reranker.weight_, reranker.length_exponent_)] == 1.0
     assert reranker.predict(test) == [s[::-1] for s in test]
+    assert reranker.score(test, [s[::-1] for s in test]) == 1.0
+    # clone() would unfit the model: a FrozenEstimator keeps it fitted (as GridSearchCV clones)
+    frozen = clone(NBestReranker(FrozenEstimator(model), trusted, weights=(0.0, 0.01, 10.0)))
+    assert frozen.fit(dev, [s[::-1] for s in dev]).weight_ == 10.0
     # A system that prefers the wrong answer: weight 0, the model's own choice among the
     # candidates, at least as good as its own answer alone (which is one of them).
     misleading = NBestReranker(model, reversal_nbest(0.0, -50.0)).fit(dev, [s[::-1] for s in dev])
@@ -108,6 +114,8 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
         ({"nbest": "lists"}, "nbest must be callable"),
         ({"nbest": lambda sources: [[]]}, "one list per source"),
         ({"nbest": lambda sources: [[("cba", float("nan"))] for _ in sources]}, "finite"),
+        ({"nbest": lambda sources: [None for _ in sources]}, "must be a list"),
+        ({"nbest": lambda sources: [[("cba",)] for _ in sources]}, r"\(output, score\) pairs"),
         ({"nbest": reversal_nbest(0, 0), "weights": []}, "weights"),
         ({"nbest": reversal_nbest(0, 0), "weights": [-1.0]}, "weights"),
         ({"nbest": reversal_nbest(0, 0), "length_exponents": ["1"]}, "length_exponents"),
