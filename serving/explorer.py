@@ -8,14 +8,16 @@ reads one endpoint that the protocol does not define::
 
     GET /v2/models      [{"name", "ready", "decoder", "attention", "scorer", "tokenizer",
                           "temperature", "output_kind", "max_source_length",
-                          "vocabulary_id", "attention_layers", "attention_heads"}, ...]
+                          "vocabulary_id", "attention_layers", "attention_heads",
+                          "source_tokens"}, ...]
 
 one entry per served model, in name order. ``attention`` is ``"none"`` for a model without
 attention, which the page offers to show side by side with an attention model of the same task:
 one with the same ``vocabulary_id`` (a digest of the source and target vocabularies), else the
 same tokenizer and output kind. ``attention_layers`` and ``attention_heads`` (0 when the model
 has none) size the page's layer and head selectors, which send ``parameters.attention_layer``
-and ``attention_head``.
+and ``attention_head``. ``source_tokens`` (empty when the vocabulary is large or unknown) lets
+the page label a typed token outside the vocabulary ``<unk>``, as the model reads it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _SUMMARY_FIELDS = (
     "vocabulary_id",
     "attention_layers",
     "attention_heads",
+    "source_tokens",
 )
 
 
@@ -69,12 +72,13 @@ def model_summary(name: str, info: ModelInfo, ready: bool) -> dict:
     dict
         ``name``, ``ready``, and from ``info``: ``decoder``, ``attention``, ``scorer``,
         ``tokenizer``, ``temperature``, ``output_kind``, ``max_source_length``,
-        ``vocabulary_id`` (equal for models trained on the same data), ``attention_layers``
-        and ``attention_heads``.
+        ``vocabulary_id`` (equal for models trained on the same data), ``attention_layers``,
+        ``attention_heads`` and ``source_tokens`` (a list).
     """
     fields = asdict(info)
     summary: dict = {"name": name, "ready": bool(ready)}
     summary.update({field: fields[field] for field in _SUMMARY_FIELDS})
+    summary["source_tokens"] = list(summary["source_tokens"])
     return summary
 
 

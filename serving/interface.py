@@ -17,7 +17,7 @@ import numpy as np
 
 from skattn.core.attention_maps import MapSelection, check_selection
 
-__all__ = ["ModelInfo", "Runtime", "vocabulary_id"]
+__all__ = ["MAX_LISTED_TOKENS", "ModelInfo", "Runtime", "vocabulary_id"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class ModelInfo:
         The decoder layers and heads whose cross-attention maps a request may select
         (:meth:`map_selection`); 0 when the model has none (an RNN decoder, or a Transformer
         artifact exported without ``attention.onnx``).
+    source_tokens : tuple of str, default=()
+        The source vocabulary's ordinary tokens, when it has at most ``MAX_LISTED_TOKENS``
+        (the explorer labels a typed token outside them ``<unk>``, as the model reads it);
+        empty when larger or not known.
     """
 
     name: str
@@ -71,6 +75,7 @@ class ModelInfo:
     warmup_source: str = ""
     attention_layers: int = 0
     attention_heads: int = 0
+    source_tokens: tuple[str, ...] = ()
 
     def map_selection(
         self,
@@ -95,6 +100,11 @@ class ModelInfo:
             names=names,
             allow_all=allow_all,
         )
+
+
+#: The most source tokens a model's :class:`ModelInfo` lists (a character vocabulary has tens;
+#: a word vocabulary's listing would outweigh its use).
+MAX_LISTED_TOKENS = 4096
 
 
 def vocabulary_id(source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
 from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
-from serving.interface import ModelInfo, vocabulary_id
+from serving.interface import MAX_LISTED_TOKENS, ModelInfo, vocabulary_id
 from serving.layout import carry_width, default_chunk_items, share_cores
 from serving.sessions import (
     CPU_PROVIDER,
@@ -249,6 +249,7 @@ class Runtime:
         """What clients may know about this model (see :class:`serving.interface.ModelInfo`);
         built once: nothing in it changes after loading."""
         manifest, graph = self.manifest, self.attention_graph
+        ordinary = tuple(manifest.source_vocabulary[len(SPECIAL_TOKENS) :])
         return ModelInfo(
             name=self.name,
             provider=self.provider,
@@ -265,6 +266,7 @@ class Runtime:
             warmup_source=self._warmup_source(),
             attention_layers=0 if graph is None else graph.layers,
             attention_heads=0 if graph is None else graph.heads,
+            source_tokens=ordinary if len(ordinary) <= MAX_LISTED_TOKENS else (),
         )
 
     def _warmup_source(self) -> str:

@@ -252,6 +252,7 @@ def test_models_listing_describes_every_model(fake_server: ThreadedServer) -> No
         "max_source_length": 12,
         "attention_layers": 0,
         "attention_heads": 0,
+        "source_tokens": [],  # the doubles do not say: the page shows tokens as typed
     }
     vocabulary_id = models[0]["vocabulary_id"]
     assert models == [
@@ -279,6 +280,7 @@ def test_model_summary_tells_tasks_apart() -> None:
         "vocabulary_id": FakeRuntime("m").info.vocabulary_id,
         "attention_layers": 0,
         "attention_heads": 0,
+        "source_tokens": [],
     }
 
 
@@ -756,6 +758,15 @@ def test_explorer_on_exported_models(browser, exported_models: dict, artifacts: 
                 == attentive.predict([source], temperature=temperature)[0]
             )
             np.testing.assert_allclose(page.heatmap(), at_t, rtol=1e-4, atol=1e-6)
+
+        # "z" is no token of the model's (alphabet a-f): the column says what the model read
+        assert sorted(attentive.info.source_tokens) == list("abcdef")
+        page.translate("faz")
+        page.wait_until(
+            lambda: page.texts("#panel-main thead th[data-col]") == ["f", "a", "<unk>", "</s>"],
+            "the <unk> label",
+        )
+        page.translate(source)
 
         page.find("#temperature-reset").click()
         page.after_update(lambda: page.find("#compare").click(), panel="compare")

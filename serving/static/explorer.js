@@ -17,6 +17,7 @@ const T_MIN = 0.05;
 const T_MAX = 20;
 const SLIDER_STEPS = 1000; // the range input's max: log-spaced temperatures
 const EOS_LABEL = "</s>";
+const UNK_LABEL = "<unk>";
 const SHOWN_TERM_MIN = 0.001; // recipe terms below this weight are counted, not written out
 const HOVER_HINT = "Hover over a cell to read its weight; click a row for its recipe.";
 
@@ -611,7 +612,12 @@ class Explorer {
       model.output_kind === "tokens"
         ? answer.prediction.split(" ").filter((t) => t !== "")
         : tokenize(answer.prediction, model.tokenizer);
-    const sourceTokens = [...tokenize(source, model.tokenizer), EOS_LABEL];
+    // A token outside the model's vocabulary is read as <unk>: label it so (when the listing
+    // carries the vocabulary; a large one is not listed, and its tokens are shown as typed).
+    const listed = model.source_tokens || [];
+    const known = listed.length ? new Set(listed) : null;
+    const read = (token) => (known && !known.has(token) ? UNK_LABEL : token);
+    const sourceTokens = [...tokenize(source, model.tokenizer).map(read), EOS_LABEL];
     return {
       model,
       source,
