@@ -235,6 +235,7 @@ class NBestReranker(BaseEstimator):
         data (a dev set), never the data the scores are reported on. ``y`` items may be lists
         of references (any one counts, as in :func:`skattn.metrics.exact_match`)."""
         self._check()
+        X, y = ordered_items(X, "X"), ordered_items(y, "y", "reference")
         if len(X) != len(y) or not len(X):
             raise ValueError(f"X and y must be non-empty and of one length: {len(X)}, {len(y)}")
         candidates, model, external = self._candidates(X)
