@@ -27,7 +27,8 @@ tell a slow body from a slow handler. A request answered before its body was rea
 model, a declared length over the limit) keeps its connection: uvicorn reads the rest of the
 body and drops it, then serves the next request. That rest is bounded too: more than
 :data:`DISCARD_BYTES`, or longer than ``header_timeout_s``, and the connection is closed (the
-answer was sent already).
+answer was sent already; when the declared length is already longer, the answer says
+``Connection: close``).
 """
 
 from __future__ import annotations

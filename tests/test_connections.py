@@ -183,6 +183,7 @@ def test_an_early_answer_drops_the_rest_of_its_body_and_serves_the_next_request(
         sock.sendall(post_head(b"/v2/models/nope/infer", 100_000))
         head, body = read_response(sock)
         assert head.startswith(b"HTTP/1.1 404 ") and b"nope" in body
+        assert b"connection: close" not in head.lower()  # 100 kB: read, dropped, kept alive
         sock.sendall(b"x" * 100_000)
         sock.sendall(post_head(INFER, len(valid)) + valid)
         head, body = read_response(sock)
@@ -217,6 +218,7 @@ def test_the_dropped_rest_of_an_early_answered_body_is_bounded(serve, http_impl)
         sock.sendall(post_head(b"/v2/models/nope/infer", 100_000_000))
         head, _ = read_response(sock)
         assert head.startswith(b"HTTP/1.1 404 ")
+        assert b"connection: close" in head.lower()  # more than it reads and drops: said so
         try:
             for _ in range(100):  # 100 MB would be read and dropped to the end without a bound
                 sock.sendall(b"x" * (1 << 20))
