@@ -146,6 +146,7 @@ class _GuardedProtocol:
         self._header_bytes = 0
         self._discarded = 0  # bytes of a body dropped after its early answer
         self._reading_body = False  # httptools: a request's headers came, its end did not
+        self._began = False  # httptools: a request's first bytes came, its end did not
         self._health_only = False
         self._last_active = time.monotonic()
 
@@ -194,8 +195,11 @@ class _GuardedProtocol:
         super().data_received(data)
         if self.cycle is not before and self.cycle is not None:  # its headers are complete
             self._headers_complete(self.cycle.scope)
-        elif discarding and not self._body_unread():
-            self._keep_alive()  # the body ended: idle until the next request, as after one
+        elif discarding and not self._body_unread():  # the dropped body ended in this chunk
+            if self._next_request_begun():
+                self._await_headers()  # and the next request began: its header deadline runs
+            else:
+                self._keep_alive()  # idle until the next request, as after one
         elif (
             self._awaiting_headers
             and self._header_bytes > self.limits.max_header_bytes
@@ -211,7 +215,12 @@ class _GuardedProtocol:
 
     def on_message_complete(self) -> None:
         self._reading_body = False
+        self._began = False
         super().on_message_complete()
+
+    def on_message_begin(self) -> None:
+        self._began = True
+        super().on_message_begin()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -232,6 +241,13 @@ class _GuardedProtocol:
         self._discarded += size
         if self._discarded > DISCARD_BYTES:
             self._close_after_discard()
+
+    def _next_request_begun(self) -> bool:
+        """Whether bytes of a next request came after the end of the last one's body."""
+        conn = getattr(self, "conn", None)
+        if conn is not None:  # h11 keeps them in its buffer until they make a request
+            return bool(conn.trailing_data[0])
+        return self._began
 
     def _keep_alive(self) -> None:
         """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's

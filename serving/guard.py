@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import protocol
-from serving.connections import REFUSE
+from serving.connections import DISCARD_BYTES, REFUSE
 from serving.infer import request_headers, send_answer
 from serving.settings import host_name
 
@@ -52,6 +52,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if _declared_beyond_discard(request_headers(scope)):
+            receive, send = _closing_if_unread(receive, send)
         refused = scope.get(REFUSE)
         if refused is not None:
             status, message = refused
@@ -87,6 +89,37 @@ class RequestGuard:
                         f"{' or '.join(INFER_CONTENT_TYPES)} (or none)"
                     )
         return None
+
+
+def _declared_beyond_discard(headers) -> bool:
+    """Whether the request declares a body longer than a connection reads and drops after an
+    early answer (``connections.DISCARD_BYTES``)."""
+    declared = headers.get("content-length", "").lstrip("0")
+    if not (declared.isascii() and declared.isdigit()):
+        return False
+    return len(declared) > len(str(DISCARD_BYTES)) or int(declared) > DISCARD_BYTES
+
+
+def _closing_if_unread(receive: Receive, send: Send) -> tuple[Receive, Send]:
+    """``receive`` and ``send`` of a request whose answer says ``Connection: close`` when it
+    starts before the body was read to its end (any early answer: a refusal here, a 404, 405,
+    413): the connection will not read that much to keep the next request, so it says so."""
+    read_all = False
+
+    async def tracked_receive() -> Message:
+        nonlocal read_all
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            read_all = True
+        return message
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and not read_all:
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return tracked_receive, closing_send
 
 
 def _same_origin(origin: str, host: str | None, scheme: str) -> bool:

@@ -24,7 +24,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import protocol
 from serving.batcher import Batcher, BatcherClosedError, BatchError, ItemResult, QueueFullError
-from serving.connections import DISCARD_BYTES
 from serving.interface import ModelInfo, Runtime
 from serving.metrics import ModelMetrics, ServerMetrics
 from serving.settings import ServerSettings
@@ -139,7 +138,7 @@ class InferHandler:
                 self.models[name].metrics.request("not_found", time.monotonic() - started)
             else:
                 self.metrics.unknown_model()
-            return exc.status, _closing(request_headers(scope)), protocol.error_body(exc.message)
+            return exc.status, {}, protocol.error_body(exc.message)
         try:
             headers = request_headers(scope)
             with model.batcher.receiving():  # an eager batcher waits for these items
@@ -273,15 +272,6 @@ _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^
 HEADERS = "skattn.headers"
 
 
-def _closing(headers: Mapping[str, str]) -> dict[str, str]:
-    """``Connection: close`` for an answer given before a body longer than the connection will
-    read and drop (``connections.DISCARD_BYTES``): the client then knows not to send on it."""
-    declared = headers.get("content-length", "").lstrip("0")
-    too_long = declared.isascii() and declared.isdigit()
-    too_long = too_long and (len(declared) > 19 or int(declared) > DISCARD_BYTES)
-    return {"Connection": "close"} if too_long else {}
-
-
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request headers as the server passed them (ASGI lower-cases the names; a repeated
     header keeps its last value), decoded once per request: the guard and the handler both
@@ -336,7 +326,7 @@ async def _read_body(
     if declared.isascii() and declared.isdigit():
         if len(declared) > len(str(limit)) or int(declared) > limit:
             shown = protocol.shown_number(declared)
-            raise ApiError(413, f"request body of {shown} bytes exceeds {limit}", _closing(headers))
+            raise ApiError(413, f"request body of {shown} bytes exceeds {limit}")
     chunks, size = [], 0
     deadline = time.monotonic() + timeout
     while True:

@@ -244,6 +244,11 @@ class Runtime:
     def __repr__(self) -> str:
         return f"Runtime(name={self.name!r}, provider={self.provider!r})"
 
+    def __sklearn_clone__(self) -> Runtime:
+        """``sklearn.base.clone`` returns the runtime itself: it has nothing to unfit, and its
+        sessions cannot be copied (a meta-estimator holding it, ``NBestReranker``, clones)."""
+        return self
+
     @functools.cached_property
     def info(self) -> ModelInfo:
         """What clients may know about this model (see :class:`serving.interface.ModelInfo`);

@@ -125,9 +125,9 @@ class NBestReranker(BaseEstimator):
     estimator : fitted Seq2Seq or Seq2SeqEnsemble, or a ``serving.load`` runtime
         The model that scores every candidate (``log_likelihood``) and proposes its own answer
         (``predict``, at its own ``beam_size``): an exported artifact reranks too (the packaged
-        G2P models, say). ``fit`` does not fit it; ``sklearn.base.clone`` would return it
-        unfitted, so wrap a fitted estimator in ``sklearn.frozen.FrozenEstimator`` for
-        ``GridSearchCV`` or ``cross_val_score``.
+        G2P models, say). ``fit`` does not fit it; ``sklearn.base.clone`` would return an
+        estimator unfitted, so wrap a fitted one in ``sklearn.frozen.FrozenEstimator`` for
+        ``GridSearchCV`` or ``cross_val_score`` (a runtime clones as itself).
     nbest : callable
         ``nbest(sources) -> list`` of one list per source of ``(output, score)`` pairs, the
         output a str or token list as the estimator's ``y`` (best first; may be empty).

@@ -211,6 +211,52 @@ def test_after_a_dropped_body_the_connection_idles_as_kept_alive(serve, http_imp
     assert answer == b"" and 1.0 < elapsed < 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_request_begun_where_a_dropped_body_ends_keeps_its_header_deadline(serve, http_impl):
+    # Its first bytes came with the body's last: timed by header_timeout_s (2 s), not by the
+    # keep-alive (1 s) that an idle connection gets, which closed it unanswered.
+    limits = ConnectionLimits(header_timeout_s=2.0, keep_alive_s=1.0)
+    server = serve(limits=limits, http_impl=http_impl)
+    valid = json.dumps(infer_body(["abc"])).encode()
+    following = post_head(INFER, len(valid)) + valid
+    with connect(server) as sock:
+        sock.sendall(post_head(b"/v2/models/nope/infer", 1000))
+        assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+        sock.sendall(b"x" * 1000 + following[:10])
+        time.sleep(1.5)
+        sock.sendall(following[10:])
+        head, body = read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body)["outputs"][0]["data"] == ["cba"]
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "status"),
+    [
+        (b"/v2/models/nope/infer", b"", 404),  # the handler's
+        (INFER, b"Origin: http://elsewhere\r\n", 403),  # the guard's refusals
+        (INFER, b"Content-Type: text/plain\r\n", 415),
+        (b"/v2/nothing/here", b"", 404),  # the router's
+        (b"/v2/health/live", b"", 405),
+        (INFER, b"", 413),  # the declared length itself
+    ],
+)
+def test_every_early_answer_to_a_body_beyond_what_is_dropped_says_connection_close(
+    serve, path, extra, status
+):
+    server = serve()
+    cases = ((100_000_000, True), (1000, False))[: 1 if status == 413 else 2]  # 1000: no 413
+    for length, closes in cases:
+        with connect(server) as sock:
+            head = post_head(path, length).replace(b"Host: x\r\n", b"Host: x\r\n" + extra)
+            if extra.startswith(b"Content-Type"):
+                head = head.replace(b"Content-Type: application/json\r\n", b"", 1)
+            sock.sendall(head)
+            answer, _ = read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:100]
+        assert (b"connection: close" in answer.lower()) is closes, (length, answer[:300])
+
+
 @pytest.mark.parametrize("http_impl", IMPLS)
 def test_the_dropped_rest_of_an_early_answered_body_is_bounded(serve, http_impl):
     server = serve(http_impl=http_impl)

@@ -779,3 +779,15 @@ def test_explorer_on_exported_models(browser, exported_models: dict, artifacts: 
         page.wait_until(lambda: page.texts("#panel-main .recipe h3"), "the recipe")
         browser.save_screenshot(str(artifacts / "explorer-real-models.png"))
         assert page.severe_console_messages() == []
+
+
+def test_the_page_splits_space_tokens_as_python_does(browser, fake_server: ThreadedServer) -> None:
+    """The page labels columns with skattn's tokens: its "space" split must be str.split(),
+    whose whitespace is not JavaScript's \\s (U+FEFF is one, U+0085 and U+001C-U+001F not)."""
+    page = Page(browser, fake_server.url + "/")
+    spaces = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+    texts = [f"{s}a{s}b\ufeff{s}" for s in spaces] + ["a\x85b", "a\ufeffb", "  ", "x\x1cy z"]
+    split = page.driver.execute_script(
+        "return arguments[0].map((text) => tokenize(text, 'space'));", texts
+    )
+    assert split == [text.split() for text in texts]

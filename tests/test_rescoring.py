@@ -145,6 +145,6 @@ def test_an_exported_model_scores_as_the_estimator_and_reranks_alike(model, tmp_
     references = [s[::-1] for s in dev]
     trusted = reversal_nbest(-50.0, 0.0)
     ours = NBestReranker(model, trusted).fit(dev, references)
-    exported = NBestReranker(runtime, trusted).fit(dev, references)
+    exported = clone(NBestReranker(runtime, trusted)).fit(dev, references)  # no FrozenEstimator
     assert (exported.weight_, exported.length_exponent_) == (ours.weight_, ours.length_exponent_)
     assert exported.predict(test) == ours.predict(test)

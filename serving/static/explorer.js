@@ -40,11 +40,17 @@ function formatTemperature(tau) {
 
 // -- tokens, as skattn.text splits them ------------------------------------------------------------
 
+// Python's str.split() whitespace (str.isspace), which JavaScript's \s is not: \s takes U+FEFF
+// and leaves U+001C-U+001F and U+0085 out.
+const PY_SPACE = "[\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+";
+const PY_SPLIT = new RegExp(PY_SPACE);
+const PY_TRIM = new RegExp(`^${PY_SPACE}|${PY_SPACE}$`, "g");
+
 /** "char": one token per code point (Python's list(text)); "space": text.split(). */
 function tokenize(text, kind) {
   if (kind === "space") {
-    const trimmed = text.trim();
-    return trimmed === "" ? [] : trimmed.split(/\s+/);
+    const trimmed = text.replace(PY_TRIM, "");
+    return trimmed === "" ? [] : trimmed.split(PY_SPLIT);
   }
   return Array.from(text);
 }
