@@ -336,3 +336,18 @@ def test_unpad_restores_each_map():
     maps = serve_and_query._unpad(padded, np.array([[3, 4], [1, 2]]))
     assert [m.shape for m in maps] == [(3, 4), (1, 2)]
     np.testing.assert_array_equal(maps[1], padded[1, :1, :2])
+
+
+@pytest.mark.slow
+def test_g2p_rerank_quick_run_tables_the_three_systems():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import phonetisaurus_g2p
+
+    if (reason := phonetisaurus_g2p.unavailable_reason()) is not None:
+        pytest.skip(reason)
+    out = run_example("g2p_rerank.py")
+    rows = {row[0]: row for row in table_rows(out)[1:]}
+    assert len(rows) == 3 and any("reranking Phonetisaurus' 10-best" in name for name in rows)
+    for row in rows.values():
+        assert 0 <= float(row[1]) <= 100 and 0 <= float(row[2]) <= 100
+    assert "chosen on 100 dev words: weight" in out
