@@ -13,6 +13,9 @@
   (the binary tensor extension) or none at all (tritonclient sends none); any other, such as
   the ``text/plain`` and form types a web page may POST without a CORS preflight, gets 415.
 - ``HEAD`` on a GET route is answered as the GET without its body.
+- Any answer that starts before the request's body was read, when the body it declares is longer
+  than the connection reads and drops to serve the next request
+  (:data:`serving.connections.DISCARD_BYTES`), says ``Connection: close``.
 """
 
 from __future__ import annotations
