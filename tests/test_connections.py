@@ -161,6 +161,13 @@ def post_head(path: bytes, length: int) -> bytes:
     )
 
 
+def answer_early(sock, length: int) -> None:
+    """Ask an unknown model with a declared body of ``length`` bytes, not sent yet: read its
+    404, answered from the headers alone."""
+    sock.sendall(post_head(b"/v2/models/nope/infer", length))
+    assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+
+
 def read_response(sock) -> tuple[bytes, bytes]:
     """One response's head and body (by its Content-Length) from a kept-alive connection."""
     data = b""
@@ -199,8 +206,7 @@ def test_after_a_dropped_body_the_connection_idles_as_kept_alive(serve, http_imp
     server = serve(limits=limits, http_impl=http_impl)
     valid = json.dumps(infer_body(["abc"])).encode()
     with connect(server) as sock:
-        sock.sendall(post_head(b"/v2/models/nope/infer", 1000))
-        assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+        answer_early(sock, 1000)
         sock.sendall(b"x" * 1000)
         time.sleep(0.8)  # longer than the header timeout, within the keep-alive
         sock.sendall(post_head(INFER, len(valid)) + valid)
@@ -221,8 +227,7 @@ def test_a_request_begun_where_a_dropped_body_ends_keeps_its_header_deadline(ser
     valid = json.dumps(infer_body(["abc"])).encode()
     following = post_head(INFER, len(valid)) + valid
     with connect(server) as sock:
-        sock.sendall(post_head(b"/v2/models/nope/infer", 1000))
-        assert read_response(sock)[0].startswith(b"HTTP/1.1 404 ")
+        answer_early(sock, 1000)
         sock.sendall(b"x" * 1000 + following[:10])
         time.sleep(1.5)
         sock.sendall(following[10:])
