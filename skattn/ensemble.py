@@ -259,10 +259,17 @@ class Seq2SeqEnsemble(BaseEstimator):
         check_is_fitted(self)
         return self.max_output_length or self.max_output_length_
 
+    def _translator(self) -> Translator:
+        """The core's inference layer over the combined members (what the runtime runs)."""
+        module = self.module_.eval()  # first: members fitted again are taken, limits and all
+        vocabularies = (self.source_vocab_, self.target_vocab_)
+        backend = TorchBackend(module, self.device_)
+        return Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)
+
     def _translate(self, X: Sequence, with_attention: bool) -> tuple[list, list | None]:
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting
-        module = self.module_.eval()  # first: members fitted again are taken, limits and all
+        translator = self._translator()
         sources, _ = as_token_lists(X, "X", self.tokenizer)
         settings = SearchSettings(
             beam_size=self.beam_size,
@@ -270,9 +277,6 @@ class Seq2SeqEnsemble(BaseEstimator):
             max_length=self._output_limit(),
             temperature=self.temperature,
         )
-        vocabularies = (self.source_vocab_, self.target_vocab_)
-        backend = TorchBackend(module, self.device_)
-        translator = Translator(backend, *vocabularies, self.tokenizer, self.output_kind_)
         with allotment.torch_threads(self.n_threads):
             return translator.translate(sources, settings, with_attention)
 

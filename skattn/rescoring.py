@@ -4,8 +4,8 @@ Two systems that learned differently make different mistakes. Rao et al. (2015) 
 LSTM with a joint-sequence n-gram model and took CMUdict's word error rate from about 25 to
 21 %; the same holds here (``benchmarks/bench_g2p_peers.py --rerank``). The pieces:
 
-    log_likelihoods(module, ...)   log p(y | x) = sum_i log p(y_i | y_<i, x), EOS included,
-                                   of given (source, output) id lists, teacher forced
+    log_likelihood                 log p(y | x) = sum_i log p(y_i | y_<i, x), EOS included,
+                                   of given (source, output) pairs, teacher forced
     NBestReranker                  candidates: the other system's n-best and the model's own
                                    answer; each scored
                                        s(c) = (log p_model(c | x) + weight * e(c)) / |c| ** a
@@ -13,9 +13,10 @@ LSTM with a joint-sequence n-gram model and took CMUdict's word error rate from 
                                    best kept. ``fit`` chooses ``weight`` and ``a`` on held-out
                                    data (a dev set).
 
-The model side is the estimator's teacher-forced pass (``Seq2Seq.log_likelihood``,
-``Seq2SeqEnsemble.log_likelihood``), so a reranked prediction costs one beam search and one
-batched forward pass over the candidates, besides the other system's n-best.
+The model side is ``log_likelihood`` (``Seq2Seq``, ``Seq2SeqEnsemble`` and a ``serving.load``
+runtime, all through :meth:`skattn.core.inference.Translator.log_likelihoods`: the decoder
+stepped over the candidates), so a reranked prediction costs one beam search and one
+teacher-forced pass over the candidates, besides the other system's n-best.
 """
 
 from __future__ import annotations
@@ -25,70 +26,29 @@ import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment
-from skattn.core.inference import source_ids
 from skattn.core.text import (
-    BOS,
-    EOS,
-    PAD,
-    UNK,
     as_token_lists,
     as_token_pairs,
     detokenize,
     ordered_items,
-    pad_batch,
 )
 from skattn.metrics import exact_match
 
-__all__ = ["NBestReranker", "estimator_log_likelihood", "log_likelihoods"]
-
-#: Items per teacher-forced batch (sorted by length, so that padding stays small).
-SCORING_BATCH = 256
-
-
-def log_likelihoods(
-    module: torch.nn.Module,
-    device: torch.device,
-    sources: Sequence[Sequence[int]],
-    targets: Sequence[Sequence[int]],
-    batch_size: int = SCORING_BATCH,
-) -> np.ndarray:
-    """``log p(y | x)`` of each (source ids, target ids) pair, teacher forced.
-
-    ``sources`` end with EOS (:func:`skattn.core.inference.source_ids`); ``targets`` hold the
-    output tokens only: BOS is prepended and EOS appended here, and both counted as the search
-    counts them (EOS's log-probability included). Returns ``(N,) float64``.
-    """
-    order = np.argsort([len(s) + len(t) for s, t in zip(sources, targets, strict=True)])
-    scores = np.empty(len(sources))
-    module.eval()
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            src, src_lengths = pad_batch([sources[r] for r in rows])  # (B, T), (B,)
-            tgt, _ = pad_batch([[BOS, *targets[r], EOS] for r in rows])  # (B, T_y + 2)
-            src, src_lengths, tgt = (
-                torch.from_numpy(a).to(device) for a in (src, src_lengths, tgt)
-            )
-            logits, _ = module(src, src_lengths, tgt[:, :-1])  # (B, T_y + 1, V)
-            log_p = torch.log_softmax(logits.double(), dim=-1)
-            out = tgt[:, 1:]  # (B, T_y + 1) tokens + EOS, padded
-            picked = log_p.gather(-1, out.unsqueeze(-1)).squeeze(-1)  # (B, T_y + 1)
-            scores[rows] = (picked * (out != PAD)).sum(dim=1).cpu().numpy()
-    return scores
+__all__ = ["NBestReranker", "estimator_log_likelihood"]
 
 
 def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str) -> np.ndarray:
     """``estimator.log_likelihood(X, y)`` of a fitted ``Seq2Seq`` or ``Seq2SeqEnsemble``, whose
-    fitted tokenizer is ``tokenizer``.
+    fitted tokenizer is ``tokenizer``: its decoder stepped over the given outputs
+    (:meth:`skattn.core.inference.Translator.log_likelihoods`, as the runtime does).
 
     An output token outside the model's target vocabulary cannot be produced: its pair scores
-    ``-inf``. Scored at attention temperature 1 (the teacher-forced pass's): another
-    ``temperature`` set on the estimator raises ``ValueError``.
+    ``-inf``. Scored at attention temperature 1: another ``temperature`` set on the estimator
+    raises ``ValueError``.
     """
     check_is_fitted(estimator)
     estimator._validate_params()
@@ -97,16 +57,10 @@ def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str
             f"log_likelihood scores at temperature 1, the teacher-forced pass's; the estimator "
             f"has temperature={estimator.temperature!r}: set_params(temperature=1.0) first"
         )
-    module = estimator.module_  # first: an ensemble checks its members' vocabularies again
+    translator = estimator._translator()  # first: an ensemble checks its members again
     sources, targets, _ = as_token_pairs(X, y, tokenizer)
-    vocabulary = estimator.target_vocab_
-    target_ids = [vocabulary.encode(tokens) for tokens in targets]
     with allotment.torch_threads(estimator.n_threads):
-        scores = log_likelihoods(
-            module, estimator.device_, source_ids(estimator.source_vocab_, sources), target_ids
-        )
-    scores[[UNK in ids for ids in target_ids]] = -np.inf
-    return scores
+        return translator.log_likelihoods(sources, targets, temperature=1.0)
 
 
 class NBestReranker(BaseEstimator):

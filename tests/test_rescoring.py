@@ -9,8 +9,7 @@ from sklearn.frozen import FrozenEstimator
 from test_runtime import SOURCES, X_TRAIN, Y_TRAIN, fit, load
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
-from skattn.backend import TorchBackend
-from skattn.core.inference import SearchSettings, Translator, source_ids
+from skattn.core.inference import SearchSettings, source_ids
 from skattn.rescoring import NBestReranker
 
 FEW = SOURCES[:30]
@@ -26,12 +25,10 @@ def model():
 def search_scores(estimator, sources):
     """The greedy search's score (summed log-probabilities, EOS included) of each answer, and
     whether the answer ended with EOS (not cut at the output limit)."""
-    backend = TorchBackend(estimator.module_.eval(), estimator.device_)
-    vocabularies = (estimator.source_vocab_, estimator.target_vocab_)
-    translator = Translator(backend, *vocabularies, estimator.tokenizer, estimator.output_kind_)
     limit = estimator._output_limit()
     ids = source_ids(estimator.source_vocab_, [list(s) for s in sources])
-    hypotheses = translator.decode(ids, SearchSettings(beam_size=1, max_length=limit))
+    settings = SearchSettings(beam_size=1, max_length=limit)
+    hypotheses = estimator._translator().decode(ids, settings)
     return np.array([h.score for h in hypotheses]), [len(h.tokens) < limit for h in hypotheses]
 
 
