@@ -55,7 +55,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _declared_beyond_discard(request_headers(scope)):
+        declared = request_headers(scope).get("content-length", "")
+        if protocol.over_limit(declared, DISCARD_BYTES) is not None:  # more than is dropped
             receive, send = _closing_if_unread(receive, send)
         refused = scope.get(REFUSE)
         if refused is not None:
@@ -92,15 +93,6 @@ class RequestGuard:
                         f"{' or '.join(INFER_CONTENT_TYPES)} (or none)"
                     )
         return None
-
-
-def _declared_beyond_discard(headers) -> bool:
-    """Whether the request declares a body longer than a connection reads and drops after an
-    early answer (``connections.DISCARD_BYTES``)."""
-    declared = headers.get("content-length", "").lstrip("0")
-    if not (declared.isascii() and declared.isdigit()):
-        return False
-    return len(declared) > len(str(DISCARD_BYTES)) or int(declared) > DISCARD_BYTES
 
 
 def _closing_if_unread(receive: Receive, send: Send) -> tuple[Receive, Send]:

@@ -322,11 +322,10 @@ async def _read_body(
 ) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit`` bytes, and with 408
     (closing the connection) if it has not all arrived ``timeout`` seconds from now."""
-    declared = headers.get("content-length", "").lstrip("0")  # int() refuses 4,300 digits
-    if declared.isascii() and declared.isdigit():
-        if len(declared) > len(str(limit)) or int(declared) > limit:
-            shown = protocol.shown_number(declared)
-            raise ApiError(413, f"request body of {shown} bytes exceeds {limit}")
+    declared = protocol.over_limit(headers.get("content-length", ""), limit)
+    if declared is not None:
+        shown = protocol.shown_number(declared)
+        raise ApiError(413, f"request body of {shown} bytes exceeds {limit}")
     chunks, size = [], 0
     deadline = time.monotonic() + timeout
     while True:

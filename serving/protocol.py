@@ -240,6 +240,17 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_items: in
     return InferRequest(request_id, sources, outputs, temperature, layer, head)
 
 
+def over_limit(declared: str, limit: int) -> str | None:
+    """The length a header declares (``Content-Length``, ``Inference-Header-Content-Length``),
+    without leading zeros, when it is ASCII decimal digits beyond ``limit``; else None. Compared
+    by its digits first: ``int()`` refuses more than 4,300 of them."""
+    digits = declared.lstrip("0") or "0"
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    over = len(digits) > len(str(limit)) or int(digits) > limit
+    return digits if over else None
+
+
 def shown_number(digits: str) -> str:
     """A decimal number for an error message: in full up to 20 digits, else its first ten and
     its length (a header may carry thousands)."""
@@ -255,12 +266,12 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
             raise ProtocolError(
                 f"{HEADER_LENGTH} must be a decimal integer, got {header_length!r}"[:300]
             )
-        digits = header_length.lstrip("0") or "0"  # int() refuses over 4,300 digits
-        if len(digits) > len(str(len(body))) or int(digits) > len(body):
+        beyond = over_limit(header_length, len(body))
+        if beyond is not None:
             raise ProtocolError(
-                f"{HEADER_LENGTH} is {shown_number(digits)} but the body has {len(body)} bytes"
+                f"{HEADER_LENGTH} is {shown_number(beyond)} but the body has {len(body)} bytes"
             )
-        size = int(digits)
+        size = int(header_length.lstrip("0") or "0")  # int() refuses over 4,300 digits
     try:
         header = json.loads(body[:size])
     except RecursionError as exc:
@@ -467,6 +478,7 @@ __all__ = [
     "deserialize_bytes_tensor",
     "encode_infer_response",
     "error_body",
+    "over_limit",
     "parse_infer_request",
     "prediction_tensor",
     "serialize_bytes_tensor",
