@@ -268,16 +268,15 @@ class Runtime:
             beam_size=manifest.beam_size,
             temperature=manifest.temperature,
             vocabulary_id=vocabulary_id(manifest.source_vocabulary, manifest.target_vocabulary),
-            warmup_source=self._warmup_source(),
+            warmup_source=self._warmup_source(ordinary),
             attention_layers=0 if graph is None else graph.layers,
             attention_heads=0 if graph is None else graph.heads,
             source_tokens=ordinary if len(ordinary) <= MAX_LISTED_TOKENS else (),
         )
 
-    def _warmup_source(self) -> str:
+    def _warmup_source(self, ordinary: tuple[str, ...]) -> str:
         """Every ordinary source token once (as far as ``max_source_length`` allows), as text
         the tokenizer splits back into them: the server's warm-up looks up every embedding row."""
-        ordinary = self.manifest.source_vocabulary[len(SPECIAL_TOKENS) :]
         tokens = [t for t in ordinary if tokenize(t, self.tokenizer) == [t]]  # servable as text
         return detokenize(tokens[: self.max_source_length], self.tokenizer)
 
