@@ -20,6 +20,7 @@ shortest path, as ``phonetisaurus-g2pfst --nbest=1`` with its defaults (beam 100
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import resource
 import subprocess
@@ -172,17 +173,31 @@ class Phonetisaurus:
         return predictions
 
     def nbest(self, words: list[str], k: int = 10) -> list[list[tuple[list[str], float]]]:
-        """Each word's ``k`` best pronunciations with their scores, best first: the path cost
-        negated (a log-probability, higher is better), as :class:`skattn.rescoring.NBestReranker`
-        takes them (``phonetisaurus-g2pfst --nbest=k``)."""
+        """Each word's ``k`` best pronunciations with their scores, best first, as
+        :class:`skattn.rescoring.NBestReranker` takes them (``phonetisaurus-g2pfst
+        --nbest=k``).
+
+        The score is the bindings' ``-PathWeight``: the log of the path's probability
+        renormalised over the paths returned (their probabilities sum to 1), so it depends on
+        ``k`` (with ``k=1`` every score is 0) and the reranker's weight is chosen for one ``k``.
+        A word the model cannot read at all (only letters it never saw) gets an empty list,
+        never an empty pronunciation at the best score; unknown letters inside a word are
+        skipped, as ``phonetisaurus-g2pfst`` does.
+        """
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
         model = self.model_
         lists = []
         for word in words:
-            paths = model.Phoneticize(word, k, 10000, 99.0, False, False, 0.0)
-            lists.append(
-                [([model.FindOsym(label) for label in p.Uniques], -p.PathWeight) for p in paths]
-            )
+            paths = model.Phoneticize(word, int(k), 10000, 99.0, False, False, 0.0)
+            found = [([model.FindOsym(x) for x in p.Uniques], -p.PathWeight) for p in paths]
+            lists.append([(tokens, score) for tokens, score in found if tokens])
         return lists
+
+    def __deepcopy__(self, memo: dict) -> Phonetisaurus:
+        """Itself: a fitted model never changes (its SWIG model cannot be copied), so that
+        ``clone`` of an estimator that holds ``model.nbest`` (a ``NBestReranker``) works."""
+        return self
 
 
 def _binary_dir() -> Path:

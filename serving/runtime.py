@@ -53,7 +53,7 @@ from skattn.core.text import (
     EOS,
     SPECIAL_TOKENS,
     Vocabulary,
-    as_token_lists,
+    as_outputs,
     detokenize,
     ordered_items,
     tokenize,
@@ -371,7 +371,8 @@ class Runtime:
         ----------
         sources : sequence of str
         outputs : sequence of str or of token lists
-            Strings are split with the model's tokenizer.
+            As the model predicts them: strings (split with the model's tokenizer) only for a
+            model fitted on strings; a model fitted on token lists refuses them.
         temperature : float, optional
             Default: the manifest's.
 
@@ -391,7 +392,7 @@ class Runtime:
         if not sources:
             return np.empty(0)
         source_tokens = [tokenize(text, self.tokenizer) for text in sources]
-        output_tokens, _ = as_token_lists(outputs, "outputs", self.tokenizer)
+        output_tokens = as_outputs(outputs, "outputs", self.tokenizer, self.manifest.output_kind)
         return self.translator.log_likelihoods(source_tokens, output_tokens, settings.temperature)
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:

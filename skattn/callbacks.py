@@ -301,6 +301,11 @@ class PlateauSchedule(Callback):
     ) -> None:
         self.monitor, self.factor, self.schedule = monitor, factor, schedule
 
+    def on_baseline(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """A warm start's weights set the bar, as for early stopping: the first epoch that
+        does not beat them lowers the rate."""
+        self.monitor.update(record)
+
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         improved, _ = self.monitor.update(record)
         if improved:

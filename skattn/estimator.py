@@ -430,13 +430,17 @@ class Seq2Seq(PortableModule, BaseEstimator):
 
     def log_likelihood(self, X: Sequence, y: Sequence) -> np.ndarray:
         """``log p(y | x)`` of each given pair under the model: its summed token
-        log-probabilities, EOS included, teacher forced (what the search scores a hypothesis
-        by). For reranking candidates (:class:`skattn.rescoring.NBestReranker`).
+        log-probabilities, EOS included, teacher forced, at the estimator's ``temperature``.
+        For the model's greedy answer that ended with EOS, this is the score its search gave
+        it (beam search ranks by the same sum divided by its length penalty; an answer cut at
+        the output limit has no EOS, which this still counts). For reranking candidates
+        (:class:`skattn.rescoring.NBestReranker`).
 
         Parameters
         ----------
         X, y : sequence of str or of token lists
-            Sources and the outputs to score (a token outside the target vocabulary: -inf).
+            Sources and the outputs to score (a token outside the target vocabulary: -inf);
+            outputs as the model predicts them (token lists for a model fitted on them).
 
         Returns
         -------
@@ -445,8 +449,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         Raises
         ------
         ValueError
-            Unfitted, X and y of other lengths, or ``temperature`` other than 1 (the
-            teacher-forced pass's).
+            Unfitted, X and y of other lengths, or strings for a model fitted on token lists.
         """
         return estimator_log_likelihood(self, X, y, self._fitted_tokenizer())
 
@@ -503,24 +506,26 @@ class _FittedState:
         self.estimator = estimator
         self.attributes = {name: getattr(estimator, name) for name in _fitted_names(estimator)}
         module = getattr(estimator, "module_", None)
-        self.weights = (
-            {name: value.detach().clone() for name, value in module.state_dict().items()}
-            if warm
-            else None
-        )
+        self.weights = self.device = None
+        if warm:  # trained in place, maybe moved to another device: what it had
+            self.weights = {name: v.detach().clone() for name, v in module.state_dict().items()}
+            self.device = next(module.parameters()).device
 
     @contextlib.contextmanager
     def restored_on_error(self) -> Iterator[None]:
+        # BaseException: a KeyboardInterrupt mid-fit must not leave half of each fit either
         try:
             yield
-        except Exception:
+        except BaseException:
             for name in _fitted_names(self.estimator):
                 if name not in self.attributes:
                     delattr(self.estimator, name)
             for name, value in self.attributes.items():
                 setattr(self.estimator, name, value)
-            if self.weights is not None:  # trained in place: the weights it had
-                self.estimator.module_.load_state_dict(self.weights)
+            if self.weights is not None:
+                module = self.estimator.module_.to(self.device)
+                module.load_state_dict(self.weights)
+                module.eval()
             raise
 
 

@@ -48,8 +48,13 @@ class _Device(StrOptions):
         return "a str among 'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
+#: The largest count a parameter takes (steps, epochs, a batch): past it, the arithmetic of a
+#: schedule or of NumPy's 32-bit integers would overflow.
+MAX_COUNT = 2**31 - 1
+
+
 def _at_least(low: int) -> list:
-    return [_Range(Integral, low, None, closed="left")]
+    return [_Range(Integral, low, MAX_COUNT, closed="both")]
 
 
 def _size(name: str) -> list:
@@ -57,7 +62,9 @@ def _size(name: str) -> list:
     return [_Range(Integral, 1, MAXIMA[name], closed="both")]
 
 
-def _reals(low: float, high: float | None = None, closed: str = "neither") -> list:
+def _reals(low: float, high: float = FLOAT32_MAX, closed: str = "right") -> list:
+    """Reals in the interval; at most a float32's largest value by default, so that an int
+    too large for a float is refused here, not by ``float()`` in ``fit``."""
     return [_Range(Real, low, high, closed=closed)]
 
 
@@ -73,7 +80,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     **{name: [StrOptions(set(choices))] for name, choices in OPTIONS.items()},
     "input_feeding": ["boolean"],
     "window": _size("window"),
-    "temperature": _reals(0.0, FLOAT32_MAX, closed="right"),
+    "temperature": _reals(0.0),
     "embedding_dim": _size("embedding_dim"),
     "hidden_size": _size("hidden_size"),
     "num_layers": _size("num_layers"),
@@ -98,9 +105,9 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "max_grad_norm": [*_reals(0.0), None],
     "early_stopping": ["boolean"],
     "early_stopping_metric": [StrOptions({"loss", "exact_match"})],
-    "validation_fraction": _reals(0.0, 1.0),
+    "validation_fraction": _reals(0.0, 1.0, closed="neither"),
     "n_iter_no_change": _at_least(1),
-    "tol": _reals(0.0, closed="left"),
+    "tol": _reals(0.0, closed="both"),
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
     "n_threads": [_Range(Integral, 1, MAX_THREADS, closed="both"), None],

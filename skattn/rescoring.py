@@ -30,37 +30,38 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment
-from skattn.core.text import (
-    as_token_lists,
-    as_token_pairs,
-    detokenize,
-    ordered_items,
-)
+from skattn.core.checks import FLOAT32_MAX
+from skattn.core.text import as_outputs, as_token_lists, detokenize, ordered_items
 from skattn.metrics import exact_match
 
 __all__ = ["NBestReranker", "estimator_log_likelihood"]
+
+#: ``(|c| + 1) ** a`` stays finite in float64 for every output an artifact may carry (4,097
+#: tokens with EOS: about 1e289) up to this exponent; 0 to 1 are the usual ones.
+MAX_LENGTH_EXPONENT = 80.0
 
 
 def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str) -> np.ndarray:
     """``estimator.log_likelihood(X, y)`` of a fitted ``Seq2Seq`` or ``Seq2SeqEnsemble``, whose
     fitted tokenizer is ``tokenizer``: its decoder stepped over the given outputs
-    (:meth:`skattn.core.inference.Translator.log_likelihoods`, as the runtime does).
+    (:meth:`skattn.core.inference.Translator.log_likelihoods`, as the runtime does), at the
+    estimator's attention ``temperature`` (as its search and its export score).
 
     An output token outside the model's target vocabulary cannot be produced: its pair scores
-    ``-inf``. Scored at attention temperature 1: another ``temperature`` set on the estimator
-    raises ``ValueError``.
+    ``-inf``. Outputs are given as the model predicts them: token lists for a model fitted on
+    token lists (a string would be split by the tokenizer into other tokens).
     """
     check_is_fitted(estimator)
     estimator._validate_params()
-    if estimator.temperature != 1.0:
-        raise ValueError(
-            f"log_likelihood scores at temperature 1, the teacher-forced pass's; the estimator "
-            f"has temperature={estimator.temperature!r}: set_params(temperature=1.0) first"
-        )
     translator = estimator._translator()  # first: an ensemble checks its members again
-    sources, targets, _ = as_token_pairs(X, y, tokenizer)
+    sources, _ = as_token_lists(X, "X", tokenizer)
+    targets = as_outputs(y, "y", tokenizer, estimator.output_kind_)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"X and y must have the same length, got {len(sources)} and {len(targets)}"
+        )
     with allotment.torch_threads(estimator.n_threads):
-        return translator.log_likelihoods(sources, targets, temperature=1.0)
+        return translator.log_likelihoods(sources, targets, temperature=estimator.temperature)
 
 
 class NBestReranker(BaseEstimator):
@@ -117,8 +118,13 @@ class NBestReranker(BaseEstimator):
     def _facts(self) -> tuple[str, str]:
         """The model's tokenizer and output kind: a fitted estimator's or a runtime's."""
         model = self.estimator
+        if not all(callable(getattr(model, name, None)) for name in ("predict", "log_likelihood")):
+            raise ValueError(
+                "estimator must be a fitted Seq2Seq or Seq2SeqEnsemble or a serving.load "
+                f"runtime (with predict and log_likelihood), got {type(model).__name__}"
+            )
         manifest = getattr(model, "manifest", None)
-        if manifest is not None and hasattr(model, "log_likelihood"):  # serving.load(...)
+        if manifest is not None:  # serving.load(...)
             return manifest.tokenizer, manifest.output_kind
         check_is_fitted(model)
         return model.tokenizer, model.output_kind_
@@ -127,17 +133,28 @@ class NBestReranker(BaseEstimator):
         self._facts()
         if not callable(self.nbest):
             raise ValueError(f"nbest must be callable, got {type(self.nbest).__name__}")
-        for name in ("weights", "length_exponents"):
+        for name, high in (("weights", FLOAT32_MAX), ("length_exponents", MAX_LENGTH_EXPONENT)):
             grid = getattr(self, name)
-            if not _finite_reals(grid, allow_empty=False) or min(grid) < 0:
-                raise ValueError(f"{name} must be a non-empty sequence of floats >= 0")
-        if not _finite_reals([self.missing_penalty]) or self.missing_penalty < 0:
-            raise ValueError(f"missing_penalty must be a float >= 0, got {self.missing_penalty!r}")
+            if not (
+                isinstance(grid, Sequence | np.ndarray)  # not a generator: fit reads it again
+                and _finite_reals(grid, allow_empty=False)
+                and 0 <= min(grid)
+                and max(grid) <= high
+            ):
+                raise ValueError(
+                    f"{name} must be a non-empty sequence (a list, a tuple or an array) of "
+                    f"floats from 0 to {high:g}, got {grid!r:.80}"
+                )
+        penalty = self.missing_penalty
+        if not (_finite_reals([penalty]) and 0 <= penalty <= FLOAT32_MAX):
+            raise ValueError(
+                f"missing_penalty must be a float from 0 to {FLOAT32_MAX:g}, got {penalty!r}"
+            )
 
     def _candidates(self, X: Sequence) -> tuple[list[list[list[str]]], np.ndarray, np.ndarray]:
         """Per source its candidates' tokens, and flat arrays of their model log-likelihoods
         and the other system's scores (the missing ones filled in)."""
-        tokenizer, _ = self._facts()
+        tokenizer, output_kind = self._facts()
         X = ordered_items(X, "X")
         sources, _ = as_token_lists(X, "X", tokenizer)
         lists = self.nbest(list(X))
@@ -161,7 +178,8 @@ class NBestReranker(BaseEstimator):
                 output, score = entry
                 if not _finite_reals([score]):
                     raise ValueError(f"nbest's score for source {i} is not a finite number")
-                tokens, _ = as_token_lists([output], f"nbest's output for source {i}", tokenizer)
+                name = f"nbest's output for source {i}"
+                tokens = as_outputs([output], name, tokenizer, output_kind)
                 scored.setdefault(tuple(tokens[0]), float(score))
             floor = min(scored.values(), default=0.0) - self.missing_penalty
             answer_tokens, _ = as_token_lists([answer], "prediction", tokenizer)

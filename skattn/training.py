@@ -267,7 +267,11 @@ class Trainer:
         validation: bool,
         decode: Callable[[list[list[int]]], list[list[int]]],
     ) -> Trainer:
-        """A trainer whose settings and callbacks carry out an estimator's ``get_params()``."""
+        """A trainer whose settings and callbacks carry out an estimator's ``get_params()``.
+
+        NumPy scalars become Python numbers first: ``batch_size=np.int8(100)`` is a valid
+        parameter, and ``100 * 50`` in int8 arithmetic would wrap to a negative window."""
+        params = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
         return cls(
             module,
             src,

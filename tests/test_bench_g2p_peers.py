@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -155,6 +156,10 @@ def test_phonetisaurus_learns_a_lexicon_and_estimates_other_orders_from_one_alig
         scores = [score for _, score in items]
         assert 1 <= len(items) <= 3 and scores == sorted(scores, reverse=True)
         assert all(score <= 1e-6 for score in scores)
+    assert model.nbest(["ZZZ"], k=3) == [[]]  # letters it never saw: no pronunciation at all
+    with pytest.raises(ValueError, match="k must be an int >= 1"):
+        model.nbest(["ABCD"], k=0)
+    assert copy.deepcopy(model) is model  # clone() of a reranker holding model.nbest
 
 
 @pytest.mark.skipif(

@@ -22,12 +22,12 @@ def model():
     return fit(max_steps=60)
 
 
-def search_scores(estimator, sources):
+def search_scores(estimator, sources, temperature=1.0):
     """The greedy search's score (summed log-probabilities, EOS included) of each answer, and
     whether the answer ended with EOS (not cut at the output limit)."""
     limit = estimator._output_limit()
     ids = source_ids(estimator.source_vocab_, [list(s) for s in sources])
-    settings = SearchSettings(beam_size=1, max_length=limit)
+    settings = SearchSettings(beam_size=1, max_length=limit, temperature=temperature)
     hypotheses = estimator._translator().decode(ids, settings)
     return np.array([h.score for h in hypotheses]), [len(h.tokens) < limit for h in hypotheses]
 
@@ -60,21 +60,41 @@ def test_log_likelihood_refuses_what_it_cannot_score(model):
     assert model.log_likelihood(["abc"], ["cbq"])[0] == -np.inf  # "q": not a target token
     with pytest.raises(ValueError, match="same length|2 .* 1|length"):
         model.log_likelihood(["abc", "ab"], ["cba"])
-    model.set_params(temperature=0.5)
-    try:
-        with pytest.raises(ValueError, match="temperature"):
-            model.log_likelihood(["abc"], ["cba"])
-    finally:
-        model.set_params(temperature=1.0)
     with pytest.raises(ValueError, match="fitted|fit"):
         Seq2Seq().log_likelihood(["abc"], ["cba"])
 
 
-def reversal_nbest(wrong_score: float, right_score: float):
+def test_log_likelihood_scores_at_the_estimators_temperature_as_its_search_does(model):
+    model.set_params(temperature=0.5)
+    try:
+        expected, ended = search_scores(model, FEW, temperature=0.5)
+        scores = model.log_likelihood(FEW, model.predict(FEW))
+    finally:
+        model.set_params(temperature=1.0)
+    np.testing.assert_allclose(scores[ended], expected[ended], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(scores, model.log_likelihood(FEW, model.predict(FEW)))
+
+
+def test_a_model_fitted_on_token_lists_refuses_outputs_given_as_strings(tmp_path):
+    # "K AE T" split by the char tokenizer would be K, " ", A, E, ...: silently -inf
+    X, y = ["cat", "act", "tac"] * 4, [["K", "AE", "T"], ["AE", "K", "T"], ["T", "AE", "K"]] * 4
+    tokens_model = fit(X, y, max_steps=2)
+    runtime = load(tokens_model.export_onnx(tmp_path / "model"))
+    for scorer, name in ((tokens_model, "y"), (runtime, "outputs")):
+        assert np.isfinite(scorer.log_likelihood(["cat"], [["K", "AE", "T"]])[0])
+        with pytest.raises(ValueError, match=f"{name} holds strings, but the model was fitted"):
+            scorer.log_likelihood(["cat"], ["K AE T"])
+    reranker = NBestReranker(tokens_model, lambda sources: [[("K AE T", 0.0)] for _ in sources])
+    with pytest.raises(ValueError, match="nbest's output for source 0 holds strings"):
+        reranker.fit(["cat"], [["K", "AE", "T"]])
+
+
+def reversal_nbest(wrong_score: float, right_score: float, as_tokens: bool = False):
     """A stand-in for another system: the right answer and a wrong one, with these scores."""
 
     def nbest(sources):
-        return [[(s[::-1][1:] + "a", wrong_score), (s[::-1], right_score)] for s in sources]
+        pairs = [[(s[::-1][1:] + "a", wrong_score), (s[::-1], right_score)] for s in sources]
+        return [[(list(c) if as_tokens else c, e) for c, e in p] for p in pairs]
 
     return nbest
 
@@ -99,7 +119,7 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
     reranked = misleading.predict(test)
     assert np.mean([p == s[::-1] for p, s in zip(reranked, test, strict=True)]) >= own
     tokens_model = fit(X_TRAIN, [list(y) for y in Y_TRAIN], max_steps=2)
-    as_tokens = NBestReranker(tokens_model, reversal_nbest(-50.0, 0.0), weights=[1.0])
+    as_tokens = NBestReranker(tokens_model, reversal_nbest(-50.0, 0.0, True), weights=[1.0])
     assert as_tokens.fit(dev[:5], [list(s[::-1]) for s in dev[:5]]).predict(["abc"]) == [
         ["c", "b", "a"]
     ]
@@ -117,11 +137,15 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
         ({"nbest": reversal_nbest(0, 0), "weights": [-1.0]}, "weights"),
         ({"nbest": reversal_nbest(0, 0), "length_exponents": ["1"]}, "length_exponents"),
         ({"nbest": reversal_nbest(0, 0), "missing_penalty": -1}, "missing_penalty"),
+        ({"nbest": reversal_nbest(0, 0), "weights": iter([1.0])}, "weights must be a non-"),
+        ({"nbest": reversal_nbest(0, 0), "weights": [1e308]}, "weights"),
+        ({"nbest": reversal_nbest(0, 0), "length_exponents": [1e3]}, "length_exponents"),
+        ({"nbest": reversal_nbest(0, 0), "estimator": "model"}, "estimator must be a fitted"),
     ],
 )
 def test_the_reranker_refuses_bad_settings_and_bad_lists(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        NBestReranker(model, **kwargs).fit(["abc", "ab"], ["cba", "ba"])
+        NBestReranker(**{"estimator": model, **kwargs}).fit(["abc", "ab"], ["cba", "ba"])
 
 
 def test_an_exported_model_scores_as_the_estimator_and_reranks_alike(model, tmp_path):

@@ -261,6 +261,55 @@ def test_a_diverging_refit_leaves_the_fitted_model_as_it_was(data, warm_start):
     assert model.predict(X) == predictions
 
 
+def test_an_interrupted_warm_refit_leaves_the_fitted_model_as_it_was(data, monkeypatch):
+    X, y = data
+    model = Seq2Seq(max_epochs=2, **TINY).fit(X, y)
+    before, history, module = weights(model), list(model.history_), model.module_
+    vocab, calls = model.target_vocab_, []
+
+    def interrupt(self, *args):  # Ctrl-C at the third step
+        calls.append(1)
+        if len(calls) % 3 == 0:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(callbacks.Budget, "on_step_end", interrupt)
+    model.set_params(warm_start=True)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(X + ["789"], y + ["987"])  # a new token: vocabularies would change cold
+    assert model.module_ is module and model.history_ == history and not module.training
+    assert all(torch.equal(t, before[n]) for n, t in weights(model).items())
+    model.set_params(warm_start=False)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(X + ["789"], y + ["987"])  # a new module, vocabularies and limits
+    assert model.module_ is module and model.target_vocab_ is vocab
+
+
+def test_the_plateau_schedule_counts_a_warm_starts_weights_as_its_baseline():
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    trainer = SimpleNamespace(optimizer=optimizer)
+    plateau = callbacks.PlateauSchedule(callbacks.Monitor(("loss",), (1.0,), 0.0))
+    plateau.on_baseline(trainer, {"loss": 1.0})
+    plateau.on_epoch_end(trainer, {"loss": 5.0})  # worse than the weights it started from
+    assert optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_numpy_integers_train_as_python_integers(data):
+    import numpy as np
+
+    X, y = data
+    model = Seq2Seq(**{**TINY, "batch_size": np.int8(100), "max_epochs": np.int8(2)}).fit(X, y)
+    assert model.n_steps_ == 2 and model.n_iter_ == 2  # 100 * 50 in int8 would wrap negative
+
+
+@pytest.mark.parametrize(
+    "name", ["max_time", "tol", "learning_rate", "max_grad_norm", "batch_size", "max_epochs"]
+)
+def test_a_number_too_large_for_a_float_is_refused_by_name(data, name):
+    X, y = data
+    with pytest.raises(ValueError, match=name):
+        Seq2Seq(**{**TINY, name: 10**400}).fit(X, y)
+
+
 def test_warm_start_refuses_another_tokenizer_and_predict_refuses_it_too(data):
     X, y = data
     model = Seq2Seq(max_epochs=1, warm_start=True, **TINY).fit(X, y)

@@ -356,6 +356,20 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     return token_lists, kinds.pop()
 
 
+def as_outputs(items: Any, name: str, tokenizer: str, output_kind: str) -> list[list[str]]:
+    """Outputs to score, as token lists (:func:`as_token_lists`), given as the model gives them:
+    a model fitted on token lists refuses strings, which its tokenizer would split into other
+    tokens (``"K AE T"`` read by the char tokenizer is ``K``, `` ``, ``A``, ...: a pronunciation
+    the model can never produce, so it would score ``-inf`` without a word)."""
+    token_lists, kind = as_token_lists(items, name, tokenizer)
+    if kind == "str" and output_kind == "tokens":
+        raise ValueError(
+            f"{name} holds strings, but the model was fitted on token lists (its predictions "
+            f"are token lists): give each output as a list of tokens"
+        )
+    return token_lists
+
+
 def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
     """Sources and targets as token lists (:func:`as_token_lists`), checked to pair up; also
     the kind the targets were (``"str"`` or ``"tokens"``)."""
