@@ -315,8 +315,12 @@ class _GuardedProtocol:
             self._header_timer = None
 
     def _idle(self) -> bool:
+        """No request in progress: the last one (if any) was answered, and no byte of the next
+        one's request line or headers has come (a request part-way through its headers is
+        not idle, however long ago its last byte came)."""
         cycle = self.cycle
-        return cycle is None or cycle.response_complete
+        answered = cycle is None or cycle.response_complete
+        return answered and not (self._awaiting_headers and self._header_bytes)
 
     def _close_an_idle_connection(self) -> bool:
         idle = [

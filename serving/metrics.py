@@ -13,6 +13,12 @@ Every series carries a ``model`` label, so that one server can host several mode
 Requests for a model the server does not have count under ``model=""``, ``outcome="not_found"``
 (the name a client sent never becomes a label: that would let clients grow the series); a
 request for a version a served model does not have counts under that model.
+
+``skattn_requests_total`` counts the POSTs that reach the inference handler. Requests refused
+before it are not counted, as they name no model the server has vouched for: the connection
+limits' answers (408, 431, 503 for too many connections, malformed HTTP), the guard's (400 for
+a Host not allowed, 403 for a cross-origin POST, 415 for a Content-Type no inference request
+has) and 405 for another method on an inference path. A proxy in front of the server sees them.
 """
 
 from __future__ import annotations

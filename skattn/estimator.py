@@ -42,8 +42,11 @@ class Seq2Seq(PortableModule, BaseEstimator):
 
     An encoder (bi-RNN or Transformer) reads the source (``tokens + [EOS]``), a decoder (Bahdanau
     or Luong with any scorer, or Transformer) writes the target token by token, greedily
-    (``beam_size=1``) or by length-normalised beam search. Sizes per family: ``ModelConfig``; a
-    parameter a family does not read works at its default only (else ``ValueError`` says why).
+    (``beam_size=1``) or by length-normalised beam search. Sizes per family: ``ModelConfig``.
+    The Transformer families take a parameter they do not read at its default only (else
+    ``ValueError`` says why); the RNN decoders ignore the settings of other RNN variants
+    (``input_feeding`` under Bahdanau, ``window`` under global attention, ``scorer`` under
+    ``attention="none"``), so that one grid ranges over all of them.
 
     Parameters
     ----------

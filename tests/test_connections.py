@@ -295,6 +295,30 @@ def test_at_max_connections_an_idle_connection_makes_room(serve):
             sock.close()
 
 
+def test_a_connection_part_way_through_its_headers_is_not_idle(serve):
+    server = serve(limits=ConnectionLimits(max_connections=2, health_connections=1))
+    body = b'{"inputs":[{"name":"source","shape":[1],"datatype":"BYTES","data":["abc"]}]}'
+    request = (
+        b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    started = connect(server, timeout=10)
+    started.sendall(request[:20])  # the oldest connection, part-way through its headers
+    time.sleep(0.1)
+    idle = connect(server, timeout=10)  # newer, but it has sent nothing
+    time.sleep(0.1)
+    newest = connect(server, timeout=10)  # over the bound: the idle one makes room
+    time.sleep(0.2)
+    try:
+        started.sendall(request[20:])
+        assert started.recv(65536).startswith(b"HTTP/1.1 200 ")
+        answer, _ = read_until_closed(idle, limit_s=2)
+        assert answer == b""
+    finally:
+        for sock in (started, idle, newest):
+            sock.close()
+
+
 def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, limits=ConnectionLimits(max_connections=3, health_connections=1))

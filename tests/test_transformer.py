@@ -163,6 +163,9 @@ def test_mismatched_head_counts_raise():
         MultiHeadAttention(10, 4)
     with pytest.raises(ValueError, match="num_kv_heads"):
         MultiHeadAttention(16, 4, num_kv_heads=3)
+    for heads, kv_heads, name in ((0, None, "num_heads"), (-4, None, "num_heads"), (4, 0, "kv")):
+        with pytest.raises(ValueError, match=f"{name}.* must be an int >= 1"):
+            MultiHeadAttention(16, heads, kv_heads)  # not a ZeroDivisionError or torch's error
 
 
 # ---------------------------------------------------------------- positions

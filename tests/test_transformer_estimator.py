@@ -94,6 +94,9 @@ def artifact(fitted, tmp_path_factory):
         (dict(TRANSFORMER, cell="lstm"), "cell", "no RNN runs"),
         (dict(TRANSFORMER, embedding_dim=32), "embedding_dim", "no RNN runs"),
         (dict(num_kv_heads=1), "num_kv_heads", "only the Transformer blocks"),
+        # not "must divide num_heads": the field does not apply at all
+        (dict(num_kv_heads=2), "num_kv_heads", "only the Transformer blocks"),
+        (dict(decoder="transformer", num_heads=3), "decoder", "needs encoder='transformer'"),
         (dict(ffn_size=64), "ffn_size", "only the Transformer blocks"),
         (dict(positions="none"), "positions", "only the Transformer blocks"),
         (dict(TRANSFORMER, num_heads=4, num_kv_heads=3), "num_kv_heads", "must divide"),

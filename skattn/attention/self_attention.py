@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from skattn.attention.softmax import masked_softmax
+from skattn.core.checks import check_int
 
 __all__ = ["MultiHeadAttention", "repeat_kv", "scaled_dot_product"]
 
@@ -118,7 +119,9 @@ class MultiHeadAttention(nn.Module):
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, bias: bool = True
     ) -> None:
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        d_model = check_int(d_model, "d_model", 1)
+        num_heads = check_int(num_heads, "num_heads", 1)
+        num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1, none_ok=True) or num_heads
         if d_model % num_heads:
             raise ValueError(f"num_heads={num_heads} must divide d_model={d_model}")
         if num_heads % num_kv_heads:

@@ -164,6 +164,8 @@ class ModelConfig:
         if not isinstance(self.input_feeding, bool | np.bool_):
             raise ValueError(f"input_feeding must be a bool, got {self.input_feeding!r}")
         clean["input_feeding"] = bool(self.input_feeding)
+        # the families first: a field that does not apply says so, not that it fails to divide
+        clean |= _check_families(clean)
         if clean["hidden_size"] % clean["num_heads"]:
             raise ValueError(
                 f"num_heads must divide hidden_size, got num_heads={self.num_heads} and "
@@ -175,7 +177,6 @@ class ModelConfig:
                 f"num_kv_heads must divide num_heads, got num_kv_heads={kv_heads} and "
                 f"num_heads={self.num_heads}"
             )
-        clean |= _check_families(clean)
         for name, value in clean.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
 
