@@ -86,6 +86,7 @@ import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import build_model, evaluate, load_g2p_en, load_splits  # noqa: E402
 
 from skattn.core.artifact import read_artifact  # noqa: E402
+from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.datasets import group_pronunciations  # noqa: E402
 from skattn.quantize import quantize_artifact  # noqa: E402
 
@@ -229,7 +230,8 @@ def rerank_row(name: str, model, train_seconds, phonetisaurus, data, args) -> di
     from skattn.rescoring import NBestReranker
 
     k = args.rerank
-    reranker = NBestReranker(model, lambda words: phonetisaurus.nbest(words, k))
+    jobs = usable_cores()  # the bindings hold the GIL: a forked process per core
+    reranker = NBestReranker(model, lambda words: phonetisaurus.nbest(words, k, n_jobs=jobs))
     dev_words, dev_references = group_pronunciations(*data["dev"])
     reranker.fit(dev_words, dev_references)
     scores = evaluate(reranker.predict, *data["test"])

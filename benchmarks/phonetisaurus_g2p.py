@@ -20,6 +20,7 @@ shortest path, as ``phonetisaurus-g2pfst --nbest=1`` with its defaults (beam 100
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import numbers
 import os
 import resource
@@ -172,7 +173,9 @@ class Phonetisaurus:
             predictions.append([model.FindOsym(label) for label in best])
         return predictions
 
-    def nbest(self, words: list[str], k: int = 10) -> list[list[tuple[list[str], float]]]:
+    def nbest(
+        self, words: list[str], k: int = 10, n_jobs: int = 1
+    ) -> list[list[tuple[list[str], float]]]:
         """Each word's ``k`` best pronunciations with their scores, best first, as
         :class:`skattn.rescoring.NBestReranker` takes them (``phonetisaurus-g2pfst
         --nbest=k``).
@@ -183,13 +186,33 @@ class Phonetisaurus:
         A word the model cannot read at all (only letters it never saw) gets an empty list,
         never an empty pronunciation at the best score; unknown letters inside a word are
         skipped, as ``phonetisaurus-g2pfst`` does.
+
+        The bindings hold the GIL, so ``n_jobs > 1`` splits the words over that many forked
+        processes (each reads the model already in memory); the lists are the same.
         """
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
+        if isinstance(n_jobs, bool) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
+            raise ValueError(f"n_jobs must be an int >= 1, got {n_jobs!r}")
+        words = list(words)
+        if n_jobs == 1 or len(words) < 16 * n_jobs:
+            return self._nbest(words, int(k))
+        global _FORKED
+        size = -(-len(words) // (4 * n_jobs))  # 4 chunks a process: the slowest waits less
+        chunks = [(words[i : i + size], int(k)) for i in range(0, len(words), size)]
+        _FORKED = self
+        try:
+            with multiprocessing.get_context("fork").Pool(int(n_jobs)) as pool:
+                parts = pool.map(_forked_nbest, chunks)
+        finally:
+            _FORKED = None
+        return [lists for part in parts for lists in part]
+
+    def _nbest(self, words: list[str], k: int) -> list[list[tuple[list[str], float]]]:
         model = self.model_
         lists = []
         for word in words:
-            paths = model.Phoneticize(word, int(k), 10000, 99.0, False, False, 0.0)
+            paths = model.Phoneticize(word, k, 10000, 99.0, False, False, 0.0)
             found = [([model.FindOsym(x) for x in p.Uniques], -p.PathWeight) for p in paths]
             lists.append([(tokens, score) for tokens, score in found if tokens])
         return lists
@@ -198,6 +221,16 @@ class Phonetisaurus:
         """Itself: a fitted model never changes (its SWIG model cannot be copied), so that
         ``clone`` of an estimator that holds ``model.nbest`` (a ``NBestReranker``) works."""
         return self
+
+
+#: The model a forked :meth:`Phonetisaurus.nbest` worker reads (set in the parent just before
+#: the fork, so each child has it in memory without pickling the SWIG object).
+_FORKED: Phonetisaurus | None = None
+
+
+def _forked_nbest(chunk: tuple[list[str], int]) -> list[list[tuple[list[str], float]]]:
+    words, k = chunk
+    return _FORKED._nbest(words, k)
 
 
 def _binary_dir() -> Path:

@@ -29,6 +29,7 @@ import phonetisaurus_g2p as ps  # noqa: E402
 from g2p_cmudict import evaluate, load_splits, subsample_words  # noqa: E402
 
 import serving  # noqa: E402
+from skattn.core.checks import usable_cores  # noqa: E402
 from skattn.datasets import group_pronunciations  # noqa: E402
 from skattn.rescoring import NBestReranker  # noqa: E402
 
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         print(f"Phonetisaurus: training on {len(set(data['train'][0])):,} words", flush=True)
         phonetisaurus = ps.Phonetisaurus(ps.Options(order=7), workdir).fit(*data["train"])
-    reranker = NBestReranker(runtime, lambda words: phonetisaurus.nbest(words, args.nbest))
+    jobs = usable_cores()  # the bindings hold the GIL: a forked process per core
+    reranker = NBestReranker(
+        runtime, lambda words: phonetisaurus.nbest(words, args.nbest, n_jobs=jobs)
+    )
     reranker.fit(*group_pronunciations(*data["dev"]))
     print(
         f"chosen on {len(set(data['dev'][0])):,} dev words: weight {reranker.weight_:g}, "

@@ -160,6 +160,9 @@ def test_phonetisaurus_learns_a_lexicon_and_estimates_other_orders_from_one_alig
     with pytest.raises(ValueError, match="k must be an int >= 1"):
         model.nbest(["ABCD"], k=0)
     assert copy.deepcopy(model) is model  # clone() of a reranker holding model.nbest
+    assert model.nbest(X, k=3, n_jobs=2) == model.nbest(X, k=3)  # 400 words in forked workers
+    with pytest.raises(ValueError, match="n_jobs must be an int >= 1"):
+        model.nbest(X, n_jobs=0)
 
 
 @pytest.mark.skipif(
