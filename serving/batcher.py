@@ -3,7 +3,8 @@
 A queue of ``(item, future)`` pairs, filled by request handlers on the event loop and drained
 by one scheduling task. A batch is taken when ``max_batch_size`` items wait or the oldest has
 waited ``max_delay_ms``; it holds only items of its lead item's temperature and attention
-layer and head (different ones never share a batch), chosen closest to the lead in source
+layer and head (different ones never share a batch; a request that names the model's own
+temperature runs with those that name none), chosen closest to the lead in source
 length (in characters, a proxy for tokens) to limit padding, within ``max_batch_size`` items and
 ``max_batch_chars`` padded characters. Requests take turns at leading a batch, in a rotation
 (:meth:`Batcher._rotate`), so that a request of many long items cannot hold the worker for
@@ -122,6 +123,8 @@ class Batcher:
         self._reads: dict[int, float] = {}
         self._read_tokens = 0
         self.runtime = runtime
+        # a request that names the model's own temperature joins the items that name none
+        self._own_temperature = getattr(getattr(runtime, "manifest", None), "temperature", None)
         self._own_executor = executor is None
         self._executor = executor
         self._metrics = metrics
@@ -252,6 +255,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         self._submits += 1
         self._clock += 1
+        if temperature is not None and temperature == self._own_temperature:
+            temperature = None  # the same search as the model's own: the same batches
         maps = (layer, head) if with_attention and (layer, head) != (None, None) else None
         request, turn = self._submits, self._clock
         items = [

@@ -223,6 +223,31 @@ def test_items_are_grouped_by_source_length():
     ]
 
 
+def test_a_request_naming_the_models_own_temperature_shares_the_batch_of_those_naming_none():
+    from types import SimpleNamespace
+
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        runtime.manifest = SimpleNamespace(temperature=1.0)
+        batcher = await started(runtime, max_batch_size=64, max_delay_ms=0)
+        first = asyncio.ensure_future(batcher.infer(["hold"]))
+        await wait_for_batches(runtime, 1)
+        requests = [
+            asyncio.ensure_future(batcher.infer([f"src{i}"], temperature=t))
+            for i, t in enumerate([None, 1.0, None, 0.5])
+        ]
+        await asyncio.sleep(0)
+        runtime.release()
+        await first
+        await asyncio.gather(*requests)
+        await batcher.stop()
+        return runtime
+
+    runtime = run(body())
+    batches = [(sources, t) for sources, t, _ in runtime.calls[1:]]
+    assert batches == [(["src0", "src1", "src2"], None), (["src3"], 0.5)]
+
+
 def test_different_temperatures_never_share_a_batch():
     async def body():
         runtime = ReverseRuntime(gated=True)
