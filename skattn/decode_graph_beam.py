@@ -394,7 +394,9 @@ def beam_search(
     steps = b.squeeze(width, 0)  # ()
     open_ = b.op("Equal", final["n_finished"], b.const(0, np.int64))  # (m,)
     live_slot, live_score = _best_live(b, final["beam_lp"], steps, alpha)
-    row = b.op("Add", _first_rows(b, b.dim(final["items"], 0), b.const([K], np.int64)), live_slot)
+    # rows per item: K, or 1 where no step ran (max_length <= 0 for two or more items)
+    per_item = b.dim(final["beam_lp"], 1)  # (1,)
+    row = b.op("Add", _first_rows(b, b.dim(final["items"], 0), per_item), live_slot)
     results = _keep_best(b, open_, row, live_score, steps, final)
     outs = {key: final[f"out_{key}"] for key in ("score", "length", "tokens", "paths")}
     score, length, tokens, attention = _write(

@@ -334,7 +334,8 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
             if path.name in manifest.files:
                 graph = quantize_model(onnx.load(path), ranges, quantization)
                 onnx.save_model(graph, destination / path.name)
-            elif path.is_file() and path.name != MANIFEST_FILE:
+            elif path.is_file() and path.name != MANIFEST_FILE and path.suffix != ".onnx":
+                # (a graph the manifest does not list would be listed unquantized by with_files)
                 shutil.copy2(path, destination / path.name)
         quantized = dataclasses.replace(manifest, quantization=quantization)
         quantized = quantized.with_files(destination)

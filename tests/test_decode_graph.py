@@ -137,6 +137,19 @@ def test_decode_graph_equals_the_numpy_search(kind, search, tmp_path):
     assert attention.shape == (*tokens.shape, src.shape[1])
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_step_at_max_length_zero_gives_empty_outputs_for_any_batch(beam_size, tmp_path):
+    estimator = briefly_trained((("decoder", "bahdanau"),))
+    directory = export_estimator(estimator, tmp_path / "model", beam_size=beam_size)
+    _, _, _, decode = sessions(directory)
+    for B in (1, 2, 3):  # beam search starts two or more items on one row each
+        src, lengths = digit_sources(B, 5, seed=B)
+        for max_length in (0, -1):
+            tokens, out_lengths, attention, _ = run_decode(decode, src, lengths, max_length, 1.0)
+            assert tokens.shape == (B, 0) and attention.shape == (B, 0, 5)
+            assert out_lengths.tolist() == [0] * B
+
+
 def test_beam_scores_are_length_normalised_log_probabilities(tmp_path):
     """The score of each result is its summed log-probability / length ** alpha, recomputed
     here from the step graph by teacher forcing the graph's own tokens."""

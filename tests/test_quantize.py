@@ -611,6 +611,20 @@ def test_quantize_artifact_and_its_command_match_export(
         assert serving.load(directory, "cpu").predict(reversal_data[2]) == expected
 
 
+def test_a_graph_the_manifest_does_not_list_is_not_carried_into_the_int8_artifact(
+    int8_artifacts, tmp_path
+):
+    import shutil
+
+    floats = shutil.copytree(int8_artifacts[3][0], tmp_path / "floats")
+    manifest = json.loads((floats / "manifest.json").read_text())
+    del manifest["files"]["decode.onnx"]  # left on disk, unlisted: not part of the artifact
+    (floats / "manifest.json").write_text(json.dumps(manifest))
+    quantized = quantize_artifact(floats, tmp_path / "int8")
+    assert not (quantized / "decode.onnx").exists()  # else listed, float32, as int8's
+    assert "decode.onnx" not in json.loads((quantized / "manifest.json").read_text())["files"]
+
+
 def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, tmp_path):
     floats, int8 = int8_artifacts[1]
     with pytest.raises(ValueError, match="quantize must be None or one of"):
