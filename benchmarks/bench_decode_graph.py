@@ -65,11 +65,10 @@ def fit(name: str, args: argparse.Namespace):
 
 def fit_reversal(name, decoder, scorer, hidden, embedding, train_steps, seed):
     """A reversal model of this size fitted briefly on one thread (``train_steps`` steps)."""
-    import torch
 
     from skattn import Seq2Seq
 
-    torch.set_num_threads(1)
+    machine.use_threads(1)
     X = reversal_data(1024, seed)
     print(f"training {name} for {train_steps} steps ...", file=sys.stderr, flush=True)
     return Seq2Seq(

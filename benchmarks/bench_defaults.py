@@ -17,7 +17,7 @@ import ast
 import statistics
 import time
 
-import torch
+import machine
 
 from skattn import Seq2Seq
 from skattn.datasets import make_reversal
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--random-states", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    machine.use_threads(args.threads)
     results: dict[str, list] = {c: [] for c in args.candidate}
     for random_state in args.random_states:
         for candidate in args.candidate:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all levers")
     parser.add_argument("--quick", action="store_true", help="a small model, a few steps")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    machine.use_threads(args.threads)
 
     X, y = load_cmudict("train")
     base = dict(

@@ -361,7 +361,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--skattn-args", default="", help="more options of examples/g2p_cmudict.py, quoted")
     add("--max-minutes", type=float, default=50.0, help="budget of --skattn-train")
-    add("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
     add(
         "--serving-workers",
         type=int,
@@ -401,9 +401,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+        machine.use_threads(args.threads)
     if args.quick:
         n_train, n_dev, n_test = QUICK_SIZES
         data = load_splits(n_dev, n_train, args.seed)

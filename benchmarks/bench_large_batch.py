@@ -36,6 +36,7 @@ import math
 import statistics
 
 import bench_defaults
+import machine
 import torch
 
 BASE_BATCH, BASE_LR = 64, 3e-3
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-states", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    machine.use_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.examples} examples a fit")
     results: dict[str, list] = {label: [] for label, *_ in ROWS}
     for random_state in args.random_states:

@@ -202,6 +202,7 @@ def train_reversal_model(directory: Path, seed: int) -> Path:
         learning_rate=1e-2,
         random_state=seed,
         device="cpu",
+        n_threads=1,  # the estimator sets torch's threads for each fit and predict
     )
     return fit_and_export(model, sources, [s[::-1] for s in sources], directory, "a reversal model")
 

@@ -1,4 +1,5 @@
-"""Which CPU a benchmark ran on: its model name and the vector extensions that move the figures.
+"""Which CPU a benchmark ran on (its model name and the vector extensions that move the figures),
+and how many torch threads it trains and predicts with.
 
 The same "2-core machine" has come as different hosts: sessions have run on one without VNNI
 (AVX2 int8 products) and on one with AVX-512 VNNI and AMX, where the int8 G2P member decodes
@@ -8,12 +9,13 @@ benchmarks print :func:`describe` in their headers.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
 from skattn.core.checks import usable_cores
 
-__all__ = ["FLAGS", "cpu_flags", "describe"]
+__all__ = ["FLAGS", "cpu_flags", "describe", "use_threads"]
 
 #: The ``/proc/cpuinfo`` flags that change what onnxruntime's and torch's kernels can use: wider
 #: vectors, int8 dot products (VNNI), bfloat16 and the AMX tile units.
@@ -52,3 +54,14 @@ def describe(cpuinfo_path: str | Path = "/proc/cpuinfo") -> str:
     return f"CPU: {model or 'unknown'}; ISA: {flags or 'none of ' + '/'.join(FLAGS)}; " + (
         f"{usable_cores()} usable cores"
     )
+
+
+def use_threads(threads: int) -> None:
+    """Run this process's torch work on ``threads`` threads, the estimator's fits and
+    predictions included: ``torch.set_num_threads`` alone is not enough, since the estimator
+    sets torch's threads to its ``n_threads`` for each call, and by default (``None``) that
+    follows ``OMP_NUM_THREADS`` where it is set (``skattn.allotment``), else the usable cores."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import torch
 from reversal_attention import format_table, run_experiment, save_heatmap
 
 import serving
@@ -185,14 +184,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.out is None:  # a smoke run must not overwrite the README's figure
         args.out = Path(tempfile.mkdtemp(prefix="skattn-demo-")) if args.quick else Path("docs")
-    torch.set_num_threads(args.threads)
 
     print("== 1. the seeds' worked examples ==")
     seeds_worked_examples()
 
     steps = 20 if args.quick else 250
     print(f"\n== 2. digit reversal, {steps} training steps, with and without attention ==")
-    rows, models = run_experiment(steps, n_eval=100 if args.quick else 500, verbose=True)
+    rows, models = run_experiment(
+        steps, n_eval=100 if args.quick else 500, verbose=True, n_threads=args.threads
+    )
     print()
     print(format_table(rows))
     model = models["bahdanau attention"]

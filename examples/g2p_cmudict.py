@@ -61,7 +61,6 @@ from unittest import mock
 
 import joblib
 import numpy as np
-import torch
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
@@ -128,6 +127,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         decoder=args.decoder,
         **(rnn_decoder if args.decoder != "transformer" else {}),
         hidden_size=args.hidden_size,
+        n_threads=args.threads,
         num_layers=args.num_layers,
         dropout=args.dropout,
         batch_size=args.batch_size,
@@ -370,7 +370,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="beam search ranks a finished hypothesis by its log-probability / length ** this",
     )
-    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True, help="compare g2p_en")
     add("--seed", type=int, default=0, help="the dev split's (and the model's) random state")
     add("--model-seed", type=int, default=None, help="the model's random state (default: --seed)")
@@ -397,8 +397,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     data = load_splits(args.dev_words, args.train_words, args.seed)
     if args.quick:  # a tiny test set too, so that the smoke run takes seconds
         data["test"] = subsample_words(*data["test"], 100, args.seed)

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> GridSearchCV:
     n_configs = len(search.cv_results_["params"])
     print(f"\n{n_configs} configurations x {args.cv} folds on {where} ({seconds:.1f} s):\n")
     print(results_table(search.cv_results_))
-    best = search.best_estimator_  # refitted on a worker, back in this process
+    best = search.best_estimator_  # refitted in this process after the search
     print(f"\nbest: {search.best_params_} ({search.best_score_:.3f}), trained with")
     print(f"{best.n_threads_} thread(s); it reverses '12345' as {best.predict(['12345'])[0]!r}")
     return search

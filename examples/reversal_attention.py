@@ -35,9 +35,11 @@ def run_experiment(
     hidden_size: int = 128,
     random_state: int = 0,
     verbose: bool = False,
+    n_threads: int | None = None,
 ) -> tuple[list[dict], dict[str, Seq2Seq]]:
     """Train each model of ``MODELS`` for ``steps`` steps; evaluate at ``EVAL_LENGTHS``.
 
+    ``n_threads``: torch's threads for each fit and prediction (None: the usable cores).
     Returns the table rows (one per model and length) and the fitted models.
     """
     X, y = make_reversal(64 * steps, min_length=1, max_length=12, random_state=random_state)
@@ -53,6 +55,7 @@ def run_experiment(
             learning_rate=5e-3,
             random_state=random_state,
             verbose=verbose,
+            n_threads=n_threads,
         )
         start = time.perf_counter()
         model.fit(X, y)

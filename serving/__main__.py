@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="most tensor elements in one response (attention maps count N x T_y x T_x); "
         "beyond it 413 (default: %(default)s)",
     )
+    parser.add_argument(
+        "--retry-after-s",
+        type=int,
+        default=defaults.retry_after_s,
+        help="the Retry-After (seconds) that comes with a 503 (default: %(default)s)",
+    )
     connections = ConnectionLimits()
     parser.add_argument(
         "--body-timeout-s",
@@ -267,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_body_bytes=args.max_body_bytes,
             max_output_elements=args.max_output_elements,
             body_timeout_s=args.body_timeout_s,
+            retry_after_s=args.retry_after_s,
             allowed_hosts=allowed_hosts(args.allowed_host, args.host),
             eager_batching=args.eager_batching,
             batching=args.batching,

@@ -37,6 +37,7 @@ This module imports Ray; the plain server never imports it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +46,7 @@ from ray import serve
 from serving.app import create_app
 from serving.process import LOG_LEVELS, configure_logging
 from serving.runtime import load
-from serving.settings import ServerSettings
+from serving.settings import ServerSettings, check_model_name
 
 __all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
 
@@ -189,9 +190,21 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     if names is not None and len(names) != len(dirs):
         raise ValueError(f"model_name names {len(names)} models but model_dir holds {len(dirs)}")
     names = names or [d.rstrip("/").rsplit("/", 1)[-1] for d in dirs]
+    for name in names:
+        check_model_name(name, "model_name (or model_dir's last part): ")
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(
+            f"two models are named {twice[0]!r}: name each with model_name=NAME1,NAME2,..."
+        )
     model_dirs = dict(zip(names, dirs, strict=True))
+    if "max_queue" in args and "max_items_per_request" not in args:  # as python -m serving
+        queue = _number(args, "max_queue", int)
+        args = {**args, "max_items_per_request": min(ServerSettings.max_items_per_request, queue)}
     settings = _settings(args)
     num_cpus = _number(args, "num_cpus", float, 1.0)
+    if not (math.isfinite(num_cpus) and num_cpus > 0):
+        raise ValueError(f"num_cpus must be a finite number of CPUs > 0, got {num_cpus!r}")
     log_level = str(args.get("log_level", "info")).lower()
     if log_level not in LOG_LEVELS:
         raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")

@@ -39,7 +39,8 @@ class Allotment:
     ``cpus`` is the task's reserved cores (Ray), ``nthreads`` the worker's task slots (Dask),
     ``gpus`` the GPUs reserved (Ray's ``num_gpus``, Dask's ``"GPU"`` resource), and ``slot``
     the worker's index among its host's workers when the engine names one (Dask's LocalCluster
-    names workers 0, 1, ...), used to give each Dask worker its own GPU.
+    names workers 0, 1, ...; ``dask worker --name 1`` names one), used to give each Dask worker
+    its own GPU.
     """
 
     engine: str | None = None
@@ -65,9 +66,18 @@ def current() -> Allotment:
         except ValueError:  # not inside a task of a Dask worker
             return Allotment()
         gpus = worker.state.total_resources.get("GPU", 0.0)
-        slot = worker.name if isinstance(worker.name, int) else 0
-        return Allotment("dask", nthreads=worker.state.nthreads, gpus=gpus, slot=slot)
+        return Allotment("dask", nthreads=worker.state.nthreads, gpus=gpus, slot=_slot(worker.name))
     return Allotment()
+
+
+def _slot(name: object) -> int:
+    """A Dask worker's index from its name: LocalCluster's ints, ``dask worker --name 1``'s
+    strings of digits; 0 for any other name (a worker named by its address)."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        return name
+    if isinstance(name, str) and name.isascii() and name.isdigit():
+        return int(name)
+    return 0
 
 
 def default_threads(

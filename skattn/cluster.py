@@ -30,6 +30,7 @@ Apply them to a cluster started from a shell with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from skattn.core.checks import MAX_THREADS, check_int
@@ -74,7 +75,16 @@ def local_dask_cluster(n_workers: int, config: Mapping[str, object] = DASK_WORKE
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set(dict(config)):
-        return LocalCluster(
-            n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        )
+    before = dict(os.environ)
+    try:
+        with dask.config.set(dict(config)):
+            return LocalCluster(
+                n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+            )
+    finally:
+        # The nanny sets its workers' environment (OMP_NUM_THREADS=1, ...) in this process
+        # too, and leaves it: every later fit here (GridSearchCV's refit of the best model)
+        # would then train on one thread. Its workers have theirs already.
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)

@@ -8,8 +8,10 @@ import torch
 
 from skattn.datasets import make_reversal
 
-# The test machines have two cores shared by parallel jobs; tiny models train many times faster
-# on one intra-op thread than on two contended ones.
+# The test machines have two cores shared by parallel jobs; tiny modules run many times faster
+# on one intra-op thread than on two contended ones. This covers torch code run directly (the
+# modules, the reference checks); the estimator sets torch's threads to its own n_threads for
+# each fit and prediction (default: the usable cores), which its tests check.
 torch.set_num_threads(1)
 
 

@@ -18,6 +18,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 from skattn import Seq2Seq, allotment
 from skattn.allotment import Allotment
 from skattn.cluster import local_dask_cluster
+from skattn.core.checks import usable_cores
 from skattn.datasets import make_reversal
 from skattn.metrics import SCORERS
 
@@ -110,6 +111,13 @@ def test_each_gpu_worker_gets_its_own_device(given, device_count, device):
     assert allotment.auto_device(given, device_count) == device
 
 
+@pytest.mark.parametrize(
+    ("name", "slot"), [(0, 0), (3, 3), ("1", 1), ("tcp://127.0.0.1:4000", 0), ("²", 0), (True, 0)]
+)
+def test_a_dask_workers_gpu_slot_comes_from_its_name(name, slot):
+    assert allotment._slot(name) == slot  # dask worker --name 1 names it by a str
+
+
 def test_explicit_n_threads_overrides_and_the_previous_count_is_restored():
     before = torch.get_num_threads()
     report = _fit_report(n_threads=3)
@@ -154,7 +162,10 @@ def test_loky_workers_train_with_joblibs_cap():
 def dask_client():
     from distributed import Client
 
+    environ = dict(os.environ)
     cluster = local_dask_cluster(2)  # under DASK_WORKER_CONFIG
+    # the nanny's worker environment (OMP_NUM_THREADS=1) does not stay in this process
+    assert dict(os.environ) == environ
     client = Client(cluster)
     yield client
     client.close()
@@ -202,7 +213,9 @@ def test_grid_search_on_dask_equals_the_serial_search(dask_client, serial_search
 
 
 def _run_example(tmp_path, *args: str) -> str:
-    """examples/grid_search_cluster.py --quick ARGS: its output, checked to use one thread a fit."""
+    """examples/grid_search_cluster.py --quick ARGS: its output; the best model's refit runs in
+    the example's own process, on the cores it may use (not on a worker's one thread: the
+    local cluster's nanny no longer leaves OMP_NUM_THREADS=1 behind in this process)."""
     example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
     run = subprocess.run(
         [sys.executable, str(example), "--quick", *args],
@@ -212,7 +225,7 @@ def _run_example(tmp_path, *args: str) -> str:
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "trained with\n1 thread(s)" in run.stdout
+    assert f"trained with\n{usable_cores()} thread(s)" in run.stdout
     return run.stdout
 
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(EXAMPLES))
 import demo  # noqa: E402
 import g2p_cmudict  # noqa: E402
 import grid_search  # noqa: E402
+import reversal_attention  # noqa: E402
 import serve_and_query  # noqa: E402
 import temperature_local  # noqa: E402
 
@@ -106,6 +107,14 @@ def test_quickstart_quick():
     attention_rows = out.split("each row sums to 1")[1].strip().splitlines()[1:]
     prediction = re.search(r"-> '([^']*)'", out).group(1)
     assert len(attention_rows) == len(prediction)  # one row per output token
+
+
+def test_the_examples_thread_flags_reach_the_estimator():
+    # torch.set_num_threads alone would not: the estimator sets torch's threads for each call
+    _, models = reversal_attention.run_experiment(2, n_eval=2, hidden_size=8, n_threads=1)
+    assert {model.n_threads_ for model in models.values()} == {1}
+    args = g2p_cmudict.parse_args(["--quick", "--threads", "1"])
+    assert g2p_cmudict.build_model(args).n_threads == 1
 
 
 @pytest.mark.slow

@@ -119,11 +119,20 @@ def test_health_and_readiness_come_from_a_running_replica(replicas):
         ({"model_dir": "a", "eager_batching": "maybe"}, "eager_batching"),
         ({"model_dir": "a", "log_level": "loud"}, "log_level"),
         ({"model_dir": "a", "access_log": "sometimes"}, "access_log"),
+        ({"model_dir": "/x/art,/y/art"}, "two models are named 'art'"),
+        ({"model_dir": "a", "model_name": ".."}, "model_name"),
+        ({"model_dir": "a", "num_cpus": "inf"}, "num_cpus"),
+        ({"model_dir": "a", "num_cpus": "nan"}, "num_cpus"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
     with pytest.raises(ValueError, match=message):
         build(args)
+
+
+def test_a_small_max_queue_lowers_the_items_a_request_may_hold_as_the_cli_does():
+    replica = build({"model_dir": "/m/reverse", "max_queue": "100"})._bound_deployment
+    assert "max_items_per_request': 100" in str(replica.init_args)
 
 
 def test_builder_sets_replicas_or_autoscaling():

@@ -969,6 +969,13 @@ def test_cli_defaults_follow_the_design_and_bind_localhost():
         build_parser().parse_args(["--model-dir", "m", "--device", "tpu"])
 
 
+def test_every_server_setting_has_its_flag():
+    args = vars(build_parser().parse_args(["--model-dir", "m", "--retry-after-s", "3"]))
+    fields = set(ServerSettings.__dataclass_fields__) - {"allowed_hosts"}  # --allowed-host
+    assert fields <= set(args) and "allowed_host" in args
+    assert args["retry_after_s"] == 3
+
+
 def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
     args = build_parser().parse_args(["--model-dir", "a=x/m1", "--model-dir", "y/m2"])
     assert args.model_dir == [("a", Path("x/m1")), (None, Path("y/m2"))]
