@@ -246,6 +246,28 @@ def test_usable_cores_follows_the_affinity_mask_and_the_cgroup_quota(tmp_path, m
     assert checks.usable_cores(tmp_path) == 3
 
 
+def test_a_quota_on_the_processs_own_cgroup_or_an_ancestor_bounds_it(tmp_path):
+    membership = tmp_path / "self-cgroup"
+    root = tmp_path / "fs"
+    leaf = root / "system.slice" / "job.service"  # cgroup v2: a systemd CPUQuota= on the slice
+    leaf.mkdir(parents=True)
+    membership.write_text("0::/system.slice/job.service\n")
+    assert checks._cgroup_quota(root, membership) is None
+    (leaf / "cpu.max").write_text("max 100000\n")
+    (root / "system.slice" / "cpu.max").write_text("150000 100000\n")
+    assert checks._cgroup_quota(root, membership) == 1.5
+    (leaf / "cpu.max").write_text("50000 100000\n")  # the tighter one counts
+    assert checks._cgroup_quota(root, membership) == 0.5
+    membership.write_text("0::/elsewhere\n")  # not under the mount: the root alone
+    assert checks._cgroup_quota(root, membership) is None
+    v1 = root / "cpu" / "review"  # cgroup v1, the cpu controller's own hierarchy
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    membership.write_text("4:memory:/x\n1:cpu,cpuacct:/review\n0::/\n")
+    assert checks._cgroup_quota(root, membership) == 1.0
+
+
 def test_the_core_imports_neither_half():
     code = (
         "import sys, skattn.core.inference, skattn.core.manifest, skattn.core.checks; "

@@ -131,18 +131,63 @@ def parse_device(device: object, name: str = "device") -> tuple[str, int | None]
     return device.split(":")[0], None if index is None else int(index)
 
 
-def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """The CPU quota of this process's cgroup in cores (cgroup v2 ``cpu.max``, v1 cfs), or None."""
+def _cgroup_quota(
+    root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPU quota of this process in cores, or None: the smallest quota on the way from its
+    cgroup (``membership``: ``/proc/self/cgroup``) up to the root of the hierarchy mounted at
+    ``root``, since a quota on any ancestor (a systemd slice's ``CPUQuota=``, a container's)
+    bounds it; cgroup v2's ``cpu.max``, else v1's ``cpu/cpu.cfs_quota_us`` over its period.
+    Where the process's path is not under ``root`` (a container that mounts its own cgroup
+    there without a cgroup namespace), ``root`` alone is read."""
+    v2_path, v1_path = _cgroup_paths(membership)
+    quotas = [_v2_quota(d) for d in _ancestors(root, v2_path)]
+    if all(q is None for q in quotas):
+        quotas = [_v1_quota(d) for d in _ancestors(root / "cpu", v1_path)]
+    return min((q for q in quotas if q is not None), default=None)
+
+
+def _cgroup_paths(membership: Path) -> tuple[str, str]:
+    """This process's cgroup v2 path and its v1 ``cpu`` controller's path (``"/"`` if none)."""
+    v2, v1 = "/", "/"
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return v2, v1
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            v2 = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1 = path or "/"
+    return v2, v1
+
+
+def _ancestors(base: Path, path: str) -> list[Path]:
+    """``base / path`` and each directory above it up to ``base`` (``base`` alone if that
+    directory does not exist)."""
+    leaf = base.joinpath(*[part for part in path.split("/") if part not in ("", ".", "..")])
+    if not leaf.is_dir():
+        return [base]
+    chain = [leaf]
+    while chain[-1] != base:
+        chain.append(chain[-1].parent)
+    return chain
+
+
+def _v2_quota(directory: Path) -> float | None:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
         return None
-    except (OSError, ValueError):
-        pass
+
+
+def _v1_quota(directory: Path) -> float | None:
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
     return quota / period if quota > 0 and period > 0 else None
@@ -153,7 +198,8 @@ def usable_cores(cgroup_root: str | os.PathLike = "/sys/fs/cgroup") -> int:
 
     ``os.cpu_count()`` counts the machine's cores, which a container or ``taskset`` may not
     grant; thread pools sized by it oversubscribe. At least 1. ``cgroup_root`` is where the
-    cgroup file system is mounted (``cpu.max`` for cgroup v2, ``cpu/cpu.cfs_*`` for v1).
+    cgroup file system is mounted (``cpu.max`` for cgroup v2, ``cpu/cpu.cfs_*`` for v1); the
+    quota is the smallest on the way from this process's cgroup up to that root.
     """
     try:
         cores = len(os.sched_getaffinity(0))
