@@ -231,7 +231,8 @@ def greedy_search(
     results = b.op(
         "Loop",
         "max_length",
-        b.const(True),
+        # no segment for an empty batch: onnxruntime's fused GRU step ends the process on 0 rows
+        b.squeeze(b.op("Greater", B, zero), 0),
         *initial,
         outputs=len(names),
         body=graph,

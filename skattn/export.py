@@ -65,7 +65,7 @@ from skattn.core.manifest import (
 from skattn.core.text import tokenize
 from skattn.decode_graph import build_decode_graph, verify_decode_graph
 from skattn.quantize import decode_ranges, quantize_model
-from skattn.recurrent_graph import expand_recurrent
+from skattn.recurrent_graph import expand_recurrent, guard_empty_inputs
 from skattn.tracing import (
     OPSET,
     TRACE_LENGTHS,
@@ -219,6 +219,7 @@ def export_module(
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
     (directory / ATTENTION_FILE).unlink(missing_ok=True)  # a previous artifact's
     for graph, name in graphs:
+        graph, _ = guard_empty_inputs(graph)  # fused cells must not see an empty batch
         props = {BINDING_KEY: manifest.binding}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())

@@ -32,7 +32,10 @@ from skattn.onnx_graph import (
     rewrite_nodes,
 )
 
-__all__ = ["expand_recurrent"]
+__all__ = ["expand_recurrent", "guard_empty_inputs"]
+
+#: The name prefix of the ``If`` nodes :func:`guard_empty_inputs` wraps cells in.
+GUARD_PREFIX = "guard_empty/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,9 +227,133 @@ def expand_recurrent(
     sequence lengths, peepholes, clipping, other activations, ``linear_before_reset=0``,
     weights that are not float32 constants, and models below opset 15."""
     model = model_copy(model)
+    _unguard(model)  # an expanded cell runs empty inputs: a guarded one needs no guard
     # One namespace with quantize's passes (this is its first): a float artifact's step cells,
     # expanded at export, are named as an int8 export names them.
     rewriter = GraphRewriter(model, "quantize/")
     count = rewrite_nodes(rewriter, lambda rw, node: _expand(rw, node, min_hidden_size))
     drop_unused_initializers(model)
     return model, count
+
+
+# ---------------------------------------------------------------- empty inputs
+
+
+def guard_empty_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` whose main graph runs each ``GRU`` / ``LSTM`` node only on inputs
+    that hold a row and a step; returns it and the count.
+
+    onnxruntime's fused ``GRU`` kernel (1.32) ends the process (``std::terminate``, not an
+    exception) on an input of batch 0 or of length 0, and its ``LSTM`` kernel on batch 0. A
+    host that feeds ``encoder.onnx`` or ``decode.onnx`` an empty batch must get an answer, not
+    lose its process, so each cell becomes::
+
+        If(min(T, B) == 0)  then: Y = zeros (T, D, B, H), Y_h (and Y_c) = zeros (D, B, H)
+                            else: the cell
+
+    which costs a few microseconds a call. Only the main graph's cells: a decoder step inside
+    ``decode.onnx``'s loops always has rows, and a guard there would cost every step.
+    """
+    model = model_copy(model)
+    rewriter = GraphRewriter(model, GUARD_PREFIX)
+    graph = model.graph
+    nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type in _CELLS:
+            nodes.extend(_guarded(rewriter, node))
+            count += 1
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model, count
+
+
+def _guarded(rewriter: GraphRewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    x = node.input[0]  # (T, B, I)
+    attrs = node_attributes(node)
+    directions = 2 if attrs.get("direction", b"forward") == b"bidirectional" else 1
+    hidden = int(attrs["hidden_size"])
+    outputs = [output for output in node.output if output]
+    name = rewriter.name
+
+    def const(values: list[int], hint: str) -> onnx.NodeProto:
+        return helper.make_node(
+            "Constant", [], [name(hint)], value=numpy_helper.from_array(np.array(values, np.int64))
+        )
+
+    sizes, smallest, zero = name("sizes"), name("smallest"), const([0], "zero")
+    is_empty, empty = name("is_empty"), name("empty")
+    before = [
+        helper.make_node("Shape", [x], [sizes], end=2),  # [T, B]
+        helper.make_node("ReduceMin", [sizes], [smallest], keepdims=1),  # [min(T, B)]
+        zero,
+        helper.make_node("Equal", [smallest, zero.output[0]], [is_empty]),  # [bool]
+        helper.make_node("Squeeze", [is_empty], [empty]),  # ()
+    ]
+    for part in before:  # named as the guard's, so that _unguard finds them
+        part.name = name("guard")
+    # then: zeros of each output's shape
+    then_nodes = [
+        helper.make_node("Shape", [x], [t := name("T")], end=1),
+        helper.make_node("Shape", [x], [b := name("B")], start=1, end=2),
+        d := const([directions], "D"),
+        h := const([hidden], "H"),
+    ]
+    then_outputs = []
+    for index, output in enumerate(node.output):
+        if not output:
+            continue
+        parts = [t, d.output[0], b, h.output[0]] if index == 0 else [d.output[0], b, h.output[0]]
+        shape, zeros = name("shape"), name("zeros")
+        then_nodes.append(helper.make_node("Concat", parts, [shape], axis=0))
+        then_nodes.append(
+            helper.make_node(
+                "ConstantOfShape",
+                [shape],
+                [zeros],
+                value=numpy_helper.from_array(np.zeros(1, np.float32)),
+            )
+        )
+        then_outputs.append(zeros)
+    inner = onnx.NodeProto()
+    inner.CopyFrom(node)
+    renamed = {output: name("cell_out") for output in outputs}
+    del inner.output[:]
+    inner.output.extend(renamed.get(output, "") for output in node.output)
+
+    def values(names: list[str]) -> list[onnx.ValueInfoProto]:
+        return [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names]
+
+    guard = helper.make_node(
+        "If",
+        [empty],
+        outputs,
+        name=name(node.name or "cell"),
+        then_branch=helper.make_graph(then_nodes, name("then"), [], values(then_outputs)),
+        else_branch=helper.make_graph(
+            [inner], name("else"), [], values([renamed[o] for o in outputs])
+        ),
+    )
+    return [*before, guard]
+
+
+def _unguard(model: onnx.ModelProto) -> None:
+    """Put back the cells :func:`guard_empty_inputs` wrapped, and drop the guards' nodes (in
+    place): the graph as it was before."""
+    graph = model.graph
+    nodes = []
+    for node in graph.node:
+        if not node.name.startswith(GUARD_PREFIX):
+            nodes.append(node)
+        elif node.op_type == "If":
+            else_branch = next(a.g for a in node.attribute if a.name == "else_branch")
+            (cell,) = else_branch.node
+            outer = dict(zip((v.name for v in else_branch.output), node.output, strict=True))
+            restored = onnx.NodeProto()
+            restored.CopyFrom(cell)
+            del restored.output[:]
+            restored.output.extend(outer.get(output, "") for output in cell.output)
+            nodes.append(restored)
+    del graph.node[:]
+    graph.node.extend(nodes)

@@ -356,3 +356,36 @@ def test_max_source_length_sets_what_the_runtime_accepts(fitted_reversal, tmp_pa
     ensemble = Seq2SeqEnsemble.from_fitted([fitted_reversal, fitted_reversal])
     directory = ensemble.export_onnx(tmp_path / "ensemble", max_source_length=3000)
     assert serving.load(directory, device="cpu").info.max_source_length == 3000
+
+
+_EMPTY_BATCH = r"""
+import sys, numpy as np, onnxruntime as ort
+directory, T = sys.argv[1], 4
+def session(name):
+    return ort.InferenceSession(f"{directory}/{name}", providers=["CPUExecutionProvider"])
+feeds = {"src": np.zeros((0, T), np.int64), "src_lengths": np.zeros(0, np.int64)}
+print([o.shape for o in session("encoder.onnx").run(None, feeds)][0])
+feeds.update(max_length=np.array(5, np.int64), temperature=np.array(1.0, np.float32))
+print([o.shape for o in session("decode.onnx").run(None, feeds)])
+"""
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_an_empty_batch_never_ends_the_process_that_runs_the_graphs(cell, tmp_path):
+    """onnxruntime's fused GRU / LSTM kernels call std::terminate on a batch of 0 rows: the
+    encoder's cells are guarded, and greedy search runs no segment for no rows."""
+    import subprocess
+    import sys
+
+    X = ["ab", "abc", "ba", "cab"] * 10
+    model = Seq2Seq(hidden_size=16, embedding_dim=8, max_steps=2, cell=cell, device="cpu")
+    directory = model.fit(X, [x[::-1] for x in X]).export_onnx(tmp_path / "model")
+    graph = onnx.load(directory / "encoder.onnx").graph
+    assert not any(node.op_type in ("GRU", "LSTM") for node in graph.node)  # each in an If
+    run = subprocess.run(
+        [sys.executable, "-c", _EMPTY_BATCH, str(directory)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:2] == ["(0, 4, 16)", "[(0, 0), (0,), (0, 0, 4), (0,)]"]
+    runtime = serving.load(directory, "cpu")
+    assert runtime.predict(X[:3]) == model.predict(X[:3])  # the guard changes no answer
