@@ -56,6 +56,22 @@ def test_items_score_the_same_alone_and_in_a_batch_and_better_outputs_score_high
     assert np.mean(together > wrong) > 0.6 and together.mean() > wrong.mean()  # a weak model
 
 
+def test_n_best_lists_encode_each_source_once_and_score_alike_in_worker_threads(model, tmp_path):
+    sources = CLEAN[:6]
+    candidates = [[s[::-1], s[::-1][1:], s, s[:1]] for s in sources]
+    X = [s for s, cands in zip(sources, candidates, strict=True) for _ in cands]
+    y = [c for cands in candidates for c in cands]
+    directory = model.export_onnx(tmp_path / "model")
+    alone = load(directory).log_likelihood(X, y)
+    runtime = load(directory, workers=2, max_batch_size=5)  # five chunks over two threads
+    encoded = []
+    encode = runtime.translator.encode
+    runtime.translator.encode = lambda id_lists: encoded.append(len(id_lists)) or encode(id_lists)
+    np.testing.assert_allclose(runtime.log_likelihood(X, y), alone, rtol=1e-5, atol=1e-5)
+    assert sum(encoded) <= len(sources) + len(encoded)  # not one encoding a candidate
+    np.testing.assert_allclose(model.log_likelihood(X, y), alone, rtol=1e-5, atol=1e-4)
+
+
 def test_log_likelihood_refuses_what_it_cannot_score(model):
     assert model.log_likelihood(["abc"], ["cbq"])[0] == -np.inf  # "q": not a target token
     with pytest.raises(ValueError, match="same length|2 .* 1|length"):

@@ -23,7 +23,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -146,15 +146,19 @@ class Translator:
         def decode_chunk(chunk: np.ndarray) -> list[Hypothesis]:
             return self._decode_chunk([id_lists[i] for i in chunk], settings)
 
-        if self.workers == 1 or len(chunks) == 1:
-            decoded = map(decode_chunk, chunks)
-        else:  # in chunk order: each thread takes the next chunk as it finishes one
-            decoded = list(self._pool().map(decode_chunk, chunks))
+        decoded = self._map_chunks(decode_chunk, chunks)
         hypotheses: list[Hypothesis | None] = [None] * len(id_lists)
         for chunk, chunk_hypotheses in zip(chunks, decoded, strict=True):
             for index, hypothesis in zip(chunk, chunk_hypotheses, strict=True):
                 hypotheses[index] = hypothesis
         return hypotheses  # type: ignore[return-value]
+
+    def _map_chunks(self, function: Callable[[np.ndarray], Any], chunks: list) -> list:
+        """``function`` of each chunk, in chunk order: in the worker threads when there are
+        several (each takes the next chunk as it finishes one)."""
+        if self.workers == 1 or len(chunks) == 1:
+            return list(map(function, chunks))
+        return list(self._pool().map(function, chunks))
 
     def _pool(self) -> ThreadPoolExecutor:
         """The worker threads, started at the first call that has several chunks and kept; a
@@ -186,11 +190,21 @@ class Translator:
         src_ids = self.source_ids(sources)
         tgt_ids = [self.target_vocabulary.encode(tokens) for tokens in targets]
         scores = np.empty(len(src_ids))
-        order = np.argsort([len(s) + len(t) for s, t in zip(src_ids, tgt_ids, strict=True)])
-        for rows in np.array_split(order, math.ceil(len(order) / self.max_batch_size) or 1):
-            if not rows.size:
-                continue
-            carry = self.encode([src_ids[r] for r in rows])
+        if not src_ids:
+            return scores
+        # A source's candidates side by side (an n-best list is one source's many outputs):
+        # each chunk encodes its distinct sources once and repeats their rows.
+        order = sorted(
+            range(len(src_ids)), key=lambda i: (len(src_ids[i]), src_ids[i], len(tgt_ids[i]))
+        )
+        chunks = np.array_split(np.asarray(order, dtype=np.int64), self.chunk_count(len(order)))
+
+        def score_chunk(rows: np.ndarray) -> np.ndarray:
+            distinct: dict[tuple[int, ...], int] = {}
+            of_row = np.array([distinct.setdefault(tuple(src_ids[r]), len(distinct)) for r in rows])
+            carry = self.encode([list(ids) for ids in distinct])
+            if len(distinct) < rows.size:
+                carry = self.backend.select(carry, of_row)
             inputs, _ = pad_batch([[BOS, *tgt_ids[r]] for r in rows])  # (B, L + 1)
             outputs, _ = pad_batch([[*tgt_ids[r], EOS] for r in rows])  # (B, L + 1)
             total = np.zeros(rows.size)
@@ -200,6 +214,9 @@ class Translator:
                     np.arange(rows.size), outputs[:, t]
                 ]
                 total += np.where(outputs[:, t] != PAD, picked, 0.0)
+            return total
+
+        for rows, total in zip(chunks, self._map_chunks(score_chunk, chunks), strict=True):
             scores[rows] = total
         scores[[UNK in ids for ids in tgt_ids]] = -np.inf
         return scores
