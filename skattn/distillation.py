@@ -128,8 +128,13 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
 
 
 def _tokenizer_of(teacher) -> str | None:
-    """How the teacher's targets were tokenized, where it says: a fitted estimator's (or an
-    ensemble's) fitted tokenizer, a runtime's ``info.tokenizer``; None for other teachers."""
+    """How the teacher's targets were tokenized, where it says and where it matters: a fitted
+    estimator's (or an ensemble's) fitted tokenizer, a runtime's ``info.tokenizer``; None for
+    other teachers, and for one whose outputs are token lists (never split again)."""
+    manifest = getattr(teacher, "manifest", None)
+    kind = getattr(teacher, "output_kind_", getattr(manifest, "output_kind", None))
+    if kind == "tokens":
+        return None
     fitted = getattr(teacher, "_fitted_tokenizer", None)
     if callable(fitted):
         return fitted()

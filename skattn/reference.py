@@ -34,10 +34,12 @@ def masked_softmax(
 
     .. math::
 
-        \alpha_j = \frac{m_j \exp(e_j / \tau - M)}{\sum_k m_k \exp(e_k / \tau - M)},
-        \qquad M = \max_{k: m_k} e_k / \tau,
+        \alpha_j = \frac{m_j \exp((e_j - M) / \tau)}{\sum_k m_k \exp((e_k - M) / \tau)},
+        \qquad M = \max_{k: m_k} e_k,
 
-    and :math:`\alpha = 0` for a row with no real position.
+    and :math:`\alpha = 0` for a row with no real position. The maximum is subtracted before
+    dividing by ``tau``, so no temperature or score range overflows; a non-finite score counts
+    as a masked position.
 
     Parameters
     ----------
@@ -55,12 +57,16 @@ def masked_softmax(
     """
     if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature > 0:
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    z = np.asarray(scores, dtype=np.float64) / temperature  # (..., T)
+    z = np.asarray(scores, dtype=np.float64)  # (..., T)
     m = np.ones(z.shape, dtype=bool) if mask is None else np.broadcast_to(mask, z.shape)
-    z = np.where(m, z, -np.inf)
-    z_max = z.max(axis=-1, keepdims=True)  # (..., 1), -inf for a fully masked row
+    m = m & np.isfinite(z)  # a score of -inf (or +inf, NaN) is never attended: as if masked
+    z_max = np.where(m, z, -np.inf).max(axis=-1, keepdims=True)  # (..., 1), -inf: none real
     z_max = np.where(np.isfinite(z_max), z_max, 0.0)
-    e = np.where(m, np.exp(z - z_max), 0.0)  # (..., T)
+    # Shift first, then scale: (z - max) / tau <= 0 never overflows to +inf, whatever tau or
+    # the scores' range (dividing first overflowed for tau = 1e-310 or scores near 1e308).
+    with np.errstate(over="ignore"):
+        shifted = np.where(m, z - z_max, 0.0) / temperature  # (..., T), <= 0
+    e = np.where(m, np.exp(shifted), 0.0)  # (..., T)
     total = e.sum(axis=-1, keepdims=True)  # (..., 1)
     return e / np.where(total > 0, total, 1.0)
 

@@ -115,3 +115,7 @@ def test_a_student_with_another_tokenizer_than_the_teacher_is_refused(fitted_rev
     with pytest.raises(ValueError, match="tokenizer='space' would read .*tokenizer='char'"):
         distill(runtime, Recorder(tokenizer="space"), ["12"])
     assert distill(Mapping({"12": "21"}), Recorder(tokenizer="space"), ["12"]).seen_  # unknown
+    # a teacher of token lists: its outputs are never split again, whatever the tokenizers
+    tokens = Seq2Seq(hidden_size=8, embedding_dim=4, max_steps=2, device="cpu")
+    tokens.fit([["ab", "c"], ["c"]], [["x"], ["y", "x"]])
+    assert distill(tokens, Recorder(tokenizer="space"), [["ab", "c"]]).seen_

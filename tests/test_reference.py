@@ -66,6 +66,19 @@ def test_temperature_limits():
     np.testing.assert_allclose(hot_masked, [[1 / 3, 1 / 3, 0.0, 1 / 3]], atol=1e-6)
 
 
+def test_no_temperature_or_score_range_overflows():
+    # the maximum is subtracted before dividing: tau = 1e-310 or scores near 1e308 gave NaN
+    for tau in (1e-310, 5e-324):
+        np.testing.assert_array_equal(
+            R.masked_softmax(np.array([[1.0, 2.0, 0.5]]), None, tau), [[0, 1, 0]]
+        )
+    np.testing.assert_array_equal(
+        R.masked_softmax(np.array([[1e308, -1e308]]), None, 0.5), [[1, 0]]
+    )
+    hot = R.masked_softmax(np.array([[0.0, -np.inf, 1.0]]), temperature=float("inf"))
+    np.testing.assert_array_equal(hot, [[0.5, 0.0, 0.5]])  # -inf is never attended
+
+
 @pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), "1"])
 def test_temperature_must_be_positive(temperature):
     with pytest.raises(ValueError, match="temperature"):

@@ -359,6 +359,12 @@ def test_step_returning_wrong_shapes_is_reported():
     with pytest.raises(ValueError, match="log_probs"):
         greedy_decode(step, HistoryBackend.select, {}, 2, 3)
 
+    def flat(y_prev, carry, position):  # 1-D: checked before the special ids are ruled out
+        return np.zeros(VOCAB), carry, np.zeros((y_prev.size, T))
+
+    with pytest.raises(ValueError, match="log_probs"):
+        greedy_decode(flat, HistoryBackend.select, {}, 2, 3)
+
 
 def test_special_ids_are_never_emitted_so_each_token_has_one_attention_row():
     # A step that prefers PAD, BOS and UNK over everything; the best real token is 5 until the

@@ -53,11 +53,11 @@ def call_step(
     """Run one decoder step, check the shapes that cross the seam, rule out ``never`` ids."""
     log_probs, carry, weights = step(y_prev, carry, position)
     log_probs = np.array(log_probs, dtype=np.float64)  # a copy: the backend's array is not ours
-    log_probs[:, list(never)] = -np.inf
     weights = np.asarray(weights)
     n = y_prev.shape[0]
     if log_probs.ndim != 2 or log_probs.shape[0] != n:
         raise ValueError(f"step must return log_probs of shape ({n}, V), got {log_probs.shape}")
     if weights.ndim != 2 or weights.shape[0] != n:
         raise ValueError(f"step must return weights of shape ({n}, T), got {weights.shape}")
+    log_probs[:, list(never)] = -np.inf  # after the check: a 1-D array has no such columns
     return log_probs, carry, weights
