@@ -40,17 +40,28 @@ def add_routes(app: FastAPI, models: Mapping[str, ServedModel], metrics: ServerM
             "extensions": ["binary_tensor_data", "parameters"],
         }
 
+    # The plain and versioned paths apart: one handler for both would read ``version`` from
+    # the plain path's query string (``/v2/models/m?version=2`` answered 404).
     @app.get("/v2/models/{name}")
+    async def get_model_metadata(name: str) -> dict:
+        return model_metadata(lookup(models, name, None))
+
     @app.get("/v2/models/{name}/versions/{version}")
-    async def get_model_metadata(name: str, version: str | None = None) -> dict:
+    async def get_version_metadata(name: str, version: str) -> dict:
         return model_metadata(lookup(models, name, version))
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str | None = None) -> Response:
+    def readiness(name: str, version: str | None) -> Response:
         if lookup(models, name, version).batcher.running:
             return Response(status_code=200)
         raise ApiError(503, f"model {name!r} is not ready")
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str) -> Response:
+        return readiness(name, None)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def version_ready(name: str, version: str) -> Response:
+        return readiness(name, version)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -283,7 +283,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self : Seq2Seq
         """
         sources, targets, output_kind = as_token_pairs(X, y, self.tokenizer)
-        refuse_reserved_tokens(targets)
+        refuse_reserved_tokens(targets, output_kind)
         rng = check_random_state(self.random_state)
         warm = self.warm_start and hasattr(self, "module_")
         fraction = self.validation_fraction if self.early_stopping else None

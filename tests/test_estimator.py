@@ -353,6 +353,22 @@ def test_reserved_tokens_in_targets_are_refused_and_unknown_in_sources():
     assert model.source_vocab_.encode(["<pad>", "</s>", "a"])[:2] == [3, 3]
 
 
+@pytest.mark.parametrize("token", ["x y", "", "x\ty", "\u00a0"])
+def test_an_output_token_that_a_served_answer_could_not_tell_apart_is_refused(token):
+    model = Seq2Seq(max_steps=1, **TINY)
+    with pytest.raises(ValueError, match=r"y\[1\] holds the token .* no whitespace"):
+        model.fit(["ab", "ba"], [["x"], [token, "z"]])  # served as "x y z": three tokens
+    model.fit(["a b", "b a"], ["x y", "y x"])  # strings: the tokenizer's own tokens, fine
+
+
+def test_text_that_has_no_utf8_form_is_refused_by_name():
+    model = Seq2Seq(max_steps=1, **TINY)
+    with pytest.raises(ValueError, match=r"X\[1\] holds '\\ud800', which is not valid"):
+        model.fit(["ab", "a\ud800"], ["ba", "ba"])
+    with pytest.raises(ValueError, match=r"y\[0\] holds"):
+        model.fit(["ab"], [["\udcff"]])
+
+
 def test_export_checks_prediction_settings_changed_after_fit(tmp_path):
     X, y = make_reversal(30, 3, 6, random_state=10)
     model = Seq2Seq(max_steps=2, **TINY).fit(X, y)

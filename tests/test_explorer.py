@@ -530,6 +530,10 @@ def test_explorer_heatmap_recipe_temperature_and_comparison(
 def test_explorer_reads_url_parameters_and_keys(browser, fake_server: ThreadedServer) -> None:
     from selenium.webdriver.common.keys import Keys
 
+    # a temperature outside the slider's range is sent as it is, not clamped to 0.05
+    page = Page(browser, fake_server.url + "/?model=reverse&source=abcd&temperature=0.001")
+    assert page.find("#temperature-value").text == "τ = 1.0e-3"
+    assert fake_server.app.state.models["reverse"].runtime.temperatures[-1] == 0.001
     page = Page(browser, fake_server.url + "/?model=reverse&source=abcd&temperature=0.5")
     assert page.find("#model").get_attribute("value") == "reverse"
     assert page.find("#temperature-value").text == "τ = 0.50"

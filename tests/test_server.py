@@ -456,6 +456,10 @@ def test_unknown_model_is_404(serve):
     assert httpx.post(wrong_version, json=infer_body(["a"])).status_code == 404
     assert server.metric("skattn_requests_total", model=MODEL, outcome="not_found") == 1
     assert server.metric("skattn_requests_total", model="", outcome="not_found") == 1
+    assert httpx.get(f"{server.url}/v2/models/{MODEL}/versions/2/ready").status_code == 404
+    # the plain paths read no version from their query string
+    for path in (f"/v2/models/{MODEL}?version=2", f"/v2/models/{MODEL}/ready?version="):
+        assert httpx.get(f"{server.url}{path}").status_code == 200, path
 
 
 def test_another_method_on_the_infer_path_is_405(serve):

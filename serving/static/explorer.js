@@ -35,6 +35,7 @@ function temperatureToSlider(tau) {
 }
 
 function formatTemperature(tau) {
+  if (tau < 0.01) return tau.toExponential(1); // below the slider's range: 1.0e-3, not 0.00
   return tau < 1 ? tau.toFixed(2) : tau < 10 ? tau.toFixed(1) : tau.toFixed(0);
 }
 
@@ -544,7 +545,10 @@ class Explorer {
   }
 
   setTemperature(tau, moveSlider) {
-    this.temperature = Math.min(T_MAX, Math.max(T_MIN, tau));
+    // Not clamped to the slider's range: a model's own temperature (or the URL's) may lie
+    // outside it, and the page must decode as the API does by default; only the slider's
+    // position is clamped.
+    this.temperature = tau;
     if (moveSlider) this.slider.value = String(temperatureToSlider(tau));
     const shown = formatTemperature(this.temperature);
     this.sliderValue.textContent = `\u03c4 = ${shown}`;

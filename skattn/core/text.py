@@ -340,6 +340,7 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     token_lists, kinds = [], set()
     for index, item in enumerate(items):
         if isinstance(item, str):
+            _check_utf8(item, name, index)
             token_lists.append(tokenize(item, tokenizer))
             kinds.add("str")
         elif isinstance(item, list | tuple) or (isinstance(item, np.ndarray) and item.ndim == 1):
@@ -347,6 +348,8 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
                 raise ValueError(
                     f"{name}[{index}] must be a str or a list of str tokens, got {item!r}"
                 )
+            for token in item:
+                _check_utf8(token, name, index)
             token_lists.append([str(t) for t in item])
             kinds.add("tokens")
         else:
@@ -370,6 +373,18 @@ def as_outputs(items: Any, name: str, tokenizer: str, output_kind: str) -> list[
     return token_lists
 
 
+def _check_utf8(text: str, name: str, index: int) -> None:
+    """A lone surrogate (``"\\ud800"``, as ``errors="surrogateescape"`` decoding leaves) has no
+    UTF-8 form: no request could send it and no manifest could store it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{name}[{index}] holds {text[error.start : error.end]!r}, which is not valid "
+            f"Unicode text (a lone surrogate): it has no UTF-8 form"
+        ) from None
+
+
 def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
     """Sources and targets as token lists (:func:`as_token_lists`), checked to pair up; also
     the kind the targets were (``"str"`` or ``"tokens"``)."""
@@ -384,11 +399,24 @@ def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
     return sources, targets, kind
 
 
-def refuse_reserved_tokens(targets: list[list[str]]) -> None:
-    """A target token spelled like a special one could never be output (a source one is unknown)."""
+def refuse_reserved_tokens(targets: list[list[str]], output_kind: str = "str") -> None:
+    """A target token spelled like a special one could never be output (a source one is unknown).
+
+    Token-list targets (``output_kind="tokens"``) also refuse an empty token and one holding
+    whitespace: the server answers a token-list prediction as its tokens joined by spaces,
+    which would read ``["x y", "z"]`` as three tokens and drop an empty one."""
     reserved = set(SPECIAL_TOKENS).intersection(itertools.chain.from_iterable(targets))
     if reserved:
         raise ValueError(
             f"y holds the token {min(reserved)!r}, which skattn reserves for a special id "
             f"({', '.join(SPECIAL_TOKENS)}): the model could never output it; rename it"
         )
+    if output_kind != "tokens":
+        return
+    for index, tokens in enumerate(targets):
+        for token in tokens:
+            if token.split() != [token]:
+                raise ValueError(
+                    f"y[{index}] holds the token {token!r}: an output token must be non-empty "
+                    f"and hold no whitespace (served predictions join tokens with spaces)"
+                )
