@@ -68,23 +68,45 @@ def dask_setup(worker) -> None:
 def local_dask_cluster(n_workers: int, config: Mapping[str, object] = DASK_WORKER_CONFIG):
     """A ``distributed.LocalCluster`` of ``n_workers`` one-thread worker processes on
     127.0.0.1, without a dashboard, created under the Dask ``config`` (``{}``: Dask's
-    defaults)."""
+    defaults).
+
+    Its workers get ``OMP_NUM_THREADS=1`` (and MKL's, OpenBLAS') in their own environment
+    only, at creation and at every restart; this process keeps its own. Workers added later
+    by ``cluster.scale`` read the Dask config of that moment, whose default sets those
+    variables in this process too."""
     check_int(n_workers, "n_workers", 1, MAX_THREADS)  # 0 or -1: a cluster that runs nothing
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be a mapping of Dask settings, got {type(config).__name__}")
     import dask
     from distributed import LocalCluster
 
+    # The nanny sets its "pre-spawn" variables in this process before it spawns a worker, and
+    # leaves them there, at creation and at every restart or scale-up: OMP_NUM_THREADS=1 would
+    # then make every later fit here (GridSearchCV's refit of the best model) train on one
+    # thread. The thread counts go to the workers alone instead ("environ", set in the worker
+    # before it starts), and what creation still leaves here is put back.
     before = dict(os.environ)
     try:
         with dask.config.set(dict(config)):
-            return LocalCluster(
-                n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-            )
+            pre_spawn = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
+            moved = {name: pre_spawn.pop(name) for name in _THREAD_VARIABLES if name in pre_spawn}
+            environ = {**(dask.config.get("distributed.nanny.environ") or {}), **moved}
+            settings = {
+                "distributed.nanny.pre-spawn-environ": pre_spawn,
+                "distributed.nanny.environ": environ,
+            }
+            with dask.config.set(settings):
+                return LocalCluster(
+                    n_workers=n_workers,
+                    threads_per_worker=1,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                )
     finally:
-        # The nanny sets its workers' environment (OMP_NUM_THREADS=1, ...) in this process
-        # too, and leaves it: every later fit here (GridSearchCV's refit of the best model)
-        # would then train on one thread. Its workers have theirs already.
         for name in set(os.environ) - set(before):
             del os.environ[name]
         os.environ.update(before)
+
+
+#: The variables Dask's nanny sets "before spawning" that size thread pools.
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

@@ -379,7 +379,9 @@ def beam_search(
             b.op(
                 "Loop",
                 "max_length",
-                b.const(True),
+                # no segment for an empty batch, as in greedy search (whose fused cells would
+                # end the process on 0 rows): empty outputs, not an error in the first step
+                b.squeeze(b.op("Greater", b.dim("src", 0), b.const([0], np.int64)), 0),
                 *(initial[name] for name in names),
                 outputs=len(names),
                 body=graph,

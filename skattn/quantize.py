@@ -74,7 +74,7 @@ from skattn.onnx_graph import (
     sink_initializers,
     subgraphs,
 )
-from skattn.recurrent_graph import expand_recurrent
+from skattn.recurrent_graph import expand_recurrent, without_guards
 
 __all__ = [
     "MIN_QUANTIZED_SIDE",
@@ -326,8 +326,10 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     try:
         if DECODE_FILE in manifest.files:
             decode = onnx.load(source / DECODE_FILE)
-        else:  # the search graph, for measuring the ranges only
-            encoder, decoder = (onnx.load(source / name) for name in (ENCODER_FILE, DECODER_FILE))
+        else:  # the search graph, for measuring the ranges only, from the parts as exported
+            encoder, decoder = (
+                without_guards(onnx.load(source / name)) for name in (ENCODER_FILE, DECODER_FILE)
+            )
             decode = build_decode_graph(encoder, decoder, manifest)
         ranges = decode_ranges(decode, manifest)
         for path in source.iterdir():

@@ -30,9 +30,10 @@ from skattn.onnx_graph import (
     model_copy,
     node_attributes,
     rewrite_nodes,
+    subgraphs,
 )
 
-__all__ = ["expand_recurrent", "guard_empty_inputs"]
+__all__ = ["expand_recurrent", "guard_empty_inputs", "without_guards"]
 
 #: The name prefix of the ``If`` nodes :func:`guard_empty_inputs` wraps cells in.
 GUARD_PREFIX = "guard_empty/"
@@ -227,12 +228,16 @@ def expand_recurrent(
     sequence lengths, peepholes, clipping, other activations, ``linear_before_reset=0``,
     weights that are not float32 constants, and models below opset 15."""
     model = model_copy(model)
-    _unguard(model)  # an expanded cell runs empty inputs: a guarded one needs no guard
+    # An expanded cell runs empty inputs, so its guard goes (and an int8 artifact quantized
+    # from a float one is the int8 export's, byte for byte); a cell left fused is guarded again.
+    guarded = _unguard(model)
     # One namespace with quantize's passes (this is its first): a float artifact's step cells,
     # expanded at export, are named as an int8 export names them.
     rewriter = GraphRewriter(model, "quantize/")
     count = rewrite_nodes(rewriter, lambda rw, node: _expand(rw, node, min_hidden_size))
     drop_unused_initializers(model)
+    if guarded:
+        model, _ = guard_empty_inputs(model)
     return model, count
 
 
@@ -252,7 +257,8 @@ def guard_empty_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                             else: the cell
 
     which costs a few microseconds a call. Only the main graph's cells: a decoder step inside
-    ``decode.onnx``'s loops always has rows, and a guard there would cost every step.
+    ``decode.onnx``'s loops always has rows (neither search starts a segment without them), and
+    a guard there would cost every step.
     """
     model = model_copy(model)
     rewriter = GraphRewriter(model, GUARD_PREFIX)
@@ -338,22 +344,35 @@ def _guarded(rewriter: GraphRewriter, node: onnx.NodeProto) -> list[onnx.NodePro
     return [*before, guard]
 
 
-def _unguard(model: onnx.ModelProto) -> None:
-    """Put back the cells :func:`guard_empty_inputs` wrapped, and drop the guards' nodes (in
-    place): the graph as it was before."""
-    graph = model.graph
-    nodes = []
-    for node in graph.node:
-        if not node.name.startswith(GUARD_PREFIX):
-            nodes.append(node)
-        elif node.op_type == "If":
-            else_branch = next(a.g for a in node.attribute if a.name == "else_branch")
-            (cell,) = else_branch.node
-            outer = dict(zip((v.name for v in else_branch.output), node.output, strict=True))
-            restored = onnx.NodeProto()
-            restored.CopyFrom(cell)
-            del restored.output[:]
-            restored.output.extend(outer.get(output, "") for output in cell.output)
-            nodes.append(restored)
-    del graph.node[:]
-    graph.node.extend(nodes)
+def without_guards(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with the cells :func:`guard_empty_inputs` wrapped put back: the
+    graph as the export built it, to build other graphs from (``quantize_artifact`` builds a
+    search graph from an artifact's parts to measure its ranges)."""
+    model = model_copy(model)
+    _unguard(model)
+    return model
+
+
+def _unguard(model: onnx.ModelProto) -> int:
+    """Put back the cells :func:`guard_empty_inputs` wrapped, in every graph (a search graph
+    built from guarded parts holds them under its own prefixes: ``encoder/guard_empty/...``),
+    and drop the guards' nodes (in place); returns how many cells were put back."""
+    count = 0
+    for graph in subgraphs(model.graph):
+        nodes = []
+        for node in graph.node:
+            if GUARD_PREFIX not in node.name:
+                nodes.append(node)
+            elif node.op_type == "If":
+                else_branch = next(a.g for a in node.attribute if a.name == "else_branch")
+                (cell,) = else_branch.node
+                outer = dict(zip((v.name for v in else_branch.output), node.output, strict=True))
+                restored = onnx.NodeProto()
+                restored.CopyFrom(cell)
+                del restored.output[:]
+                restored.output.extend(outer.get(output, "") for output in cell.output)
+                nodes.append(restored)
+                count += 1
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count

@@ -195,6 +195,14 @@ def test_dask_worker_config_reaches_the_workers(dask_client):
 
 
 @pytest.mark.slow
+def test_a_restarted_worker_has_one_thread_and_this_process_keeps_its_own(dask_client):
+    environ = dict(os.environ)
+    dask_client.restart()  # the nanny spawns the workers again
+    assert dict(os.environ) == environ
+    assert set(dask_client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values()) == {"1"}
+
+
+@pytest.mark.slow
 def test_dask_workers_train_with_their_nthreads(dask_client):
     workers = dask_client.scheduler_info()["workers"]
     assert len(workers) == 2
@@ -217,9 +225,13 @@ def _run_example(tmp_path, *args: str) -> str:
     the example's own process, on the cores it may use (not on a worker's one thread: the
     local cluster's nanny no longer leaves OMP_NUM_THREADS=1 behind in this process)."""
     example = Path(__file__).resolve().parents[1] / "examples" / "grid_search_cluster.py"
+    # not this process's OMP_NUM_THREADS, which a Ray head started by an earlier test may have
+    # set (ray.init sets it in its driver)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     run = subprocess.run(
         [sys.executable, str(example), "--quick", *args],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,

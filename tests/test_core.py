@@ -260,6 +260,8 @@ def test_a_quota_on_the_processs_own_cgroup_or_an_ancestor_bounds_it(tmp_path):
     assert checks._cgroup_quota(root, membership) == 0.5
     membership.write_text("0::/elsewhere\n")  # not under the mount: the root alone
     assert checks._cgroup_quota(root, membership) is None
+    membership.write_text("0::/../system.slice\n")  # above this namespace's root: the root
+    assert checks._cgroup_quota(root, membership) is None
     v1 = root / "cpu" / "review"  # cgroup v1, the cpu controller's own hierarchy
     v1.mkdir(parents=True)
     (v1 / "cpu.cfs_quota_us").write_text("100000\n")

@@ -370,15 +370,17 @@ print([o.shape for o in session("decode.onnx").run(None, feeds)])
 """
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_an_empty_batch_never_ends_the_process_that_runs_the_graphs(cell, tmp_path):
+@pytest.mark.parametrize(("cell", "beam_size"), [("gru", 1), ("lstm", 1), ("gru", 3)])
+def test_an_empty_batch_never_ends_the_process_that_runs_the_graphs(cell, beam_size, tmp_path):
     """onnxruntime's fused GRU / LSTM kernels call std::terminate on a batch of 0 rows: the
-    encoder's cells are guarded, and greedy search runs no segment for no rows."""
+    encoder's cells are guarded, and neither search runs a segment for no rows."""
     import subprocess
     import sys
 
     X = ["ab", "abc", "ba", "cab"] * 10
-    model = Seq2Seq(hidden_size=16, embedding_dim=8, max_steps=2, cell=cell, device="cpu")
+    model = Seq2Seq(
+        hidden_size=16, embedding_dim=8, max_steps=2, cell=cell, beam_size=beam_size, device="cpu"
+    )
     directory = model.fit(X, [x[::-1] for x in X]).export_onnx(tmp_path / "model")
     graph = onnx.load(directory / "encoder.onnx").graph
     assert not any(node.op_type in ("GRU", "LSTM") for node in graph.node)  # each in an If

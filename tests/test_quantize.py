@@ -22,7 +22,7 @@ from test_export import SOURCE_VOCABULARY, TARGET_VOCABULARY, export, make_modul
 import serving
 from serving.sessions import resolve_device
 from skattn.calibrate import activation_ranges, decode_feeds, product_key
-from skattn.core.manifest import ArtifactError, Manifest
+from skattn.core.manifest import ArtifactError, Manifest, sha256_file
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.export import STEP_CELLS_EXPANDED_FROM
 from skattn.models import Seq2SeqModule
@@ -39,7 +39,7 @@ from skattn.quantize import (
     quantize_model,
     quantize_weight,
 )
-from skattn.recurrent_graph import expand_recurrent
+from skattn.recurrent_graph import expand_recurrent, guard_empty_inputs
 
 OPSET = 17
 
@@ -203,6 +203,33 @@ def test_cells_narrower_than_min_hidden_size_are_left_as_they_are():
     model = recurrent_model("GRU", hidden=7)
     assert expand_recurrent(model, min_hidden_size=8)[1] == 0
     assert expand_recurrent(model, min_hidden_size=7)[1] == 1
+
+
+def test_a_guarded_cell_is_expanded_without_its_guard_and_a_cell_left_fused_keeps_one():
+    guarded, _ = guard_empty_inputs(recurrent_model("GRU", hidden=7))
+    assert [n.op_type for n in guarded.graph.node][-1] == "If"
+    expanded, count = expand_recurrent(guarded)  # as expanded from the plain cell: no If
+    assert count == 1 and expanded == expand_recurrent(recurrent_model("GRU", hidden=7))[0]
+    narrow, count = expand_recurrent(guarded, min_hidden_size=8)  # left fused: guarded again
+    assert count == 0 and "If" in [n.op_type for n in narrow.graph.node]
+    assert not any(n.op_type == "GRU" for n in narrow.graph.node)
+
+
+def test_an_artifact_without_a_decode_graph_quantizes_as_the_int8_export(int8_artifacts, tmp_path):
+    """Its ranges are measured on a search graph built from its guarded parts: the guards go
+    first, else the cells inside them were expanded under other names and stayed float32."""
+    import shutil
+
+    floats, exported = int8_artifacts[3]
+    bare = shutil.copytree(floats, tmp_path / "floats")
+    manifest = json.loads((bare / "manifest.json").read_text())
+    del manifest["files"]["decode.onnx"]
+    (bare / "decode.onnx").unlink()
+    (bare / "manifest.json").write_text(json.dumps(manifest))
+    quantized = quantize_artifact(bare, tmp_path / "int8")
+    files = json.loads((exported / "manifest.json").read_text())["files"]
+    for name in ("encoder.onnx", "decoder_step.onnx"):  # the very same bytes
+        assert sha256_file(quantized / name) == files[name], name
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])

@@ -167,7 +167,10 @@ def _cgroup_paths(membership: Path) -> tuple[str, str]:
 def _ancestors(base: Path, path: str) -> list[Path]:
     """``base / path`` and each directory above it up to ``base`` (``base`` alone if that
     directory does not exist)."""
-    leaf = base.joinpath(*[part for part in path.split("/") if part not in ("", ".", "..")])
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:  # above the namespace's root (another cgroup namespace's): the root alone
+        return [base]
+    leaf = base.joinpath(*parts)
     if not leaf.is_dir():
         return [base]
     chain = [leaf]
