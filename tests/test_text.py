@@ -81,6 +81,12 @@ def test_decode_rejects_out_of_range_ids():
     with pytest.raises(ValueError, match="got 9"):
         v.decode([4, 9, 5])
     assert v.decode([4, EOS, 99]) == ["a"]  # nothing past the first EOS is read
+    for bad in ("4", 4.7, True, np.bool_(True)):  # int() would take each: "a", "a", "<s>"
+        with pytest.raises(ValueError, match="ids must be ints"):
+            v.decode([bad])
+        with pytest.raises(ValueError, match="ids must be ints"):
+            v.id_to_token(bad)
+    assert v.decode([np.int32(4), np.uint8(5)]) == ["a", "b"]
 
 
 def test_encode_decode_round_trip():
@@ -124,6 +130,8 @@ def test_pad_batch():
     assert ids.dtype == np.int64 and lengths.dtype == np.int64
     np.testing.assert_array_equal(ids, [[5, 6, 2], [7, 2, 0], [2, 0, 0]])
     np.testing.assert_array_equal(lengths, [3, 2, 1])
+    ids, lengths = pad_batch(ids for ids in [[5, 6], [7]])  # an iterator, not used up silently
+    np.testing.assert_array_equal(ids, [[5, 6], [7, 0]])
 
 
 def test_pad_batch_custom_pad_and_empty():

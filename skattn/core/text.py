@@ -14,6 +14,7 @@ Special ids are fixed and identical in every vocabulary::
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -198,6 +199,9 @@ class Vocabulary:
         return self._id_to_token[index]
 
     def _check_id(self, index: int) -> None:
+        # an int (NumPy's too), never a bool, a float or a str that int() would accept
+        if isinstance(index, bool | np.bool_) or not isinstance(index, numbers.Integral):
+            raise ValueError(f"ids must be ints, got {index!r}")
         if not 0 <= index < len(self._id_to_token):
             raise ValueError(f"ids must lie in [0, {len(self)}), got {index!r}")
 
@@ -234,8 +238,8 @@ class Vocabulary:
         n_specials = len(SPECIAL_TOKENS)
         tokens = []
         for raw in ids:
+            self._check_id(raw)
             index = int(raw)
-            self._check_id(index)
             if index == EOS:
                 break
             if index >= n_specials:
@@ -295,6 +299,7 @@ def pad_batch(
     >>> ids.tolist(), lengths.tolist()
     ([[5, 6, 2], [7, 2, 0]], [3, 2])
     """
+    id_lists = list(id_lists)  # an iterator would be used up by the lengths
     lengths = np.array([len(ids) for ids in id_lists], dtype=np.int64)  # (B,)
     max_length = int(lengths.max()) if len(lengths) else 0
     batch = np.full((len(lengths), max_length), pad_id, dtype=np.int64)  # (B, T_max)
