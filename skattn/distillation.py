@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from skattn.core.text import SPECIAL_TOKENS, as_token_lists
+from skattn.rescoring import output_facts
 
 __all__ = ["distill", "teacher_targets"]
 
@@ -128,19 +129,11 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
 
 
 def _tokenizer_of(teacher) -> str | None:
-    """How the teacher's targets were tokenized, where it says and where it matters: a fitted
-    estimator's (or an ensemble's) fitted tokenizer, a runtime's ``info.tokenizer``; None for
-    other teachers, and for one whose outputs are token lists (never split again)."""
-    manifest = getattr(teacher, "manifest", None)
-    kind = getattr(teacher, "output_kind_", getattr(manifest, "output_kind", None))
-    if kind == "tokens":
-        return None
-    fitted = getattr(teacher, "_fitted_tokenizer", None)
-    if callable(fitted):
-        return fitted()
-    info = getattr(teacher, "info", None)
-    found = getattr(teacher, "tokenizer", None) or getattr(info, "tokenizer", None)
-    return found if isinstance(found, str) else None
+    """How the teacher's outputs are split, where it says and where it matters
+    (:func:`skattn.rescoring.output_facts`); None for other teachers, and for one whose outputs
+    are token lists (never split again)."""
+    tokenizer, kind = output_facts(teacher)
+    return None if kind == "tokens" else tokenizer
 
 
 def _key(source) -> object:

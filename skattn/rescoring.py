@@ -8,7 +8,8 @@ LSTM with a joint-sequence n-gram model and took CMUdict's word error rate from 
                                    of given (source, output) pairs, teacher forced
     NBestReranker                  candidates: the other system's n-best and the model's own
                                    answer; each scored
-                                       s(c) = (log p_model(c | x) + weight * e(c)) / |c| ** a
+                                       s(c) = (log p_model(c | x) + weight * e(c))
+                                              / (|c| + 1) ** a
                                    with e(c) the other system's score (higher is better); the
                                    best kept. ``fit`` chooses ``weight`` and ``a`` on held-out
                                    data (a dev set).
@@ -34,11 +35,33 @@ from skattn.core.checks import FLOAT32_MAX
 from skattn.core.text import as_outputs, as_token_lists, detokenize, ordered_items
 from skattn.metrics import exact_match
 
-__all__ = ["NBestReranker", "estimator_log_likelihood"]
+__all__ = ["NBestReranker", "estimator_log_likelihood", "output_facts"]
 
 #: ``(|c| + 1) ** a`` stays finite in float64 for every output an artifact may carry (4,097
 #: tokens with EOS: about 1e289) up to this exponent; 0 to 1 are the usual ones.
 MAX_LENGTH_EXPONENT = 80.0
+
+
+def output_facts(model) -> tuple[str | None, str | None]:
+    """The tokenizer a model's outputs are split with and their kind (``"str"`` or
+    ``"tokens"``), where it says: a ``serving.load`` runtime's manifest; a ``Seq2Seq``'s fitted
+    tokenizer (``ValueError`` if ``tokenizer`` was set to another since) or an ensemble's, and
+    its fitted output kind; None for what a model does not say (a teacher of ``distill`` may be
+    any object with ``predict``)."""
+    manifest = getattr(model, "manifest", None)
+    if manifest is not None:
+        return manifest.tokenizer, manifest.output_kind
+    fitted = getattr(model, "_fitted_tokenizer", None)
+    if callable(fitted):
+        tokenizer = fitted()
+    else:
+        info = getattr(model, "info", None)
+        tokenizer = getattr(model, "tokenizer", None) or getattr(info, "tokenizer", None)
+    kind = getattr(model, "output_kind_", None)
+    return (
+        tokenizer if isinstance(tokenizer, str) else None,
+        kind if isinstance(kind, str) else None,
+    )
 
 
 def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str) -> np.ndarray:
@@ -71,9 +94,10 @@ class NBestReranker(BaseEstimator):
 
         s(c) = (log p_model(c | x) + weight * e(c)) / (|c| + 1) ** length_exponent
 
-    where ``e(c)`` is the other system's score (higher is better: Phonetisaurus' path cost
-    negated); a candidate it did not list (the model's own answer) gets the lowest score of its
-    list minus ``missing_penalty``. The best-scoring candidate is the prediction.
+    where ``e(c)`` is the other system's score (higher is better: Phonetisaurus' ``nbest``
+    gives the log of each path's probability over the paths it returned); a candidate it did
+    not list (the model's own answer) gets the lowest score of its list minus
+    ``missing_penalty``. The best-scoring candidate is the prediction.
 
     Parameters
     ----------
@@ -123,11 +147,9 @@ class NBestReranker(BaseEstimator):
                 "estimator must be a fitted Seq2Seq or Seq2SeqEnsemble or a serving.load "
                 f"runtime (with predict and log_likelihood), got {type(model).__name__}"
             )
-        manifest = getattr(model, "manifest", None)
-        if manifest is not None:  # serving.load(...)
-            return manifest.tokenizer, manifest.output_kind
-        check_is_fitted(model)
-        return model.tokenizer, model.output_kind_
+        if getattr(model, "manifest", None) is None:  # not serving.load(...): an estimator
+            check_is_fitted(model)
+        return output_facts(model)
 
     def _check(self) -> None:
         self._facts()
