@@ -128,6 +128,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         **(rnn_decoder if args.decoder != "transformer" else {}),
         hidden_size=args.hidden_size,
         n_threads=args.threads,
+        precision=args.precision,
         num_layers=args.num_layers,
         dropout=args.dropout,
         batch_size=args.batch_size,
@@ -371,6 +372,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="beam search ranks a finished hypothesis by its log-probability / length ** this",
     )
     add("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
+    add(
+        "--precision",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="training's products (bfloat16: mixed precision, fast on CPUs with AMX)",
+    )
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True, help="compare g2p_en")
     add("--seed", type=int, default=0, help="the dev split's (and the model's) random state")
     add("--model-seed", type=int, default=None, help="the model's random state (default: --seed)")

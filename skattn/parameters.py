@@ -111,6 +111,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
     "n_threads": [_Range(Integral, 1, MAX_THREADS, closed="both"), None],
+    "precision": [StrOptions({"float32", "bfloat16"})],
     "warm_start": ["boolean"],
     # NumPy seeds are 32-bit: a larger int is refused here, by name, not by NumPy in fit
     "random_state": [_Range(Integral, 0, 2**32 - 1, closed="both"), np.random.RandomState, None],

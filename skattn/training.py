@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,16 @@ __all__ = [
 ]
 
 #: The estimator parameters that are ``Trainer`` arguments of the same name.
-_TRAINER_PARAMS = ("batch_size", "learning_rate", "max_epochs", "max_grad_norm", "label_smoothing")
+_TRAINER_PARAMS = (
+    "batch_size",
+    "learning_rate",
+    "max_epochs",
+    "max_grad_norm",
+    "label_smoothing",
+    "precision",
+)
+#: ``precision`` -> the dtype of the products under ``torch.autocast`` (None: no autocast).
+AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 #: Validation items per teacher-forced loss batch.
 EVAL_BATCH_SIZE = 256
 #: Training batches are formed from windows of this many batches' worth of length-sorted items.
@@ -242,12 +251,16 @@ class Trainer:
         max_epochs: int = 100,
         max_grad_norm: float | None = 1.0,
         label_smoothing: float = 0.0,
+        precision: str = "float32",
         callbacks: Sequence[Callback] = (),
     ) -> None:
+        if precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision must be one of {list(AUTOCAST_DTYPES)}, got {precision!r}")
         self.module, self.src, self.tgt, self.decode = module, src, tgt, decode
         self.device = next(module.parameters()).device
         self.batch_size, self.max_epochs = batch_size, max_epochs
         self.max_grad_norm, self.label_smoothing = max_grad_norm, label_smoothing
+        self.autocast_dtype = AUTOCAST_DTYPES[precision]
         self.callbacks = list(callbacks)
         self.optimizer = torch.optim.Adam(module.parameters(), lr=learning_rate)
         self.history: list[dict[str, Any]] = []
@@ -337,7 +350,8 @@ class Trainer:
         """One Adam step on the mean token loss of ``batch``: its summed loss and tokens."""
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, n_tokens = self.batch_loss(batch, self.label_smoothing)
+        with self.autocast():
+            loss, n_tokens = self.batch_loss(batch, self.label_smoothing)
         value = float(loss.detach())
         if not math.isfinite(value):  # before the update: NaN gradients would spread to weights
             raise ValueError(
@@ -350,6 +364,14 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
         self.optimizer.step()
         return value, n_tokens
+
+    def autocast(self) -> AbstractContextManager:
+        """The forward pass of a training step: products in bfloat16 under ``torch.autocast``
+        with ``precision="bfloat16"`` (weights, gradients, the optimizer and the loss's softmax
+        stay float32; no loss scaling: bfloat16 has float32's exponent range), else nothing."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def batch_loss(
         self, batch: np.ndarray, label_smoothing: float = 0.0

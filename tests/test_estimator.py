@@ -494,7 +494,7 @@ def test_a_model_pickled_before_the_redesign_still_loads(fitted_reversal, monkey
     state = fitted_reversal.__getstate__()
     module = state.pop("_module")  # the old layout: two keys
     state["_module_config"], state["_module_state"] = module["config"], module["weights"]
-    for added in ("encoder", "num_kv_heads", "ffn_size", "positions", "n_threads"):
+    for added in ("encoder", "num_kv_heads", "ffn_size", "positions", "n_threads", "precision"):
         del state[added]  # parameters 0.1 did not have
     for added in ("encoder", "num_kv_heads", "ffn_size", "positions", "max_positions"):
         del state["_module_config"][added]
@@ -597,6 +597,8 @@ BAD_VALUES = [
     ("device", "cuda:x"),
     ("n_threads", 0),
     ("n_threads", 1.5),
+    ("precision", "float16"),
+    ("precision", "bf16"),
     ("warmup_steps", -1),
     ("warmup_steps", 2.5),
     ("average_checkpoints", 0),

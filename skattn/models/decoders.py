@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from skattn.models.dropout import Dropout
 from skattn.models.encoder import EncoderOutput
 from skattn.models.rnn import CELL_STATE_NAMES, LayerwiseLinear, make_rnn, run_rnn
 
@@ -127,7 +128,7 @@ class BahdanauDecoder(RecurrentDecoder):
         self.state_names = CELL_STATE_NAMES[cell]
         self.attention = attention
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = make_rnn(cell, embedding_dim + hidden_size, hidden_size, num_layers, dropout)
         self.init_hidden = LayerwiseLinear(num_layers, hidden_size, hidden_size)  # W_s
         self.init_cell = (
@@ -225,7 +226,7 @@ class LuongDecoder(RecurrentDecoder):
         self.attention = attention
         self.hidden_size = hidden_size
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         rnn_input_size = embedding_dim + (hidden_size if input_feeding else 0)
         self.rnn = make_rnn(cell, rnn_input_size, hidden_size, num_layers, dropout)
         self.init_hidden = LayerwiseLinear(num_layers, 2 * hidden_size, hidden_size)  # W_s

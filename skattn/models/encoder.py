@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from skattn.models.dropout import Dropout
 from skattn.models.rnn import make_rnn
 
 
@@ -94,7 +95,7 @@ class BiRNNEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         input_sizes = [embedding_dim] + [2 * hidden_size] * (num_layers - 1)
         self.forward_rnns = nn.ModuleList(make_rnn(cell, n, hidden_size) for n in input_sizes)
         self.backward_rnns = nn.ModuleList(make_rnn(cell, n, hidden_size) for n in input_sizes)

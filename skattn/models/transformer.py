@@ -60,6 +60,7 @@ import torch
 from torch import Tensor, nn
 
 from skattn.attention.self_attention import MultiHeadAttention
+from skattn.models.dropout import Dropout
 from skattn.models.encoder import EncoderOutput, length_mask
 from skattn.models.positions import make_positions
 
@@ -81,7 +82,7 @@ class FeedForward(nn.Sequential):
         super().__init__(
             nn.Linear(d_model, ffn_size),
             nn.ReLU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(ffn_size, d_model),
         )
 
@@ -96,7 +97,7 @@ class EncoderBlock(nn.Module):
         self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
         self.ffn = FeedForward(d_model, ffn_size, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x (B, T, D)``, ``mask (B, 1, T)`` (keys each query may read) -> ``(B, T, D)``."""
@@ -115,7 +116,7 @@ class DecoderBlock(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, num_kv_heads)
         self.ffn = FeedForward(d_model, ffn_size, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -191,7 +192,7 @@ class _Stack(nn.Module):
         self.d_model, self.num_layers = d_model, num_layers
         self.embedding = _embedding(vocab_size, d_model)
         self.positions = make_positions(positions, d_model, max_positions)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.blocks = nn.ModuleList(
             self.block(d_model, num_heads, num_kv_heads, ffn_size, dropout)
             for _ in range(num_layers)

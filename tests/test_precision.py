@@ -1,0 +1,148 @@
+"""Mixed-precision training (``precision="bfloat16"``): every family trains under autocast,
+the weights and the attention stay float32, and what is learned matches float32 training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from skattn import Seq2Seq, training
+from skattn.attention.self_attention import scaled_dot_product
+from skattn.attention.softmax import masked_softmax
+from skattn.datasets import make_reversal
+from skattn.metrics import exact_match
+
+TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
+
+FAMILIES = [
+    dict(decoder="bahdanau", scorer="additive"),
+    dict(decoder="bahdanau", scorer="dot", cell="lstm"),
+    dict(decoder="luong", scorer="general", input_feeding=True),
+    dict(decoder="luong", scorer="scaled_dot", input_feeding=False, num_layers=2),
+    dict(decoder="luong", scorer="dot", attention="local-p", window=2),
+    dict(decoder="luong", attention="local-m", window=2, cell="lstm"),
+    dict(decoder="bahdanau", attention="none"),
+    dict(encoder="transformer", decoder="luong", scorer="general", num_heads=2),
+    dict(encoder="transformer", decoder="bahdanau", num_heads=2, num_kv_heads=1),
+    dict(encoder="transformer", decoder="transformer", num_heads=2, num_layers=2),
+]
+
+
+def _family_params(family: dict) -> dict:
+    params = {**TINY, **family}
+    if family.get("decoder") == "transformer":
+        params.pop("embedding_dim")  # no RNN: the Transformer families refuse it
+    return params
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: "-".join(map(str, f.values())))
+def test_every_family_trains_in_bfloat16_with_float32_weights(family):
+    X, y = make_reversal(48, 2, 6, random_state=1)
+    model = Seq2Seq(**_family_params(family), precision="bfloat16", max_steps=4, dropout=0.1)
+    model.fit(X, y)
+    assert all(w.dtype == torch.float32 for w in model.module_.parameters())
+    assert all(bool(torch.isfinite(w).all()) for w in model.module_.parameters())
+    assert np.isfinite(model.history_[-1]["train_loss"])
+    assert len(model.predict(X[:5])) == 5
+
+
+@pytest.mark.parametrize("family", FAMILIES[::3], ids=lambda f: "-".join(map(str, f.values())))
+def test_the_autocast_loss_is_float32_and_close_to_the_float32_loss(family):
+    X, y = make_reversal(32, 3, 7, random_state=2)
+    model = Seq2Seq(**_family_params(family), max_steps=2, early_stopping=False).fit(X, y)
+    source, source_lengths = training.to_tensors(
+        [model.source_vocab_.encode(list(x)) + [2] for x in X], torch.device("cpu")
+    )
+    target, _ = training.to_tensors(
+        [[1, *model.target_vocab_.encode(list(t)), 2] for t in y], torch.device("cpu")
+    )
+    module = model.module_.eval()
+    with torch.no_grad():
+        full, n = training.batch_loss(module, source, source_lengths, target)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed, n_mixed = training.batch_loss(module, source, source_lengths, target)
+    assert n == n_mixed
+    assert mixed.dtype == torch.float32
+    # bfloat16 keeps 8 bits of mantissa: products agree to a few parts in a thousand
+    assert float(mixed) == pytest.approx(float(full), rel=2e-2)
+
+
+def test_only_the_training_step_runs_under_autocast(monkeypatch):
+    X, y = make_reversal(40, 3, 6, random_state=3)
+    seen = []
+    original = training.batch_loss
+
+    def spy(module, *args, **kwargs):
+        seen.append((module.training, torch.is_autocast_enabled("cpu")))
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(training, "batch_loss", spy)
+    Seq2Seq(**TINY, precision="bfloat16", max_epochs=1, validation_fraction=0.2).fit(X, y)
+    assert {autocast for is_training, autocast in seen if is_training} == {True}
+    assert {autocast for is_training, autocast in seen if not is_training} == {False}
+
+
+def test_float32_trains_without_autocast(monkeypatch):
+    X, y = make_reversal(24, 3, 6, random_state=3)
+    seen = []
+    original = training.batch_loss
+
+    def spy(module, *args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(training, "batch_loss", spy)
+    Seq2Seq(**TINY, max_steps=2, early_stopping=False).fit(X, y)
+    assert seen and not any(seen)
+
+
+def test_bfloat16_learns_what_float32_learns():
+    X, y = make_reversal(600, 3, 6, random_state=4)
+    X_test, y_test = make_reversal(200, 3, 6, random_state=5)
+    scores = {}
+    for precision in ("float32", "bfloat16"):
+        model = Seq2Seq(
+            hidden_size=32,
+            embedding_dim=16,
+            decoder="luong",
+            scorer="general",
+            learning_rate=1e-2,
+            max_epochs=12,
+            early_stopping=False,
+            device="cpu",
+            precision=precision,
+            random_state=0,
+        ).fit(X, y)
+        scores[precision] = exact_match(y_test, model.predict(X_test))
+    assert scores["float32"] >= 0.9, scores
+    assert scores["bfloat16"] >= scores["float32"] - 0.05, scores
+
+
+def test_trainer_refuses_an_unknown_precision():
+    with pytest.raises(ValueError, match="precision"):
+        training.Trainer(torch.nn.Linear(1, 1), [], [], decode=list, precision="float16")
+
+
+def test_attention_under_autocast_is_float32_and_equals_float32_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    mask[0, 0, 1] = False  # a query that may read nothing: zeros, never NaN
+    for need_weights in (False, True):
+        expected, expected_w = scaled_dot_product(q, k, v, mask, need_weights=need_weights)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, w = scaled_dot_product(q, k, v, mask, need_weights=need_weights)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, expected)
+        if need_weights:
+            torch.testing.assert_close(w, expected_w)
+
+
+def test_masked_softmax_of_bfloat16_scores_is_float32():
+    scores = torch.tensor([[2.0, 0.0, 2.0, 7.0]], dtype=torch.bfloat16)
+    mask = torch.tensor([[True, True, True, False]])
+    weights = masked_softmax(scores, mask)
+    assert weights.dtype == torch.float32
+    torch.testing.assert_close(weights, masked_softmax(scores.float(), mask))
+    assert weights[0, 3] == 0
