@@ -25,6 +25,7 @@ from torch import nn
 
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.models.decoders import step_loop
+from skattn.training import AUTOCAST_DTYPES
 
 SCORERS = ("dot", "general", "additive", "scaled_dot")
 DECODERS = (  # (label, constructor overrides)
@@ -73,19 +74,24 @@ def tokens_per_second(
     steps: int,
     repeats: int,
     clock=time.process_time,
+    precision: str = "float32",
 ) -> float:
-    """Median over ``repeats`` of target tokens / s for ``steps`` full training steps."""
+    """Median over ``repeats`` of target tokens / s for ``steps`` full training steps, the
+    forward pass under ``torch.autocast`` with ``precision="bfloat16"`` (what
+    ``Seq2Seq(precision="bfloat16")`` trains with)."""
     tgt_out = batch[3]
+    autocast = AUTOCAST_DTYPES[precision]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     forward = make_forward(model, batch, stepwise=stepwise, decoder_only=decoder_only)
     vocab_size = model.config.target_vocab_size
 
     def train_step():
-        logits = forward()  # (B, T_y, V)
-        loss = nn.functional.cross_entropy(
-            logits.reshape(-1, vocab_size), tgt_out.reshape(-1), ignore_index=PAD
-        )
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            logits = forward()  # (B, T_y, V)
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, vocab_size), tgt_out.reshape(-1), ignore_index=PAD
+            )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

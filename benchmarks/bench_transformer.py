@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--prefixes", type=int, nargs="+", default=[5, 20, 50])
     parser.add_argument("--threads", type=int, default=1, help="torch and onnxruntime threads")
+    parser.add_argument("--precisions", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"],
+                        help="training's products (sections 1 and 2, each in turn)")  # fmt: skip
     parser.add_argument("--sections", type=int, nargs="+", choices=(1, 2, 3, 4),
                         default=[1, 2, 3, 4], help="which of the four tables")  # fmt: skip
     args = parser.parse_args(argv)
@@ -88,16 +91,31 @@ def equal_size_transformer_encoder(args, target: int, decoder: dict) -> tuple[di
 
 
 def training_rows(args) -> None:
-    """Tables 1 and 2 (as ``--sections`` names them)."""
+    """Tables 1 and 2 (as ``--sections`` names them), once per precision, then the bfloat16
+    speed-ups when both ran."""
+    rates = {precision: training_tables(args, precision) for precision in args.precisions}
+    if len(rates) < 2:
+        return
+    print("\n## training tokens/s, bfloat16 / float32 (mixed precision, the same steps)")
+    print("| model | bfloat16 / float32 |")
+    print("|---|---:|")
+    for label, rate in rates["float32"].items():
+        print(f"| {label} | {rates['bfloat16'][label] / rate:.2f}x |")
+
+
+def training_tables(args, precision: str) -> dict[str, float]:
+    """Tables 1 and 2 with the forward products in ``precision``; their tokens/s by row."""
     batch = reversal_batch(args.batch_size, args.length, args.vocab_size, torch.Generator())
-    timing = dict(steps=args.steps, repeats=args.repeats)
+    timing = dict(steps=args.steps, repeats=args.repeats, precision=precision)
+    out = {}
     luong = dict(decoder="luong", input_feeding=False, scorer="general")
     gru = build(args, **luong)
     options, count = equal_size_transformer_encoder(args, n_parameters(gru), luong)
     transformer = build(args, **options, **luong)
     if 1 in args.sections:
         print(
-            f"\n## 1. training tokens/s, batch {args.batch_size}, target length {args.length + 1}"
+            f"\n## 1. training tokens/s, batch {args.batch_size}, target length "
+            f"{args.length + 1}, {precision}"
         )
         print("| encoder (Luong decoder, no input feeding) | parameters | tokens/s |")
         print("|---|---:|---:|")
@@ -106,7 +124,7 @@ def training_rows(args) -> None:
             ("bi-GRU", gru),
             (f"Transformer (ffn {options['ffn_size']})", transformer),
         ):
-            rates[label] = tokens_per_second(model, batch, **timing)
+            rates[label] = out[f"1. {label}"] = tokens_per_second(model, batch, **timing)
             print(f"| {label} | {n_parameters(model):,} | {rates[label]:,.0f} |")
         gru_rate, transformer_rate = rates.values()
         size_ratio = count / n_parameters(gru)
@@ -115,11 +133,11 @@ def training_rows(args) -> None:
             f"(parameters {size_ratio:.3f}x)"
         )
     if 2 not in args.sections:
-        return
+        return out
 
     print(
         f"\n## 2. parallel teacher forcing against the step loop, batch {args.batch_size}, "
-        f"target length {args.length + 1}"
+        f"target length {args.length + 1}, {precision}"
     )
     print(
         "| model | parallel tokens/s | stepwise tokens/s | speed-up | decoder alone speed-up "
@@ -151,6 +169,9 @@ def training_rows(args) -> None:
             f"{rate[True, False] / rate[True, True]:.2f}x | "
             f"{encoder / seconds[False, False]:.0%} | {ceiling:.1f}x |"
         )
+        out[f"2. {label}, parallel"] = rate[False, False]
+        out[f"2. {label}, step loop"] = rate[False, True]
+    return out
 
 
 def fitted_transformer(args) -> Seq2Seq:
