@@ -261,6 +261,14 @@ class Trainer:
         self.batch_size, self.max_epochs = batch_size, max_epochs
         self.max_grad_norm, self.label_smoothing = max_grad_norm, label_smoothing
         self.autocast_dtype = AUTOCAST_DTYPES[precision]
+        if self.device.type == "cuda" and precision == "bfloat16":
+            with torch.cuda.device(self.device):
+                if not torch.cuda.is_bf16_supported():
+                    raise ValueError(
+                        f"precision='bfloat16' needs a GPU that computes in bfloat16 (Ampere or "
+                        f"later); {torch.cuda.get_device_name(self.device)} does not: use "
+                        "precision='float32'"
+                    )
         self.callbacks = list(callbacks)
         self.optimizer = torch.optim.Adam(module.parameters(), lr=learning_rate)
         self.history: list[dict[str, Any]] = []

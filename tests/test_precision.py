@@ -146,3 +146,18 @@ def test_masked_softmax_of_bfloat16_scores_is_float32():
     assert weights.dtype == torch.float32
     torch.testing.assert_close(weights, masked_softmax(scores.float(), mask))
     assert weights[0, 3] == 0
+
+
+def test_a_gpu_without_bfloat16_is_refused_by_name(monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    class OnTheGpu(torch.nn.Module):  # the trainer reads the device of the first parameter
+        def parameters(self, recurse=True):
+            return iter([SimpleNamespace(device=torch.device("cuda:0"))])
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
+    with pytest.raises(ValueError, match="precision='bfloat16'.*Tesla T4"):
+        training.Trainer(OnTheGpu(), [], [], decode=list, precision="bfloat16")

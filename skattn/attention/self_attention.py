@@ -73,11 +73,11 @@ def scaled_dot_product(
     :func:`~skattn.attention.softmax.masked_softmax`, whose shift-before-divide keeps any
     temperature finite and whose floored exponents keep onnxruntime off its slow path.
     """
-    if torch.is_autocast_enabled(q.device.type):
-        # Mixed precision (``precision="bfloat16"``): attention runs in float32. Its products
-        # are a small share of a step, its softmax keeps float32's resolution, and SDPA's
-        # bfloat16 backward on the CPU took 13x float32's time (torch 2.13, one thread).
-        with torch.autocast(q.device.type, enabled=False):
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # Mixed precision on the CPU (``precision="bfloat16"``): attention runs in float32. Its
+        # products are a small share of a step, and SDPA's bfloat16 backward took 13x float32's
+        # time (torch 2.13, one thread). A GPU keeps its fused bfloat16 kernels.
+        with torch.autocast("cpu", enabled=False):
             return scaled_dot_product(
                 q.float(), k.float(), v.float(), mask, temperature, need_weights
             )
