@@ -8,6 +8,9 @@
    (``forward_stepwise``), whole model, with GRU and with LSTM cells (torch runs a whole LSTM
    sequence through oneDNN, a GRU step by step); the same decoder over the bi-GRU encoder; and
    the Transformer decoder over the Transformer encoder.
+   Sections 1 and 2 run once per ``--precisions`` (float32, then bfloat16 mixed precision, as
+   ``Seq2Seq(precision=...)`` trains), then print the bfloat16 / float32 ratios and section 2
+   with each path at its faster precision.
 3. Decode items/s of a briefly fitted Transformer (encoder and decoder, key-value cache):
    ``Seq2Seq.predict`` (torch) against ``serving.load(...).predict`` (onnxruntime) at batch 1,
    16, 64 and 256; both must give identical predictions.
@@ -101,6 +104,26 @@ def training_rows(args) -> None:
     print("|---|---:|")
     for label, rate in rates["float32"].items():
         print(f"| {label} | {rates['bfloat16'][label] / rate:.2f}x |")
+    if 2 not in args.sections:
+        return
+    print(
+        "\n## 2. parallel against the step loop, each at its faster precision (the step "
+        "loop's small products gain nothing from bfloat16; it is timed as it runs best)"
+    )
+    print("| model | parallel | step loop | speed-up |")
+    print("|---|---|---|---:|")
+    for label in [
+        key[: -len(", parallel")] for key in rates["float32"] if key.endswith("parallel")
+    ]:
+        fast = {
+            path: max(rates, key=lambda precision: rates[precision][f"{label}, {path}"])
+            for path in ("parallel", "step loop")
+        }
+        ratio = (
+            rates[fast["parallel"]][f"{label}, parallel"]
+            / rates[fast["step loop"]][f"{label}, step loop"]
+        )
+        print(f"| {label[3:]} | {fast['parallel']} | {fast['step loop']} | {ratio:.2f}x |")
 
 
 def training_tables(args, precision: str) -> dict[str, float]:
