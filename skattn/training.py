@@ -263,7 +263,7 @@ class Trainer:
         self.autocast_dtype = AUTOCAST_DTYPES[precision]
         if self.device.type == "cuda" and precision == "bfloat16":
             with torch.cuda.device(self.device):
-                if not torch.cuda.is_bf16_supported():
+                if not torch.cuda.is_bf16_supported(including_emulation=False):
                     raise ValueError(
                         f"precision='bfloat16' needs a GPU that computes in bfloat16 (Ampere or "
                         f"later); {torch.cuda.get_device_name(self.device)} does not: use "

@@ -46,9 +46,24 @@ def test_seeded_masks_repeat_and_gradients_follow_the_mask():
     torch.testing.assert_close(x.grad, (a != 0).float() * 2.0)
 
 
-def test_bfloat16_input_stays_bfloat16():
-    out = Dropout(0.2).train()(torch.ones(10, dtype=torch.bfloat16))
+def test_bfloat16_input_stays_bfloat16_and_keeps_its_expectation():
+    torch.manual_seed(2)
+    x = (1 + torch.rand(4_000_000)).to(torch.bfloat16)  # in [1, 2]
+    out = Dropout(0.1).train()(x)
     assert out.dtype == torch.bfloat16
+    # Each kept unit is x / 0.9 rounded once, which is unbiased over varied x. Rounding the scale
+    # first (1 / 0.9 -> 1.109375, as torch.nn.Dropout does in bfloat16) gives 0.99844 here.
+    ratio = float(out.double().mean() / x.double().mean())
+    assert abs(ratio - 1.0) < 0.0008, ratio
+    assert Dropout(0.1).train()(torch.ones(0, 3)).shape == (0, 3)
+
+
+def test_a_rate_within_2_to_the_minus_17_of_1_keeps_one_unit_in_65536():
+    torch.manual_seed(4)
+    out = Dropout(0.999999).train()(torch.ones(655_360))
+    assert torch.isfinite(out).all()
+    assert set(out.unique().tolist()) <= {0.0, 65536.0}
+    assert 0 < int((out != 0).sum()) < 40  # about 10 expected
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, float("nan"), "0.5", True])

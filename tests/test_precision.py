@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from skattn import Seq2Seq, training
+from skattn.attention import Attention
 from skattn.attention.self_attention import scaled_dot_product
 from skattn.attention.softmax import masked_softmax
 from skattn.datasets import make_reversal
@@ -40,7 +41,18 @@ def _family_params(family: dict) -> dict:
 def test_every_family_trains_in_bfloat16_with_float32_weights(family):
     X, y = make_reversal(48, 2, 6, random_state=1)
     model = Seq2Seq(**_family_params(family), precision="bfloat16", max_steps=4, dropout=0.1)
-    model.fit(X, y)
+    logit_dtypes = []
+    original = training.batch_loss
+
+    def spy(module, source, source_lengths, target, label_smoothing=0.0):
+        if module.training:
+            logit_dtypes.append(module(source, source_lengths, target[:, :-1])[0].dtype)
+        return original(module, source, source_lengths, target, label_smoothing)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training, "batch_loss", spy)
+        model.fit(X, y)
+    assert logit_dtypes == [torch.bfloat16] * 4  # the output products ran in bfloat16
     assert all(w.dtype == torch.float32 for w in model.module_.parameters())
     assert all(bool(torch.isfinite(w).all()) for w in model.module_.parameters())
     assert np.isfinite(model.history_[-1]["train_loss"])
@@ -139,13 +151,58 @@ def test_attention_under_autocast_is_float32_and_equals_float32_attention():
             torch.testing.assert_close(w, expected_w)
 
 
-def test_masked_softmax_of_bfloat16_scores_is_float32():
+def test_masked_softmax_of_bfloat16_scores_is_float32_under_autocast_only():
     scores = torch.tensor([[2.0, 0.0, 2.0, 7.0]], dtype=torch.bfloat16)
     mask = torch.tensor([[True, True, True, False]])
-    weights = masked_softmax(scores, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        weights = masked_softmax(scores, mask)
     assert weights.dtype == torch.float32
     torch.testing.assert_close(weights, masked_softmax(scores.float(), mask))
     assert weights[0, 3] == 0
+    assert masked_softmax(scores, mask).dtype == torch.bfloat16  # a bfloat16 model's own dtype
+
+
+@pytest.mark.parametrize("scorer", ["dot", "general", "additive", "scaled_dot"])
+def test_a_bfloat16_model_attends_in_bfloat16_outside_autocast(scorer):
+    torch.manual_seed(0)
+    attention = Attention(scorer, 8, 8).to(torch.bfloat16)
+    H = torch.randn(2, 5, 8, dtype=torch.bfloat16)
+    s = torch.randn(2, 8, dtype=torch.bfloat16)
+    context, weights = attention(s, H, attention.precompute(H), None)
+    assert context.dtype == weights.dtype == torch.bfloat16
+    q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
+    out, w = scaled_dot_product(q, q, q, None, need_weights=True)
+    assert out.dtype == w.dtype == torch.bfloat16
+
+
+def test_local_m_windows_under_autocast_are_the_float32_windows_past_256_positions():
+    torch.manual_seed(0)
+    attention = Attention("general", 8, 8, local="local-m", window=2)
+    H = torch.randn(1, 400, 8)
+    keys = attention.precompute(H)
+    s = torch.randn(1, 8)
+    for step in (100, 255, 257, 300, 399):
+        _, expected = attention(s, H, keys, None, step=step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, weights = attention(s, H, keys, None, step=step)
+        # bfloat16 holds every integer only up to 256: the window must not be rounded into it
+        assert torch.equal(weights > 0, expected > 0), step
+
+
+def test_local_p_centres_under_autocast_are_computed_in_float32():
+    torch.manual_seed(0)
+    attention = Attention("general", 8, 8, local="local-p", window=3)
+    lengths = torch.tensor([300, 37])
+    q = torch.randn(2, 6, 8)
+    expected = attention.position_predictor(q, lengths)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        centres = attention.position_predictor(q, lengths)  # the predictor alone: bfloat16
+        H = torch.randn(2, 300, 8)
+        mask = torch.arange(300) < lengths.unsqueeze(1)
+        _, weights = attention(q, H, attention.precompute(H), mask)
+    assert (centres - expected).abs().max() > 0.05  # bfloat16 alone would be off
+    _, full = attention(q, H, attention.precompute(H), mask)
+    assert torch.equal(weights > 0, full > 0)  # the same windows as in float32
 
 
 def test_a_gpu_without_bfloat16_is_refused_by_name(monkeypatch):
@@ -157,7 +214,11 @@ def test_a_gpu_without_bfloat16_is_refused_by_name(monkeypatch):
             return iter([SimpleNamespace(device=torch.device("cuda:0"))])
 
     monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    # torch's default counts emulation as support (every CUDA GPU "has" bfloat16 then): only a
+    # check that asks for native support can refuse one
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+    )
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
     with pytest.raises(ValueError, match="precision='bfloat16'.*Tesla T4"):
         training.Trainer(OnTheGpu(), [], [], decode=list, precision="bfloat16")

@@ -17,6 +17,12 @@ from skattn.attention.softmax import check_temperature, masked_softmax, tempered
 from skattn.core.checks import check_int
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for a float64 model: window positions are counts, and bfloat16
+    holds every integer only up to 256."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class Attention(nn.Module):
     r"""Global or local attention over encoder annotations, with a pluggable scorer.
 
@@ -159,7 +165,10 @@ class Attention(nn.Module):
                 if single and step is None:
                     raise ValueError("local-m attention with a single query needs step")
                 centres = monotonic_positions(0 if step is None else step, T_y, lengths)
-                centres = centres.to(scores.dtype)  # (B, T_y)
+                centres = centres.to(_wide(scores.dtype))  # (B, T_y)
+            elif torch.is_autocast_enabled(q.device.type):  # mixed precision: bfloat16 counts
+                with torch.autocast(q.device.type, enabled=False):  # exactly only to 256
+                    centres = self.position_predictor(q.to(_wide(q.dtype)), lengths)
             else:
                 centres = self.position_predictor(q, lengths)  # (B, T_y)
             valid = valid & window_mask(centres, T, self.window)  # (B, T_y, T)

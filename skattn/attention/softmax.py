@@ -61,7 +61,8 @@ def masked_softmax(
     -------
     Tensor
         Weights with the shape of ``scores``; each row sums to 1, or to 0 when fully masked.
-        float32 for float16 or bfloat16 scores (the products of mixed-precision training).
+        float32 for float16 or bfloat16 scores under ``torch.autocast`` (the products of
+        mixed-precision training).
 
     Raises
     ------
@@ -79,7 +80,9 @@ def masked_softmax(
     check_temperature(temperature)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be a boolean tensor, got dtype {mask.dtype}")
-    if scores.dtype in (torch.float16, torch.bfloat16):  # mixed precision: weights in float32
+    if scores.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(
+        scores.device.type
+    ):  # mixed-precision training: the weights in float32 (a bfloat16 model keeps its dtype)
         scores = scores.float()
     z = tempered_scores(scores, mask, temperature)  # (..., T), <= 0 at real positions
     # Terms below the floor are exactly 0 (see EXP_FLOOR), and so is padding; exp reads a 0 in

@@ -10,8 +10,10 @@ ms for a ``(64, 11, 1024)`` activation on one core), which made dropout 14-21 % 
 training step. Here one 64-bit draw gives four 16-bit numbers, and unit ``i`` is kept when its
 number ``r_i`` (uniform over the 65,536 values of an int16) is at least
 ``round(p * 65536) - 32768``: exactly ``Bernoulli(1 - p')`` with ``p'`` the rate rounded to
-1/65,536, and the kept units are scaled by ``1 / (1 - p')``, so the expectation is ``x``
-exactly. The draws come from torch's generator, so ``torch.manual_seed`` (a ``random_state``)
+1/65,536 (and at most 65,535/65,536), and the kept units are scaled by ``1 / (1 - p')``, so the
+expectation is ``x`` (exactly in float32; a bfloat16 unit, as autocast hands dropout, is rounded
+once after its scaling, where ``torch.nn.Dropout`` rounds the scale itself: 1.109375 for
+1/0.9). The draws come from torch's generator, so ``torch.manual_seed`` (a ``random_state``)
 makes them repeat. On other devices this is ``torch.nn.functional.dropout``.
 """
 
@@ -42,14 +44,19 @@ class Dropout(nn.Module):
             return x
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
-        dropped = round(self.p * _LEVELS)  # p' * 65536, in [0, 65536]
+        # p' * 65536, in [1, 65535]: a rate within 2^-17 of 1 drops all but 1/65,536
+        dropped = min(round(self.p * _LEVELS), _LEVELS - 1)
         if dropped == 0:
             return x
         n = x.numel()
         words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
         r = words.view(torch.int16)[:n].view(x.shape)  # (..., ) uniform over the int16 values
         keep = (r >= _LOWEST + dropped).to(x.dtype)  # Bernoulli(1 - p')
-        return x * keep.mul_(_LEVELS / (_LEVELS - dropped))  # x * m / (1 - p')
+        scale = _LEVELS / (_LEVELS - dropped)  # 1 / (1 - p')
+        if torch.finfo(x.dtype).bits >= 32:
+            return x * keep.mul_(scale)  # one product backward
+        # bfloat16 or float16: a Python float scale is applied in float32, each unit rounded once
+        return (x * keep).mul_(scale)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
