@@ -36,8 +36,11 @@ times over).
 ``--encoder transformer`` puts a Transformer encoder under the recurrent decoders, and with
 ``--decoder transformer`` the whole model is a Transformer (``--num-layers`` blocks on each side
 of ``--hidden-size`` = d_model, ``--num-heads``, ``--ffn-size``, ``--positions``); each family is
-given only the options it reads. docs/results.md (its G2P section) gives the Transformer run's
-figures.
+given only the options it reads. ``--precision bfloat16`` trains in mixed precision
+(``Seq2Seq(precision="bfloat16")``): on a CPU with AMX the 2 x 256 Transformer then trained 29
+epochs in 55 minutes on two threads instead of 5 (test WER 27.80 %, against 24.23 % for the
+two-layer bi-GRU in the same hour); the bi-GRU gains only 1.2-1.3x per step from it.
+docs/results.md (its G2P section) gives the Transformer runs' figures.
 
 ``--max-minutes`` becomes the estimator's ``max_time``: training stops when the budget is spent
 (the epoch under way is still validated), and the cosine schedule reaches 0 there, however the
