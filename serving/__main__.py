@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from serving.connections import ConnectionLimits
+from serving.connections import MAX_TIMEOUT_S, ConnectionLimits
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         check_int(args.port, "--port", 0, 65535)
-        check_real(args.shutdown_timeout, "--shutdown-timeout", 0.0, low_open=True)
+        check_real(args.shutdown_timeout, "--shutdown-timeout", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_int(args.intra_op_threads, "--intra-op-threads")
     except ValueError as exc:
         parser.error(str(exc))

@@ -121,8 +121,14 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             logger.info("stopped")
 
     # No /openapi.json, /docs or /redoc: the protocol is the KServe v2 one, documented there.
+    # No redirect of a path with a trailing slash: its 307 had an empty body; a JSON 404 now.
     app = _ServerApp(
-        title="skattn", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
+        title="skattn",
+        lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        redirect_slashes=False,
     )
     app.state.models = models
     app.state.metrics = metrics

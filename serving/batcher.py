@@ -49,6 +49,9 @@ from serving.batch_policy import choose_batch
 from serving.interface import Runtime
 from skattn.core.checks import check_int, check_real
 
+#: The longest an item may be set to wait for its batch to fill (a minute).
+MAX_DELAY_MS = 60_000.0
+
 __all__ = [
     "BatchError",
     "BatchMetrics",
@@ -113,7 +116,7 @@ class Batcher:
         if not callable(getattr(runtime, "predict_batch", None)):
             raise ValueError("runtime must have a predict_batch method")
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
-        self.max_delay_ms = check_real(max_delay_ms, "max_delay_ms", 0.0)
+        self.max_delay_ms = check_real(max_delay_ms, "max_delay_ms", 0.0, MAX_DELAY_MS)
         self.max_queue = check_int(max_queue, "max_queue")
         self.max_batch_chars = check_int(max_batch_chars, "max_batch_chars")
         if not isinstance(eager, bool):

@@ -47,6 +47,9 @@ import uvicorn
 from serving import protocol
 from skattn.core.checks import check_int, check_real
 
+#: The longest a timeout may be set (an hour): beyond it the protection it exists for is off.
+MAX_TIMEOUT_S = 3600.0
+
 __all__ = ["REFUSE", "ConnectionLimits", "fit_to_file_limit", "protocol_class", "uvicorn_config"]
 
 logger = logging.getLogger("serving.connections")
@@ -94,8 +97,8 @@ class ConnectionLimits:
     keep_alive_s: float = 5.0
 
     def __post_init__(self) -> None:
-        check_real(self.header_timeout_s, "header_timeout_s", 0.0, low_open=True)
-        check_real(self.keep_alive_s, "keep_alive_s", 0.0, low_open=True)
+        check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_int(self.max_header_bytes, "max_header_bytes", 1024)
         check_int(self.max_connections, "max_connections")
         check_int(self.health_connections, "health_connections", 0)

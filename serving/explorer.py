@@ -29,6 +29,10 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.staticfiles import NotModifiedResponse
+from starlette.types import Receive, Scope, Send
 
 from serving.interface import ModelInfo, Runtime
 
@@ -120,7 +124,7 @@ def mount_explorer(
 
     @app.get("/", include_in_schema=False)
     async def explorer_page() -> FileResponse:
-        return FileResponse(
+        return _WholeFile(
             STATIC_DIR / "index.html",
             media_type="text/html; charset=utf-8",
             headers={
@@ -139,13 +143,31 @@ def mount_explorer(
     app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="explorer-static")
 
 
+class _WholeFile(FileResponse):
+    """A file sent whole, whatever ``Range`` asks: the explorer's few kilobytes need no ranges
+    (RFC 9110 lets a server ignore the header), and Starlette answers a malformed or
+    unsatisfiable one itself, in plain text, where every other error of the server is JSON."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        del self.headers["accept-ranges"]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"range", b"if-range")]
+        await super().__call__({**scope, "headers": headers}, receive, send)
+
+
 class _StaticFiles(StaticFiles):
     """The page's script and style, revalidated on every load (an upgraded server's page must
-    not run a cached older script: browsers otherwise cache by a guess from the file's age)
-    and never sniffed as another type."""
+    not run a cached older script: browsers otherwise cache by a guess from the file's age),
+    never sniffed as another type, and sent whole (:class:`_WholeFile`)."""
 
-    def file_response(self, *args, **kwargs):
-        response = super().file_response(*args, **kwargs)
+    def file_response(
+        self, full_path, stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = _WholeFile(full_path, status_code=status_code, stat_result=stat_result)
+        if self.is_not_modified(response.headers, Headers(scope=scope)):
+            response = NotModifiedResponse(response.headers)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response

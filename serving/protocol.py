@@ -404,11 +404,12 @@ def _text(element: object, index: int) -> str:
 
 
 def _requested_outputs(outputs: object, parameters: dict) -> tuple[RequestedOutput, ...]:
-    """The outputs to return: the ones named, or ``prediction`` alone when none is named."""
+    """The outputs to return: the ones named, or ``prediction`` alone when none is named
+    (``outputs`` absent or ``[]``, as KServe and Triton read an empty list)."""
     default_binary = parameters.get("binary_data_output", False)
     if not isinstance(default_binary, bool):
         raise ProtocolError("parameters.binary_data_output must be a boolean")
-    if outputs is None:
+    if outputs is None or outputs == []:
         return (RequestedOutput(PREDICTION, default_binary),)
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise ProtocolError("'outputs' must be a list of objects")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serving.batcher import MAX_DELAY_MS
+from serving.connections import MAX_TIMEOUT_S
 from skattn.core.checks import check_int, check_real
 
 __all__ = ["BATCHING", "ServerSettings", "check_model_name", "host_name"]
@@ -91,8 +93,8 @@ class ServerSettings:
             "retry_after_s",
         ):
             check_int(getattr(self, name), name)
-        check_real(self.max_delay_ms, "max_delay_ms", 0.0)
-        check_real(self.body_timeout_s, "body_timeout_s", 0.0, low_open=True)
+        check_real(self.max_delay_ms, "max_delay_ms", 0.0, MAX_DELAY_MS)
+        check_real(self.body_timeout_s, "body_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         if self.allowed_hosts is not None and (
             not isinstance(self.allowed_hosts, tuple)
             or not all(isinstance(host, str) and host for host in self.allowed_hosts)

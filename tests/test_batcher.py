@@ -60,6 +60,7 @@ class RecordingMetrics:
         ({"max_delay_ms": -1}, "max_delay_ms"),
         ({"max_delay_ms": float("nan")}, "max_delay_ms"),
         ({"max_delay_ms": "2"}, "max_delay_ms"),
+        ({"max_delay_ms": 60_001}, "max_delay_ms"),
         ({"max_queue": 0}, "max_queue"),
         ({"eager": 1}, "eager"),
     ],

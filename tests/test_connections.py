@@ -371,6 +371,8 @@ def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
         ({"max_connections": 0}, "max_connections"),
         ({"health_connections": -1}, "health_connections"),
         ({"keep_alive_s": float("inf")}, "keep_alive_s"),
+        ({"keep_alive_s": 1e308}, "keep_alive_s"),  # finite, but the protection would be off
+        ({"header_timeout_s": 3600.5}, "header_timeout_s"),
     ],
 )
 def test_connection_limits_are_validated(limits, name):

@@ -875,6 +875,28 @@ def test_one_unicode_rule_for_every_text_json_or_binary(serve):
     assert server.runtime.seen == ["\U0001f600"]
 
 
+def test_an_empty_outputs_list_answers_the_prediction(serve):
+    server = serve()
+    for binary in (False, True):
+        body = infer_body(["ab"], outputs=[], parameters={"binary_data_output": binary})
+        response = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", json=body)
+        assert response.status_code == 200
+        header = response.content
+        if binary:
+            length = int(response.headers["inference-header-content-length"])
+            header = response.content[:length]
+        outputs = json.loads(header)["outputs"]
+        assert [output["name"] for output in outputs] == ["prediction"]
+
+
+def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(serve):
+    server = serve()
+    for path in (f"/v2/models/{MODEL}/", "/v2/health/ready/", f"/v2/models/{MODEL}/infer/"):
+        response = httpx.get(server.url + path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]
+
+
 def test_no_openapi_schema_or_docs_are_served(serve):
     server = serve()
     for path in ("/openapi.json", "/docs", "/redoc"):
@@ -886,6 +908,8 @@ def test_no_openapi_schema_or_docs_are_served(serve):
     [
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"max_delay_ms": -0.5}, "max_delay_ms"),
+        ({"max_delay_ms": 1e308}, "max_delay_ms"),  # every short batch would wait "forever"
+        ({"body_timeout_s": 3601}, "body_timeout_s"),
         ({"max_queue": 1.5}, "max_queue"),
         ({"max_items_per_request": 0}, "max_items_per_request"),
         ({"max_body_bytes": True}, "max_body_bytes"),
@@ -1003,6 +1027,10 @@ def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model-dir", "x", "--model-name", ""])
     assert "model name '' must be non-empty" in capsys.readouterr().err
+    for flag in ("--max-delay-ms", "--shutdown-timeout", "--body-timeout-s", "--keep-alive-s"):
+        with pytest.raises(SystemExit):
+            main(["--model-dir", "x", flag, "1e308"])
+        assert flag.lstrip("-").replace("-", "_") in capsys.readouterr().err.replace("-", "_")
 
 
 def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
