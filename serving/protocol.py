@@ -450,13 +450,13 @@ def _temperature(value: object) -> float | None:
     except OverflowError:  # an integer of hundreds of digits
         temperature = math.inf
     if not math.isfinite(temperature) or temperature <= 0 or temperature > FLOAT32_MAX:
-        if isinstance(value, float):
-            shown = f"{value:.3g}"
+        if isinstance(value, float):  # every digit: 3.4028235e+38 is above the maximum
+            shown = repr(value)
         else:  # a huge int is not printed: its digits could fill the response
             shown = "a larger integer" if temperature > FLOAT32_MAX else str(value)
         raise ProtocolError(
             "parameters.temperature must be positive and finite in float32 (at most "
-            f"{FLOAT32_MAX:.4g}), got {shown}"
+            f"{FLOAT32_MAX!r}), got {shown}"
         )
     return temperature
 

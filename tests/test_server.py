@@ -850,6 +850,14 @@ def test_a_temperature_outside_float32_or_not_positive_is_refused(value):
     assert protocol._temperature(3.4e38) == 3.4e38 and protocol._temperature(1e-30) == 1e-30
 
 
+def test_a_temperature_just_above_float32s_maximum_is_shown_with_every_digit():
+    # numpy prints float32's maximum as 3.4028235e+38, just above it: the message must not read
+    # "at most 3.403e+38, got 3.4e+38"
+    with pytest.raises(protocol.ProtocolError) as error:
+        protocol._temperature(3.4028235e38)
+    assert "at most 3.4028234663852886e+38, got 3.4028235e+38" in str(error.value)
+
+
 def test_one_unicode_rule_for_every_text_json_or_binary(serve):
     server = serve()
     url = f"{server.url}/v2/models/{MODEL}/infer"
