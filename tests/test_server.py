@@ -855,7 +855,7 @@ def test_a_temperature_just_above_float32s_maximum_is_shown_with_every_digit():
     # "at most 3.403e+38, got 3.4e+38"
     with pytest.raises(protocol.ProtocolError) as error:
         protocol._temperature(3.4028235e38)
-    assert "at most 3.4028234663852886e+38, got 3.4028235e+38" in str(error.value)
+    assert "(at most 3.4028234663852886e+38), got 3.4028235e+38" in str(error.value)
 
 
 def test_one_unicode_rule_for_every_text_json_or_binary(serve):
