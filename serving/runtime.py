@@ -54,6 +54,7 @@ from skattn.core.text import (
     SPECIAL_TOKENS,
     Vocabulary,
     as_outputs,
+    check_utf8,
     detokenize,
     ordered_items,
     tokenize,
@@ -283,7 +284,8 @@ class Runtime:
     # -- input checks -----------------------------------------------------------------------
 
     def check_source(self, text: object) -> None:
-        """Raise ``ValueError`` when ``text`` cannot be translated (not a str, or too long).
+        """Raise ``ValueError`` when ``text`` cannot be translated (not a str, not valid Unicode
+        text, or too long).
 
         Parameters
         ----------
@@ -292,6 +294,7 @@ class Runtime:
         """
         if not isinstance(text, str):
             raise ValueError(f"sources must be str, got {type(text).__name__}: {text!r:.80}")
+        check_utf8(text, "a source")  # as the estimator refuses it, not read as <unk>
         n_tokens = len(tokenize(text, self.tokenizer))
         if n_tokens > self.max_source_length:
             raise ValueError(

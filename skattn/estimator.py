@@ -57,6 +57,10 @@ class Seq2Seq(PortableModule, BaseEstimator):
         ``"transformer"`` (over the Transformer encoder) has a key-value cache.
     attention : {"global", "local-m", "local-p", "none"}, default="global"
         ``"none"``: the plain encoder-decoder that reads only the final encoder state.
+        ``"local-p"`` cuts its window hard at ``|j - p_t| <= window`` around a real-valued
+        ``p_t``: on sources of several hundred positions a last-bit difference in ``p_t``
+        (another batch, onnxruntime against torch) can move a position across the edge, so
+        its answers there are not bit-stable across batches and backends.
     input_feeding, window, cell, embedding_dim, hidden_size, num_layers, dropout, num_heads
         Defaults ``True``, 10, ``"gru"``, 64, 128, 1, 0.0, 1: what each means for each family
         is in :class:`~skattn.models.ModelConfig` (``input_feeding``: Luong only).

@@ -853,3 +853,16 @@ def test_a_format_1_target_vocabulary_unlike_the_decoder_is_named(copy_of):
 
 def test_artifact_error_is_a_value_error():
     assert issubclass(ArtifactError, ValueError)
+
+
+def test_a_source_that_is_not_valid_unicode_is_refused_as_the_estimator_refuses_it(fitted, runtime):
+    bad = "1\ud8002"  # a lone surrogate: no UTF-8 form
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        fitted.predict([bad])
+    for call in (
+        lambda: runtime.predict(["12", bad]),
+        lambda: runtime.predict_attention([bad]),
+        lambda: runtime.log_likelihood([bad], ["21"]),
+    ):
+        with pytest.raises(ValueError, match=r"a source holds '\\ud800', which is not valid"):
+            call()

@@ -33,6 +33,7 @@ __all__ = [
     "Vocabulary",
     "as_token_lists",
     "as_token_pairs",
+    "check_utf8",
     "detokenize",
     "pad_batch",
     "refuse_reserved_tokens",
@@ -379,13 +380,18 @@ def as_outputs(items: Any, name: str, tokenizer: str, output_kind: str) -> list[
 
 
 def _check_utf8(text: str, name: str, index: int) -> None:
-    """A lone surrogate (``"\\ud800"``, as ``errors="surrogateescape"`` decoding leaves) has no
-    UTF-8 form: no request could send it and no manifest could store it."""
+    check_utf8(text, f"{name}[{index}]")
+
+
+def check_utf8(text: str, where: str) -> None:
+    """``ValueError`` naming ``where`` if ``text`` holds a lone surrogate (``"\\ud800"``, as
+    ``errors="surrogateescape"`` decoding leaves): it has no UTF-8 form, so no request could
+    send it and no manifest could store it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise ValueError(
-            f"{name}[{index}] holds {text[error.start : error.end]!r}, which is not valid "
+            f"{where} holds {text[error.start : error.end]!r}, which is not valid "
             f"Unicode text (a lone surrogate): it has no UTF-8 form"
         ) from None
 
