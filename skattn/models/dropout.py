@@ -11,10 +11,10 @@ training step. Here one 64-bit draw gives four 16-bit numbers, and unit ``i`` is
 number ``r_i`` (uniform over the 65,536 values of an int16) is at least
 ``round(p * 65536) - 32768``: exactly ``Bernoulli(1 - p')`` with ``p'`` the rate rounded to
 1/65,536 (and at most 65,535/65,536), and the kept units are scaled by ``1 / (1 - p')``, so the
-expectation is ``x`` (exactly in float32; a bfloat16 unit, as autocast hands dropout, is rounded
-once after its scaling, where ``torch.nn.Dropout`` rounds the scale itself: 1.109375 for
-1/0.9). The draws come from torch's generator, so ``torch.manual_seed`` (a ``random_state``)
-makes them repeat. On other devices this is ``torch.nn.functional.dropout``.
+expectation is ``x`` (to float32's rounding of the scale; a bfloat16 unit, as autocast hands
+dropout, is rounded once after its scaling, where ``torch.nn.Dropout`` rounds the scale itself:
+1.109375 for 1/0.9). The draws come from torch's generator, so ``torch.manual_seed`` (a
+``random_state``) makes them repeat. On other devices this is ``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations
