@@ -19,6 +19,7 @@ from skattn.core.manifest import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY, MAX_OUTPUT_L
 from skattn.core.text import TOKENIZERS
 from skattn.models import OPTIONS
 from skattn.models.config import MAXIMA
+from skattn.training import AUTOCAST_DTYPES
 
 __all__ = ["N_JOBS", "PARAMETER_CONSTRAINTS"]
 
@@ -111,7 +112,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "tokenizer": [StrOptions(set(TOKENIZERS))],
     "device": [_Device()],
     "n_threads": [_Range(Integral, 1, MAX_THREADS, closed="both"), None],
-    "precision": [StrOptions({"float32", "bfloat16"})],
+    "precision": [StrOptions(set(AUTOCAST_DTYPES))],
     "warm_start": ["boolean"],
     # NumPy seeds are 32-bit: a larger int is refused here, by name, not by NumPy in fit
     "random_state": [_Range(Integral, 0, 2**32 - 1, closed="both"), np.random.RandomState, None],

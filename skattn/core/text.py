@@ -346,7 +346,7 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     token_lists, kinds = [], set()
     for index, item in enumerate(items):
         if isinstance(item, str):
-            _check_utf8(item, name, index)
+            check_utf8(item, name, index)
             token_lists.append(tokenize(item, tokenizer))
             kinds.add("str")
         elif isinstance(item, list | tuple) or (isinstance(item, np.ndarray) and item.ndim == 1):
@@ -355,7 +355,7 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
                     f"{name}[{index}] must be a str or a list of str tokens, got {item!r}"
                 )
             for token in item:
-                _check_utf8(token, name, index)
+                check_utf8(token, name, index)
             token_lists.append([str(t) for t in item])
             kinds.add("tokens")
         else:
@@ -379,17 +379,14 @@ def as_outputs(items: Any, name: str, tokenizer: str, output_kind: str) -> list[
     return token_lists
 
 
-def _check_utf8(text: str, name: str, index: int) -> None:
-    check_utf8(text, f"{name}[{index}]")
-
-
-def check_utf8(text: str, where: str) -> None:
-    """``ValueError`` naming ``where`` if ``text`` holds a lone surrogate (``"\\ud800"``, as
-    ``errors="surrogateescape"`` decoding leaves): it has no UTF-8 form, so no request could
-    send it and no manifest could store it."""
+def check_utf8(text: str, name: str, index: int | None = None) -> None:
+    """``ValueError`` naming ``name`` (``name[index]`` with an index) if ``text`` holds a lone
+    surrogate (``"\\ud800"``, as ``errors="surrogateescape"`` decoding leaves): it has no UTF-8
+    form, so no request could send it and no manifest could store it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
+        where = name if index is None else f"{name}[{index}]"
         raise ValueError(
             f"{where} holds {text[error.start : error.end]!r}, which is not valid "
             f"Unicode text (a lone surrogate): it has no UTF-8 form"
