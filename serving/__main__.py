@@ -284,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_connections=args.max_connections,
             health_connections=args.health_connections,
             keep_alive_s=args.keep_alive_s,
+            retry_after_s=args.retry_after_s,
         )
     except ValueError as exc:
         parser.error(str(exc))

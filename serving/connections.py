@@ -15,7 +15,7 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   connections when it runs out); when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server; beyond those, a new connection
-  gets 503 and is closed at once.
+  gets 503 and is closed at once. Both 503s carry ``Retry-After`` (``retry_after_s``).
 
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
@@ -54,7 +54,8 @@ __all__ = ["REFUSE", "ConnectionLimits", "fit_to_file_limit", "protocol_class", 
 
 logger = logging.getLogger("serving.connections")
 
-#: The scope key under which the protocol asks the app to refuse a request: ``(status, message)``.
+#: The scope key under which the protocol asks the app to refuse a request:
+#: ``(status, message, headers)``.
 REFUSE = "skattn.refuse"
 
 HEALTH_PREFIX = "/v2/health/"
@@ -88,6 +89,9 @@ class ConnectionLimits:
         Connections admitted beyond ``max_connections`` when none is idle, for health checks.
     keep_alive_s : float, default=5.0
         How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    retry_after_s : int, default=1
+        The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
+        passes its ``--retry-after-s``, the same as the queue's 503 carries).
     """
 
     header_timeout_s: float = 10.0
@@ -95,6 +99,7 @@ class ConnectionLimits:
     max_connections: int = 512
     health_connections: int = 8
     keep_alive_s: float = 5.0
+    retry_after_s: int = 1
 
     def __post_init__(self) -> None:
         check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
@@ -102,6 +107,7 @@ class ConnectionLimits:
         check_int(self.max_header_bytes, "max_header_bytes", 1024)
         check_int(self.max_connections, "max_connections")
         check_int(self.health_connections, "health_connections", 0)
+        check_int(self.retry_after_s, "retry_after_s")
 
 
 def fit_to_file_limit(limits: ConnectionLimits) -> ConnectionLimits:
@@ -166,7 +172,7 @@ class _GuardedProtocol:
         if len(self.connections) <= limits.max_connections + limits.health_connections:
             self._health_only = True
             return
-        self._refuse(503, "too many connections; retry later")
+        self._refuse(503, "too many connections; retry later", self._retry_after())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -289,9 +295,10 @@ class _GuardedProtocol:
             len(name) + len(value) + 4 for name, value in scope["headers"]
         )
         if size > self.limits.max_header_bytes:
-            scope[REFUSE] = (431, self._too_large_message())
+            scope[REFUSE] = (431, self._too_large_message(), {})
         elif self._health_only and not scope.get("path", "").startswith(HEALTH_PREFIX):
-            scope[REFUSE] = (503, "too many connections: this one may ask /v2/health/* only")
+            message = "too many connections: this one may ask /v2/health/* only"
+            scope[REFUSE] = (503, message, self._retry_after())
 
     def _too_large_message(self) -> str:
         return (
@@ -339,16 +346,21 @@ class _GuardedProtocol:
         self.connections.discard(oldest)  # connection_lost follows on the next loop turn
         return True
 
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer ``{"error": message}`` with ``status`` and close, outside any request."""
+    def _retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.limits.retry_after_s)}
+
+    def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """Answer ``{"error": message}`` with ``status`` (and ``headers``) and close, outside
+        any request."""
         self._cancel_header_timer()
         self._awaiting_headers = False
         body = protocol.error_body(message)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         head = (
             f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
             "content-type: application/json\r\n"
             f"content-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n"
+            f"{extra}connection: close\r\n\r\n"
         )
         self.transport.write(head.encode("ascii") + body)
         self.transport.close()

@@ -60,8 +60,9 @@ class RequestGuard:
             receive, send = _closing_if_unread(receive, send)
         refused = scope.get(REFUSE)
         if refused is not None:
-            status, message = refused
-            await send_answer(send, status, {"Connection": "close"}, protocol.error_body(message))
+            status, message, headers = refused
+            headers = {**headers, "Connection": "close"}
+            await send_answer(send, status, headers, protocol.error_body(message))
             return
         refusal = self._refusal(scope)
         if refusal is not None:

@@ -321,7 +321,8 @@ def test_a_connection_part_way_through_its_headers_is_not_idle(serve):
 
 def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
     runtime = ReverseRuntime(gated=True)
-    server = serve(runtime, limits=ConnectionLimits(max_connections=3, health_connections=1))
+    limits = ConnectionLimits(max_connections=3, health_connections=1, retry_after_s=7)
+    server = serve(runtime, limits=limits)
     busy = []
     for i in range(3):  # three requests in flight, held at the runtime's gate
         sock = connect(server, timeout=10)
@@ -338,6 +339,7 @@ def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
             assert client.get("/v2/health/ready").status_code == 200
             refused = client.post(INFER.decode(), json=infer_body(["abc"]))
             assert refused.status_code == 503 and "health" in refused.json()["error"]
+            assert refused.headers["retry-after"] == "7"
         with (
             httpx.Client(base_url=server.url, timeout=5) as a,
             httpx.Client(base_url=server.url, timeout=5) as b,
@@ -350,6 +352,36 @@ def test_when_every_connection_is_busy_health_checks_still_get_in(serve):
             sock.settimeout(10)
             assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
             sock.close()
+
+
+def test_beyond_the_health_connections_a_new_connection_gets_503_with_retry_after(serve):
+    runtime = ReverseRuntime(gated=True)
+    limits = ConnectionLimits(max_connections=1, health_connections=1, retry_after_s=3)
+    server = serve(runtime, limits=limits)
+    busy = connect(server, timeout=10)
+    body = b'{"inputs":[{"name":"source","shape":[1],"datatype":"BYTES","data":["x"]}]}'
+    busy.sendall(
+        b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    assert runtime.started.acquire(timeout=10)
+    health = connect(server, timeout=10)  # admitted for health checks, part-way through its
+    health.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # headers: not idle, so kept
+    time.sleep(0.1)
+    try:
+        refused = connect(server, timeout=10)
+        answer, _ = read_until_closed(refused)
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ")
+        assert b"\r\nretry-after: 3\r\n" in head.lower() + b"\r\n"
+        assert "too many connections" in json.loads(payload)["error"]
+        refused.close()
+    finally:
+        runtime.release()
+        busy.settimeout(10)
+        assert busy.recv(65536).startswith(b"HTTP/1.1 200 ")
+        busy.close()
+        health.close()
 
 
 def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
@@ -373,6 +405,7 @@ def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
         ({"keep_alive_s": float("inf")}, "keep_alive_s"),
         ({"keep_alive_s": 1e308}, "keep_alive_s"),  # finite, but the protection would be off
         ({"header_timeout_s": 3600.5}, "header_timeout_s"),
+        ({"retry_after_s": 0}, "retry_after_s"),
     ],
 )
 def test_connection_limits_are_validated(limits, name):
