@@ -25,7 +25,7 @@ from torch import nn
 
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.models.decoders import step_loop
-from skattn.training import AUTOCAST_DTYPES
+from skattn.training import AUTOCAST_DTYPES, adam
 
 SCORERS = ("dot", "general", "additive", "scaled_dot")
 DECODERS = (  # (label, constructor overrides)
@@ -81,7 +81,7 @@ def tokens_per_second(
     ``Seq2Seq(precision="bfloat16")`` trains with)."""
     tgt_out = batch[3]
     autocast = AUTOCAST_DTYPES[precision]
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = adam(model.parameters(), 1e-3)  # the estimator's
     model.train()
     forward = make_forward(model, batch, stepwise=stepwise, decoder_only=decoder_only)
     vocab_size = model.config.target_vocab_size

@@ -31,6 +31,7 @@ from skattn.core.text import BOS, EOS, PAD, pad_batch
 
 __all__ = [
     "Trainer",
+    "adam",
     "batch_loss",
     "check_warm_start",
     "continue_history",
@@ -209,6 +210,25 @@ def _mean(losses: Sequence[tuple[float, int]]) -> float:
 # ---------------------------------------------------------------- the loop
 
 
+#: Devices whose Adam torch fuses into one kernel over every parameter.
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
+def adam(parameters: Iterator[torch.nn.Parameter], learning_rate: float) -> torch.optim.Adam:
+    """Adam over ``parameters`` (float32, on one device): torch's fused kernel on the CPU and
+    CUDA, its per-tensor loop elsewhere.
+
+    On the CPU torch would otherwise loop over the parameters, a dozen small kernels each:
+    a step of the G2P-size bi-GRU (3.2M parameters in 36 tensors, one thread) took 11.7 ms
+    looped, 10.1 ms with ``foreach``, 2.2 ms fused, about 8 % of a float32 training step and
+    more of a bfloat16 one. The update is the same (``tests/test_training.py`` checks it
+    against the loop's to float32 rounding).
+    """
+    parameters = list(parameters)
+    fused = bool(parameters) and parameters[0].device.type in FUSED_ADAM_DEVICES
+    return torch.optim.Adam(parameters, lr=learning_rate, fused=fused)
+
+
 class Trainer:
     """Adam on a ``Seq2SeqModule`` over id lists, one epoch at a time, with callbacks.
 
@@ -270,7 +290,7 @@ class Trainer:
                         "precision='float32'"
                     )
         self.callbacks = list(callbacks)
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=learning_rate)
+        self.optimizer = adam(module.parameters(), learning_rate)
         self.history: list[dict[str, Any]] = []
         self.steps = 0
         self.stop = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from types import SimpleNamespace
 
@@ -196,3 +197,23 @@ def test_max_time_stops_training_and_ends_the_cosine_schedule_at_the_deadline():
     expected = [lr, lr * (1 + math.cos(math.pi * 9 / 12)) / 2]
     assert [h["lr"] for h in history] == pytest.approx(expected, rel=1e-12)
     assert trainer.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_the_trainer_steps_a_fused_adam_that_updates_as_torchs_per_tensor_loop():
+    assert reversal_trainer([]).optimizer.defaults["fused"]
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    fused_model, loop_model = copy.deepcopy(start), copy.deepcopy(start)
+    fused = training.adam(fused_model.parameters(), 1e-2)
+    loop = torch.optim.Adam(loop_model.parameters(), lr=1e-2, foreach=False, fused=False)
+    for _ in range(30):
+        x = torch.randn(32, 8)
+        for model, optimizer in ((fused_model, fused), (loop_model, loop)):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    for a, b, before in zip(
+        fused_model.parameters(), loop_model.parameters(), start.parameters(), strict=True
+    ):
+        assert (a - before).abs().max() > 0.02  # 30 steps of 1e-2 moved every tensor
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
