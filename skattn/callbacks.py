@@ -47,6 +47,14 @@ def callbacks_for(params: Mapping[str, Any], n_train: int, validation: bool) -> 
     budget = Budget(params["max_steps"], params["max_time"])
     callbacks: list[Callback] = [budget]
     steps_per_epoch = math.ceil(n_train / params["batch_size"])
+    most_steps = min(budget.max_steps, params["max_epochs"] * steps_per_epoch)
+    if params["warmup_steps"] > most_steps:
+        raise ValueError(
+            f"warmup_steps={params['warmup_steps']} is longer than this fit can be "
+            f"({most_steps} steps: max_steps={params['max_steps']}, max_epochs="
+            f"{params['max_epochs']} of {steps_per_epoch}): the learning rate would never "
+            "reach learning_rate; lower warmup_steps or train longer"
+        )
     schedule = StepSchedule.for_params(params, budget, steps_per_epoch)
     if schedule is not None:
         callbacks.append(schedule)

@@ -203,13 +203,19 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     def _adopt(self, fitted: list) -> Seq2SeqEnsemble:
         """Take fitted members after checking that they can be decoded as one model."""
-        members = [m.estimator if isinstance(m, FrozenEstimator) else m for m in fitted]
+        self.estimators_ = [m.estimator if isinstance(m, FrozenEstimator) else m for m in fitted]
+        self.__dict__.pop("_module", None)  # built again from these members when needed
+        return self._read_members()
+
+    def _read_members(self) -> Seq2SeqEnsemble:
+        """Check that the members still decode as one model, and take what they share as they
+        are now: a member fitted again with ``warm_start`` keeps its module object (trained in
+        place), and ``set_params`` may have changed its limits."""
+        members = self.estimators_
         first = members[0]
         _fitted_tokenizers(members)
         for i, member in enumerate(members[1:], start=1):
             _check_agrees(first, member, i)
-        self.estimators_ = members
-        self.__dict__.pop("_module", None)  # built again from these members when needed
         self.source_vocab_, self.target_vocab_ = first.source_vocab_, first.target_vocab_
         self.output_kind_ = first.output_kind_
         self.max_output_length_ = max(m._output_limit() for m in members)
@@ -236,13 +242,14 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     @property
     def module_(self) -> EnsembleModule:
-        """The members behind one seam, built once (and again if a member's module changed:
-        a member fitted again, whose vocabularies are then checked and taken again)."""
+        """The members behind one seam, built once (and again if a member's module object
+        changed: a member fitted again from scratch). Each access first checks the members
+        again and takes their vocabularies and limits as they are now."""
         check_is_fitted(self)
+        self._read_members()
         modules = [m.module_ for m in self.estimators_]
         cached = self.__dict__.get("_module")
         if cached is None or list(cached.members) != modules:  # modules compare by identity
-            self._adopt(self.estimators_)
             cached = self.__dict__["_module"] = EnsembleModule(modules)
         return cached
 

@@ -94,6 +94,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
         The rate rises linearly to its schedule over the first ``W`` steps (any schedule: the
         factors multiply, so with ``"cosine"`` over ``T`` steps the peak, at the ``W``-th
         step, is ``learning_rate * (1 + cos(pi (W - 1) / T)) / 2``, not ``learning_rate``).
+        A ``W`` longer than the fit can be (``max_steps``, ``max_epochs`` epochs) is a
+        ``ValueError`` when ``fit`` starts.
     average_checkpoints : int, default=1
         Keep the mean of the weights at the end of the kept epoch and the ``k - 1`` before it
         (fewer when the kept epoch is among the first ``k - 1`` of this ``fit``).

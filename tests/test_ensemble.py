@@ -396,6 +396,28 @@ def test_a_member_fitted_again_on_other_vocabularies_is_refused_then_taken_when_
     assert ensemble.source_vocab_.tokens == members[0].source_vocab_.tokens
 
 
+def test_a_member_fitted_again_in_place_or_given_new_limits_is_read_again():
+    """warm_start trains a member's module in place, so the ensemble kept its module and,
+    with it, the limits of the first fit: predictions were cut at the old, shorter length."""
+    fitted = dict(max_steps=2, max_output_length=None)  # the limit follows the targets
+    members = [member(**fitted, random_state=i).fit(X_TRAIN, Y_TRAIN) for i in range(2)]
+    ensemble = Seq2SeqEnsemble.from_fitted(members)
+    ensemble.predict(X_TRAIN[:2])
+    module = ensemble.module_
+    longest = max(len(x) for x in X_TRAIN)
+    longer = ["".join(reversed(x)) * 3 for x in X_TRAIN[:20]]  # 3x longer sources and targets
+    members[0].set_params(warm_start=True).fit(longer, [x[::-1] for x in longer])
+    assert ensemble.module_ is module  # the same objects, trained in place
+    assert ensemble.max_source_length_ == members[0].max_source_length_ >= 3 * longest
+    assert ensemble._output_limit() == members[0]._output_limit() > members[1]._output_limit()
+    assert ensemble.predict(X_TRAIN[:3]) == Seq2SeqEnsemble.from_fitted(members).predict(
+        X_TRAIN[:3]
+    )
+    members[1].set_params(max_output_length=500)
+    ensemble.predict(X_TRAIN[:1])
+    assert ensemble._output_limit() == 500
+
+
 @pytest.mark.parametrize(
     "estimators, match",
     [

@@ -83,6 +83,14 @@ def test_plateau_halves_the_warmup_curve_rather_than_fighting_it():
 def test_new_schedule_parameters_are_validated():
     with pytest.raises(ValueError, match="warmup_steps"):
         Seq2Seq(warmup_steps=-1).fit(["ab"], ["ba"])
+    X, y = make_reversal(40, 3, 6, random_state=0)  # 36 training items: 5 steps an epoch
+    model = Seq2Seq(warmup_steps=21, max_steps=20, **TINY)
+    with pytest.raises(ValueError, match=r"warmup_steps=21 is longer than this fit can be \(20"):
+        model.fit(X, y)
+    assert not hasattr(model, "module_")  # the refused fit left nothing behind
+    with pytest.raises(ValueError, match=r"warmup_steps=11 .* \(10 steps: .*max_epochs=2 of 5"):
+        Seq2Seq(warmup_steps=11, max_epochs=2, early_stopping=False, **TINY).fit(X, y)
+    Seq2Seq(warmup_steps=20, max_steps=20, **TINY).fit(X, y)  # the peak at the last step
     with pytest.raises(ValueError, match="average_checkpoints"):
         Seq2Seq(average_checkpoints=0).fit(["ab"], ["ba"])
     with pytest.raises(ValueError, match="lr_schedule"):
