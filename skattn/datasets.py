@@ -134,7 +134,8 @@ def make_number_words(
         Number of pairs (>= 1); values are drawn uniformly, with replacement.
     min_value, max_value : int, default=0, 9999
         The inclusive range of the values (``0 <= min_value <= max_value <= 2**63 - 1``, the
-        largest int64).
+        largest int64). num2words' languages reach different sizes (en_IN below 10^11; Polish
+        ordinals start at 1): a value it cannot write is a ``ValueError`` naming it.
     lang : str, default="en"
         Any language code that num2words knows (``"en"``, ``"fr"``, ``"de"``, ...).
     to : {"cardinal", "ordinal", "year"}, default="cardinal"
@@ -163,15 +164,27 @@ def make_number_words(
     if not isinstance(lang, str) or lang not in CONVERTER_CLASSES:
         raise ValueError(f"lang must be one of {sorted(CONVERTER_CLASSES)}, got {lang!r}")
     forms = ("cardinal", "ordinal", "year")
-    if to not in forms:
+    if not isinstance(to, str) or to not in forms:
         raise ValueError(f"to must be one of {list(forms)}, got {to!r}")
-    try:  # num2words lacks some forms of some languages (Czech ordinals, Vietnamese years)
-        num2words(min_value, lang=lang, to=to)
-    except (NotImplementedError, AttributeError, ValueError, TypeError):
-        raise ValueError(f"to={to!r} is not supported for lang={lang!r} by num2words") from None
+
+    def words(value: int) -> str:
+        # num2words lacks some forms of some languages (Czech ordinals, Vietnamese years), and
+        # its languages reach different ranges (Polish ordinals not 0, en_IN below 10^11),
+        # each with its own exception
+        try:
+            return num2words(value, lang=lang, to=to)
+        except Exception as exc:  # noqa: BLE001 - re-raised as the ValueError that names why
+            raise ValueError(
+                f"to={to!r} is not supported for lang={lang!r} by num2words at {value} "
+                f"({type(exc).__name__}: {exc}); choose a range it can write (min_value, "
+                "max_value), or another lang or to"
+            ) from None
+
+    words(min_value)  # the two ends first: a range past the language's reach fails at once
+    words(max_value)
     values = _rng(random_state).integers(min_value, max_value, endpoint=True, size=n_samples)
     values = [int(v) for v in values]
-    return [str(v) for v in values], [num2words(v, lang=lang, to=to) for v in values]
+    return [str(v) for v in values], [words(v) for v in values]
 
 
 # ---------------------------------------------------------------- CMUdict
@@ -221,7 +234,7 @@ def load_cmudict(
     >>> len(words), len(set(words))
     (12855, 11994)
     """
-    if split not in CMUDICT_SPLITS:
+    if not isinstance(split, str) or split not in CMUDICT_SPLITS:
         raise ValueError(f"split must be one of {list(CMUDICT_SPLITS)}, got {split!r}")
     lowercase = check_bool(lowercase, "lowercase")
     entries = _read_cmudict(split)
@@ -261,8 +274,20 @@ def group_pronunciations(
             "pronunciations must have as many items as words, "
             f"got {len(pronunciations)} and {len(words)}"
         )
-    if any(isinstance(p, str) for p in pronunciations):  # list("K AH") would be characters
-        raise ValueError("pronunciations must be token lists (['K', 'AH']), not strings")
+    for index, word in enumerate(words):
+        if not isinstance(word, str):
+            raise ValueError(f"words[{index}] must be a str, got {word!r:.60}")
+    for index, pronunciation in enumerate(pronunciations):
+        if isinstance(pronunciation, str):  # list("K AH") would be characters
+            raise ValueError("pronunciations must be token lists (['K', 'AH']), not strings")
+        if not (
+            isinstance(pronunciation, list | tuple | np.ndarray)
+            and all(isinstance(t, str) for t in pronunciation)
+        ):
+            raise ValueError(
+                f"pronunciations[{index}] must be a token list (['K', 'AH']), "
+                f"got {pronunciation!r:.60}"
+            )
     grouped: dict[str, list[list[str]]] = {}
     for word, pronunciation in zip(words, pronunciations, strict=True):
         references = grouped.setdefault(word, [])
@@ -307,6 +332,9 @@ def split_by_word(
     X, y = ordered_items(X, "X"), ordered_items(y, "y", "target")  # a set's order is random
     if len(X) != len(y):
         raise ValueError(f"y must have as many items as X, got {len(y)} and {len(X)}")
+    for index, word in enumerate(X):
+        if not isinstance(word, str):  # the split is by distinct word
+            raise ValueError(f"X[{index}] must be a str (a word), got {word!r:.60}")
     unique = list(dict.fromkeys(X))
     n_words = len(unique)
     if isinstance(dev_size, Real) and not isinstance(dev_size, (bool, Integral)):

@@ -66,7 +66,12 @@ def _labelled(teacher, X: Sequence, tokenizer: str) -> tuple[list, list, str]:
     for x in X:
         distinct.setdefault(_key(x), x)
     sources = list(distinct.values())
-    outputs = list(teacher.predict(sources))
+    outputs = teacher.predict(sources)
+    if outputs is None or isinstance(outputs, str) or not hasattr(outputs, "__len__"):
+        raise ValueError(
+            f"teacher.predict must return one output per source, got {type(outputs).__name__}"
+        )
+    outputs = list(outputs)
     if len(outputs) != len(sources):
         raise ValueError(
             f"teacher.predict returned {len(outputs)} outputs for {len(sources)} sources"

@@ -129,12 +129,16 @@ def edit_distance(a: Item, b: Item) -> int:
     >>> edit_distance(["K", "AH", "Z"], ["K", "AO", "Z", "IH"])
     2
     """
+    items = []
     for name, item in (("a", a), ("b", b)):
+        if isinstance(item, np.ndarray) and item.ndim == 1:  # a row of a string array
+            item = item.tolist()
         if not isinstance(item, str) and not (
             isinstance(item, Sequence) and all(isinstance(t, str) for t in item)
         ):
             raise ValueError(f"{name} must be a str or a list of str, got {item!r:.80}")
-    return Levenshtein.distance(a, b)
+        items.append(item)
+    return Levenshtein.distance(*items)
 
 
 def exact_match(y_true: Sequence, y_pred: Sequence, *, tokenizer: str = "char") -> float:
@@ -280,7 +284,13 @@ def phoneme_error_rate(y_true: Sequence, y_pred: Sequence) -> float:
     return token_error_rate(y_true, y_pred, tokenizer="space")
 
 
-def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = None) -> float:
+def corpus_bleu(
+    y_true: Sequence,
+    y_pred: Sequence,
+    *,
+    tokenizer: str | None = None,
+    tokenize: str | None = None,
+) -> float:
     """Corpus BLEU (0 to 100) computed by sacrebleu.
 
     Parameters
@@ -290,11 +300,19 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
         have different numbers of them).
     y_pred : sequence
         Predictions: str or token list.
+    tokenizer : {"char", "space"}, optional
+        Split string items into tokens as the other metrics do (``"char"``: BLEU over
+        characters, whitespace dropped; ``"space"``: over whitespace-separated tokens), so that
+        BLEU counts the n-grams of the tokens a model reads and writes. The scorers
+        (``bleu_scorer``) pass the estimator's ``tokenizer``: a character-level ``Seq2Seq``
+        is scored on characters, not on its outputs as single words (a word of one token has
+        no 2-gram, so every such output would score 0). Default: strings go to sacrebleu as
+        text.
     tokenize : str, optional
         sacrebleu's tokenizer (one of ``sacrebleu.metrics.BLEU.TOKENIZERS``: ``"13a"``,
         ``"none"``, ``"char"``, ``"intl"``, ...). Default: ``"13a"`` (its standard) when every
-        item is a string, ``"none"`` when token lists are given (they are joined with spaces as
-        they are).
+        item is a string left as text, ``"none"`` when token lists are given or ``tokenizer``
+        split the strings (the tokens are joined with spaces as they are).
 
     Returns
     -------
@@ -313,15 +331,18 @@ def corpus_bleu(y_true: Sequence, y_pred: Sequence, *, tokenize: str | None = No
         raise ValueError(
             f"tokenize must be None or one of {sorted(BLEU.TOKENIZERS)}, got {tokenize!r}"
         )
-    _pairs(y_true, y_pred, "space")  # validation only
+    if tokenizer is not None:
+        _check_tokenizer(tokenizer)
+    _pairs(y_true, y_pred, tokenizer or "space")  # validation only
     any_tokens = False
 
     def as_text(item: Item) -> str:
         nonlocal any_tokens
-        if isinstance(item, str):
+        if isinstance(item, str) and tokenizer is None:
             return item
         any_tokens = True
-        return " ".join(item)
+        tokens = TOKENIZERS[tokenizer][0](item) if isinstance(item, str) else item
+        return " ".join(t for t in tokens if not t.isspace())
 
     def references(item: Any) -> list[str]:
         if _is_reference_list(item):
@@ -391,7 +412,7 @@ class SequenceScorer:
             and _takes_tokenizer(self.metric)
         ):
             kwargs["tokenizer"] = tokenizer
-        return sign * self.metric(list(y), list(estimator.predict(X)), **kwargs)
+        return sign * self.metric(y, estimator.predict(X), **kwargs)  # the metric checks y
 
     def __repr__(self) -> str:
         args = [getattr(self.metric, "__name__", None) or repr(self.metric)]  # a partial too

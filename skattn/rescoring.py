@@ -186,6 +186,10 @@ class NBestReranker(BaseEstimator):
                 f"nbest must return a list of one list per source: {len(X)}, got {got}"
             )
         own = self.estimator.predict(X)
+        if len(own) != len(sources):
+            raise ValueError(
+                f"estimator.predict returned {len(own)} outputs for {len(sources)} sources"
+            )
         candidates, external = [], []
         for i, (listed, answer) in enumerate(zip(lists, own, strict=True)):
             scored: dict[tuple, float] = {}

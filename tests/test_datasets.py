@@ -230,3 +230,43 @@ def test_bad_inputs_of_the_generators_and_helpers_are_named():
         group_pronunciations(["A"], ["K AH"])
     with pytest.raises(ValueError, match="lowercase must be True or False"):
         load_cmudict("test", lowercase="no")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(max_value=3000, lang="pl", to="ordinal"), r"lang='pl' by num2words at 0 \(Index"),
+        (dict(max_value=10**11, lang="en_IN"), r"lang='en_IN' by num2words at 100000000000 \("),
+        (dict(to=np.array(["cardinal", "x"])), "to must be one of"),
+    ],
+)
+def test_number_words_past_a_languages_reach_is_a_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_number_words(5, **{"min_value": 0, "random_state": 0, **kwargs})
+
+
+def test_cmudict_split_must_be_a_name():
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_cmudict(np.array(["test"]))
+
+
+@pytest.mark.parametrize(
+    ("words", "pronunciations", "match"),
+    [
+        ([["A"]], [["AH"]], r"words\[0\] must be a str"),
+        ([1, "1"], [["AH"], ["B"]], r"words\[0\] must be a str"),
+        (["A"], [None], r"pronunciations\[0\] must be a token list"),
+        (["A"], [5], r"pronunciations\[0\] must be a token list"),
+        (["A"], [[["AH"]]], r"pronunciations\[0\] must be a token list"),
+    ],
+)
+def test_group_pronunciations_names_a_bad_item(words, pronunciations, match):
+    with pytest.raises(ValueError, match=match):
+        group_pronunciations(words, pronunciations)
+
+
+def test_split_by_word_needs_words():
+    with pytest.raises(ValueError, match=r"X\[0\] must be a str"):
+        split_by_word([["a", "b"], ["c"]], [1, 2], 1, 0)
+    rows = np.array([["K", "AH"], ["B", "IY"]])
+    assert group_pronunciations(["A", "B"], rows) == (["A", "B"], [[["K", "AH"]], [["B", "IY"]]])

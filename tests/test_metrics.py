@@ -375,3 +375,42 @@ def test_edit_distance_names_what_it_cannot_compare_and_scorers_of_partials_prin
     partial = functools.partial(metrics.token_error_rate, tokenizer="space")
     scorer = metrics.make_sequence_scorer(partial, greater_is_better=False)
     assert repr(scorer).startswith("SequenceScorer(functools.partial(")
+
+
+def test_bleu_counts_the_ngrams_of_the_tokenizers_tokens():
+    """Strings went to sacrebleu as text: a character-level output ("1234") was one word with
+    no 2-gram, so a perfect character model scored BLEU 0 through bleu_scorer."""
+    digits = ["1234", "5678", "9012"]
+    assert corpus_bleu(digits, digits) == 0.0  # as text: one-word sentences (sacrebleu's view)
+    assert corpus_bleu(digits, digits, tokenizer="char") == pytest.approx(100.0)
+    hyp, ref = ["0124"], ["0123"]
+    expected = sacrebleu_score(["0 1 2 4"], ["0 1 2 3"])
+    assert corpus_bleu(ref, hyp, tokenizer="char") == pytest.approx(expected)
+    assert corpus_bleu([list("0123")], [list("0124")]) == pytest.approx(expected)  # as tokens
+    words = ["the cat sat on the mat"]
+    assert corpus_bleu(words, ["the cat sat on mat"], tokenizer="space") == pytest.approx(
+        corpus_bleu(words, ["the cat sat on mat"])
+    )
+    char_model = _TokenizedEstimator({d: d for d in digits}, "char")
+    assert metrics.bleu_scorer(char_model, digits, digits) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="tokenizer must be one of"):
+        corpus_bleu(digits, digits, tokenizer="word")
+
+
+def sacrebleu_score(hypotheses, references):
+    import sacrebleu
+
+    return sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none").score
+
+
+@pytest.mark.parametrize("y", ["abc", {"a", "b", "c"}])
+def test_scorers_check_y_as_given(y):
+    est = _TokenizedEstimator({"a": "a", "b": "b", "c": "c"}, "char")
+    with pytest.raises(ValueError, match="y_true must be a sequence"):
+        exact_match_scorer(est, ["a", "b", "c"], y)
+
+
+def test_edit_distance_takes_rows_of_string_arrays():
+    rows = np.array([["K", "AH", "Z"], ["K", "AO", "Z"]])
+    assert edit_distance(rows[0], rows[1]) == 1
+    assert edit_distance(rows[0], ["K"]) == 2

@@ -185,3 +185,9 @@ def test_an_exported_model_scores_as_the_estimator_and_reranks_alike(model, tmp_
     exported = clone(NBestReranker(runtime, trusted)).fit(dev, references)  # no FrozenEstimator
     assert (exported.weight_, exported.length_exponent_) == (ours.weight_, ours.length_exponent_)
     assert exported.predict(test) == ours.predict(test)
+
+
+def test_an_estimator_whose_predict_miscounts_is_named(model, monkeypatch):
+    monkeypatch.setattr(model, "predict", lambda X: ["cba"] * (len(X) - 1), raising=False)
+    with pytest.raises(ValueError, match="estimator.predict returned 1 outputs for 2 sources"):
+        NBestReranker(model, reversal_nbest(0, 0)).fit(["abc", "ab"], ["cba", "ba"])

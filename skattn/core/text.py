@@ -340,6 +340,8 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     lists (lists, tuples or 1-D NumPy arrays of str), not a mix; ``name`` names the argument in
     errors. Returns the token lists and ``"str"`` or ``"tokens"``.
     """
+    if not isinstance(tokenizer, str) or tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {tokenizer!r}")
     items = ordered_items(items, name, "str or of token lists")
     if not items:
         raise ValueError(f"{name} must hold at least one item, got an empty sequence")
