@@ -219,10 +219,10 @@ def adam(parameters: Iterator[torch.nn.Parameter], learning_rate: float) -> torc
     CUDA, its per-tensor loop elsewhere.
 
     On the CPU torch would otherwise loop over the parameters, a dozen small kernels each:
-    a step of the G2P-size bi-GRU (3.2M parameters in 36 tensors, one thread) took 11.7 ms
-    looped, 10.1 ms with ``foreach``, 2.2 ms fused, about 8 % of a float32 training step and
-    more of a bfloat16 one. The update is the same (``tests/test_training.py`` checks it
-    against the loop's to float32 rounding).
+    a step of the G2P-size bi-GRU (3.2M parameters in 36 tensors, one thread) took 10.6 ms
+    looped, 9.8 ms with ``foreach``, 2.1 ms fused (``benchmarks/bench_optimizer.py``), about
+    8 % of a float32 training step and more of a bfloat16 one. The update is the same
+    (``tests/test_training.py`` checks it against the loop's to float32 rounding).
     """
     parameters = list(parameters)
     fused = bool(parameters) and parameters[0].device.type in FUSED_ADAM_DEVICES

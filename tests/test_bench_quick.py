@@ -19,6 +19,7 @@ QUICK = {
     "bench_g2p_budget": ["--quick"],
     "bench_large_batch": ["--random-states", "0", "--examples", "2000"],
     "bench_defaults": ["--random-states", "0"],
+    "bench_optimizer": ["--steps", "2"],
 }
 
 
