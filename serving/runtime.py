@@ -351,6 +351,7 @@ class Runtime:
             rows sum to 1. ``None`` unless ``with_attention``. Each ``"all"`` adds a leading
             axis (layers before heads).
         """
+        with_attention = check_bool(with_attention, "with_attention")
         sources = ordered_items(sources, "sources")
         for text in sources:
             self.check_source(text)
@@ -369,6 +370,9 @@ class Runtime:
         """``log p(output | source)`` of each pair, as ``Seq2Seq.log_likelihood`` (the step
         graph over the given outputs; -inf where an output token is not in the target
         vocabulary): what :class:`skattn.rescoring.NBestReranker` scores candidates with.
+        Pairs are scored in padded batches of similar length in float32, so a pair's value
+        may differ in its last bits (about 1e-7 relative) with the batch it came in, and from
+        the estimator's.
 
         Parameters
         ----------

@@ -88,7 +88,8 @@ def default_threads(
     See the module's docstring for the order; at least 1, at most ``cores``.
     """
     cores = usable_cores() if cores is None else cores
-    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    # OpenMP's list form "2,1" sets each nesting level: torch's threads are the outer one
+    omp = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if allotment.engine == "ray" and allotment.cpus and math.isfinite(allotment.cpus):
         threads = math.floor(allotment.cpus)
     elif omp.isascii() and omp.isdigit():  # not "²", which isdigit() and int() refuses

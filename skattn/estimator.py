@@ -452,7 +452,9 @@ class Seq2Seq(PortableModule, BaseEstimator):
         For the model's greedy answer that ended with EOS, this is the score its search gave
         it (beam search ranks by the same sum divided by its length penalty; an answer cut at
         the output limit has no EOS, which this still counts). For reranking candidates
-        (:class:`skattn.rescoring.NBestReranker`).
+        (:class:`skattn.rescoring.NBestReranker`). Pairs are scored in padded batches of
+        similar length in float32: a pair's value may differ in its last bits (about 1e-7
+        relative) with the batch it came in, and from the exported runtime's.
 
         Parameters
         ----------

@@ -72,6 +72,9 @@ def test_default_threads_follow_the_engine_then_the_environment_then_the_cores()
     assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "3"}, cores=4) == 3
     assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "x"}, cores=4) == 4
     assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "²"}, cores=4) == 4
+    # OpenMP's list form sets each nesting level; torch's threads are the outer one
+    assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": "2,1"}, cores=4) == 2
+    assert allotment.default_threads(Allotment(), {"OMP_NUM_THREADS": " 3 , 2"}, cores=4) == 3
     assert allotment.default_threads(Allotment("ray", cpus=float("inf")), {}, cores=4) == 4
     assert allotment.default_threads(Allotment("dask", nthreads=2), {}, cores=8) == 4
     assert allotment.default_threads(Allotment("dask", nthreads=16), {}, cores=8) == 1

@@ -866,3 +866,11 @@ def test_a_source_that_is_not_valid_unicode_is_refused_as_the_estimator_refuses_
     ):
         with pytest.raises(ValueError, match=r"a source holds '\\ud800', which is not valid"):
             call()
+
+
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_predict_batch_takes_with_attention_as_a_bool_only(runtime, value):
+    """Any truthy value turned the maps on ("no" included)."""
+    with pytest.raises(ValueError, match="with_attention"):
+        runtime.predict_batch(SOURCES[:2], with_attention=value)
+    assert runtime.predict_batch(SOURCES[:2], with_attention=False)[1] is None
