@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from skattn.core.text import SPECIAL_TOKENS, as_token_lists
+from skattn.core.text import SPECIAL_TOKENS, as_token_lists, ordered_items
 from skattn.rescoring import output_facts
 
 __all__ = ["distill", "teacher_targets"]
@@ -66,12 +66,7 @@ def _labelled(teacher, X: Sequence, tokenizer: str) -> tuple[list, list, str]:
     for x in X:
         distinct.setdefault(_key(x), x)
     sources = list(distinct.values())
-    outputs = teacher.predict(sources)
-    if outputs is None or isinstance(outputs, str) or not hasattr(outputs, "__len__"):
-        raise ValueError(
-            f"teacher.predict must return one output per source, got {type(outputs).__name__}"
-        )
-    outputs = list(outputs)
+    outputs = ordered_items(teacher.predict(sources), "teacher.predict(sources)", "outputs")
     if len(outputs) != len(sources):
         raise ValueError(
             f"teacher.predict returned {len(outputs)} outputs for {len(sources)} sources"

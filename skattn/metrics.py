@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from skattn.core.text import TOKENIZERS, ordered_items, tokenize
+from skattn.core.text import TOKENIZERS, check_tokenizer, ordered_items, tokenize
 
 __all__ = [
     "SCORERS",
@@ -85,14 +85,9 @@ def _as_references(item: Any, tokenizer: str) -> list[Tokens]:
     return [_as_tokens(item, tokenizer, "y_true")]
 
 
-def _check_tokenizer(tokenizer: str) -> None:
-    if not isinstance(tokenizer, str) or tokenizer not in TOKENIZERS:
-        raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {tokenizer!r}")
-
-
 def _pairs(y_true: Sequence, y_pred: Sequence, tokenizer: str) -> list[tuple[list[Tokens], Tokens]]:
     """Validate and tokenize: one ``(references, prediction)`` pair per item."""
-    _check_tokenizer(tokenizer)
+    check_tokenizer(tokenizer)
     y_true = ordered_items(y_true, "y_true", "items")
     y_pred = ordered_items(y_pred, "y_pred", "items")
     if len(y_true) == 0:
@@ -331,9 +326,7 @@ def corpus_bleu(
         raise ValueError(
             f"tokenize must be None or one of {sorted(BLEU.TOKENIZERS)}, got {tokenize!r}"
         )
-    if tokenizer is not None:
-        _check_tokenizer(tokenizer)
-    _pairs(y_true, y_pred, tokenizer or "space")  # validation only
+    _pairs(y_true, y_pred, "space" if tokenizer is None else tokenizer)  # validation only
     any_tokens = False
 
     def as_text(item: Item) -> str:

@@ -101,7 +101,9 @@ def test_bad_arguments_get_a_clear_error(fitted_reversal):
         distill(fitted_reversal, Recorder(), ["12", "34"], [["2", "1"], ["4", "3"]])
     with pytest.raises(ValueError, match="returned 0 outputs for 1 sources"):
         distill(Silent(), Recorder(), ["ab"])
-    with pytest.raises(ValueError, match="teacher.predict must return one output per source"):
+    with pytest.raises(
+        ValueError, match=r"teacher.predict\(sources\) must be a sequence of outputs"
+    ):
         teacher_targets(Mute(), ["ab"])
     for X in (["ab"], [["a", "b"]]):  # token lists too: the tokenizer is checked by its name
         with pytest.raises(ValueError, match="tokenizer must be one of"):

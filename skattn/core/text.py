@@ -33,6 +33,7 @@ __all__ = [
     "Vocabulary",
     "as_token_lists",
     "as_token_pairs",
+    "check_tokenizer",
     "check_utf8",
     "detokenize",
     "pad_batch",
@@ -62,9 +63,10 @@ TOKENIZERS: dict[str, tuple[Callable[[str], list[str]], Callable[[Sequence[str]]
 }
 
 
-def _check_kind(kind: str) -> None:
-    if not isinstance(kind, str) or kind not in TOKENIZERS:
-        raise ValueError(f"kind must be one of {sorted(TOKENIZERS)}, got {kind!r}")
+def check_tokenizer(value: object, name: str = "tokenizer") -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is one of :data:`TOKENIZERS`' names."""
+    if not isinstance(value, str) or value not in TOKENIZERS:
+        raise ValueError(f"{name} must be one of {sorted(TOKENIZERS)}, got {value!r}")
 
 
 def tokenize(text: str, kind: str) -> list[str]:
@@ -89,7 +91,7 @@ def tokenize(text: str, kind: str) -> list[str]:
     >>> tokenize("K AH  Z", "space")
     ['K', 'AH', 'Z']
     """
-    _check_kind(kind)
+    check_tokenizer(kind, "kind")
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
     return TOKENIZERS[kind][0](text)
@@ -113,7 +115,7 @@ def detokenize(tokens: Sequence[str], kind: str) -> str:
     >>> detokenize(["K", "AH", "Z"], "space")
     'K AH Z'
     """
-    _check_kind(kind)
+    check_tokenizer(kind, "kind")
     if isinstance(tokens, str):
         raise ValueError("tokens must be a sequence of str, not a str")
     return TOKENIZERS[kind][1](tokens)
@@ -340,8 +342,7 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     lists (lists, tuples or 1-D NumPy arrays of str), not a mix; ``name`` names the argument in
     errors. Returns the token lists and ``"str"`` or ``"tokens"``.
     """
-    if not isinstance(tokenizer, str) or tokenizer not in TOKENIZERS:
-        raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {tokenizer!r}")
+    check_tokenizer(tokenizer)
     items = ordered_items(items, name, "str or of token lists")
     if not items:
         raise ValueError(f"{name} must hold at least one item, got an empty sequence")
