@@ -202,8 +202,11 @@ class Vocabulary:
         return self._id_to_token[index]
 
     def _check_id(self, index: int) -> None:
-        # an int (NumPy's too), never a bool, a float or a str that int() would accept
-        if isinstance(index, bool | np.bool_) or not isinstance(index, numbers.Integral):
+        # an int (NumPy's too), never a bool, a float or a str that int() would accept; a plain
+        # int (what the searches give) skips the slower abstract-class check
+        if type(index) is not int and (
+            isinstance(index, bool | np.bool_) or not isinstance(index, numbers.Integral)
+        ):
             raise ValueError(f"ids must be ints, got {index!r}")
         if not 0 <= index < len(self._id_to_token):
             raise ValueError(f"ids must lie in [0, {len(self)}), got {index!r}")
