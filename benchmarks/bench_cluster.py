@@ -58,7 +58,7 @@ from machine import describe  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
 from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster, warm_up  # noqa: E402
-from skattn.metrics import SCORERS  # noqa: E402
+from skattn.scoring import SCORERS  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

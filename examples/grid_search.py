@@ -2,7 +2,7 @@
 
 ``Seq2Seq`` is an ordinary scikit-learn estimator, so ``GridSearchCV`` clones it, fits each
 configuration on every fold (in parallel with ``n_jobs``) and ranks them by a sequence metric
-from ``skattn.metrics.SCORERS``. Input feeding belongs to Luong's decoder only, so the grid is a
+from ``skattn.scoring.SCORERS``. Input feeding belongs to Luong's decoder only, so the grid is a
 list of two grids and no configuration is trained twice under two names. The task is digit
 reversal (``--task reversal``) or numbers written in words (``--task number-words``,
 ``"42" -> "forty-two"``).
@@ -22,7 +22,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 from skattn import Seq2Seq
 from skattn.datasets import make_number_words, make_reversal
-from skattn.metrics import SCORERS
+from skattn.scoring import SCORERS
 
 SCORER_NAMES = ["dot", "general", "additive", "scaled_dot"]
 PARAM_GRID = [

@@ -41,7 +41,7 @@ from grid_search import PARAM_GRID, QUICK_GRID, make_task, results_table  # noqa
 from skattn import Seq2Seq  # noqa: E402
 from skattn.cluster import local_dask_cluster  # noqa: E402
 from skattn.core.checks import usable_cores  # noqa: E402
-from skattn.metrics import SCORERS  # noqa: E402
+from skattn.scoring import SCORERS  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -227,7 +227,7 @@ class Seq2SeqEnsemble(BaseEstimator):
 
     @property
     def tokenizer(self) -> str | None:
-        """The members' tokenizer (the scorers in :mod:`skattn.metrics` read it).
+        """The members' tokenizer (the scorers in :mod:`skattn.scoring` read it).
 
         Once fitted, the tokenizer the members were fitted with: ``ValueError`` if a member's
         ``tokenizer`` has been set to another since (as ``Seq2Seq.predict`` refuses it)."""

@@ -20,7 +20,7 @@ from skattn.allotment import Allotment
 from skattn.cluster import local_dask_cluster
 from skattn.core.checks import usable_cores
 from skattn.datasets import make_reversal
-from skattn.metrics import SCORERS
+from skattn.scoring import SCORERS
 
 distributed = pytest.importorskip("distributed")
 ray = pytest.importorskip("ray")

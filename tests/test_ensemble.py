@@ -32,8 +32,9 @@ from test_server import MODEL, infer_body
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.core.text import BOS, EOS
-from skattn.metrics import SCORERS, exact_match
+from skattn.metrics import exact_match
 from skattn.models.ensemble import EnsembleModule
+from skattn.scoring import SCORERS
 
 KINDS = [
     dict(decoder="bahdanau", attention="global", scorer="additive", random_state=0),

@@ -1,5 +1,3 @@
-import functools
-import pickle
 import subprocess
 import sys
 
@@ -9,17 +7,13 @@ import pytest
 from skattn import metrics
 from skattn.core.text import tokenize
 from skattn.metrics import (
-    SCORERS,
     character_error_rate,
     corpus_bleu,
     edit_distance,
     exact_match,
-    exact_match_scorer,
-    make_sequence_scorer,
     phoneme_error_rate,
     token_accuracy,
     token_error_rate,
-    token_error_rate_scorer,
     word_error_rate,
 )
 
@@ -214,140 +208,6 @@ def test_bleu_bad_tokenize_names_the_parameter(tokenize):
         corpus_bleu(["a b c"], ["a b c"], tokenize=tokenize)
 
 
-class _LookupEstimator:
-    """Predicts from a fixed table: enough to exercise a scorer."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def predict(self, X):
-        return [self.table[x] for x in X]
-
-
-def test_scorers_sign_convention():
-    est = _LookupEstimator({"ab": "ba", "cd": "dx"})
-    X, y = ["ab", "cd"], ["ba", "dc"]
-    assert exact_match_scorer(est, X, y) == 0.5
-    assert token_error_rate_scorer(est, X, y) == -0.25
-    per = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="space")
-    assert per(_LookupEstimator({"x": "K AO"}), ["x"], ["K AH"]) == -0.5
-    assert "greater_is_better=False" in repr(per)
-    assert pickle.loads(pickle.dumps(token_error_rate_scorer))(est, X, y) == -0.25
-
-
-class _TokenizedEstimator(_LookupEstimator):
-    """A lookup table with a ``tokenizer`` and ``score``, as a fitted Seq2Seq has."""
-
-    def __init__(self, table, tokenizer):
-        super().__init__(table)
-        self.tokenizer = tokenizer
-
-    def score(self, X, y):
-        return exact_match(y, self.predict(X), tokenizer=self.tokenizer)
-
-
-# G2P-like data: multi-character phonemes, and a reference hand-written with a double space
-_G2P_X = ["cause", "am", "ant"]
-_G2P_Y = ["K AH Z", "AH  M", "AE N T"]
-_G2P_TABLE = {"cause": "K AO Z", "am": "AH M", "ant": "AE N T"}
-
-
-@pytest.mark.parametrize(
-    ("name", "tokenizer", "metric"),
-    [
-        ("exact_match", "space", exact_match),
-        ("token_accuracy", "space", token_accuracy),
-        ("neg_token_error_rate", "space", token_error_rate),  # PER, not CER over "K AH Z"
-        ("neg_word_error_rate", "char", word_error_rate),  # its own default is "space"
-    ],
-)
-def test_scorers_use_the_estimator_tokenizer(name, tokenizer, metric):
-    est = _TokenizedEstimator(_G2P_TABLE, tokenizer)
-    y_pred = est.predict(_G2P_X)
-    sign = -1.0 if name.startswith("neg_") else 1.0
-    expected = sign * metric(_G2P_Y, y_pred, tokenizer=tokenizer)
-    other = {"char": "space", "space": "char"}[tokenizer]
-    assert expected != sign * metric(_G2P_Y, y_pred, tokenizer=other)  # the data tells apart
-    assert SCORERS[name](est, _G2P_X, _G2P_Y) == pytest.approx(expected)
-
-
-def test_scorer_tokenizer_given_by_the_caller_wins():
-    est = _TokenizedEstimator(_G2P_TABLE, "space")
-    X, y = _G2P_X, _G2P_Y
-    assert SCORERS["exact_match"](est, X, y) == est.score(X, y) == pytest.approx(2 / 3)
-    cer = -token_error_rate(y, est.predict(X), tokenizer="char")  # 2 / 17
-    explicit = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="char")
-    assert explicit(est, X, y) == pytest.approx(cer)
-    fixed = functools.partial(token_error_rate, tokenizer="char")
-    assert make_sequence_scorer(fixed, greater_is_better=False)(est, X, y) == pytest.approx(cer)
-    # metrics without a tokenizer parameter are called as they are
-    assert make_sequence_scorer(character_error_rate)(est, X, y) == pytest.approx(-cer)
-    assert SCORERS["bleu"](est, X, y) == pytest.approx(corpus_bleu(y, est.predict(X)))
-    # an estimator without a str tokenizer leaves the metric's default ("char")
-    est.tokenizer = None
-    assert SCORERS["exact_match"](est, X, y) == pytest.approx(1 / 3)
-
-
-def test_scorers_follow_a_space_tokenized_seq2seq():
-    from skattn import Seq2Seq
-
-    X = [list(word) for word in ["cat", "dog", "cause", "am", "sit", "ant"]]
-    y = ["K AE T", "D AO G", "K AA Z", "AE M", "S IH T", "AE N T"]
-    model = Seq2Seq(
-        tokenizer="space",
-        hidden_size=8,
-        embedding_dim=4,
-        max_steps=2,
-        early_stopping=False,
-        device="cpu",
-        random_state=0,
-    ).fit(X, y)
-    y_pred = model.predict(X)
-    per = phoneme_error_rate(y, y_pred)
-    assert SCORERS["neg_token_error_rate"](model, X, y) == pytest.approx(-per)
-    assert SCORERS["exact_match"](model, X, y) == model.score(X, y)
-    # the predictions respelled with double spaces: the same phonemes, other characters
-    respelled = [p.replace(" ", "  ") for p in y_pred]
-    assert SCORERS["exact_match"](model, X, respelled) == model.score(X, respelled) == 1.0
-
-
-def test_make_sequence_scorer_validates():
-    with pytest.raises(ValueError, match="metric"):
-        make_sequence_scorer("exact_match")
-
-
-def test_scorer_inside_grid_search():
-    from sklearn.base import BaseEstimator
-    from sklearn.model_selection import GridSearchCV
-
-    class Shift(BaseEstimator):
-        """Reverses the string when reverse=True, else echoes it."""
-
-        def __init__(self, reverse=False):
-            self.reverse = reverse
-
-        def fit(self, X, y):
-            return self
-
-        def predict(self, X):
-            return [x[::-1] if self.reverse else x for x in X]
-
-    X = ["abc", "12", "xyz", "hello", "ab", "qrs"]
-    y = [x[::-1] for x in X]
-    search = GridSearchCV(
-        Shift(),
-        {"reverse": [False, True]},
-        scoring={"em": exact_match_scorer, "ter": token_error_rate_scorer},
-        refit="em",
-        cv=3,
-    )
-    search.fit(X, y)
-    assert search.best_params_ == {"reverse": True}
-    np.testing.assert_allclose(search.cv_results_["mean_test_em"], [0.0, 1.0])
-    assert search.cv_results_["mean_test_ter"][1] == 0.0
-    assert search.cv_results_["mean_test_ter"][0] < 0
-
-
 def test_metrics_import_is_cheap():
     code = "import sys, skattn.metrics; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -357,6 +217,14 @@ def test_metrics_import_is_cheap():
 def test_public_names_exist():
     for name in metrics.__all__:
         assert hasattr(metrics, name)
+    # the scorers moved to skattn.scoring and keep their names here
+    from skattn import scoring
+
+    for name in scoring.__all__:
+        assert getattr(metrics, name) is getattr(scoring, name)
+        assert name in dir(metrics)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        metrics.nope  # noqa: B018
 
 
 def test_docstring_examples():
@@ -368,13 +236,10 @@ def test_docstring_examples():
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_edit_distance_names_what_it_cannot_compare_and_scorers_of_partials_print():
+def test_edit_distance_names_what_it_cannot_compare():
     for a, b, name in (("abc", None, "b"), (["AH", None], ["AH"], "a"), (5, "x", "a")):
         with pytest.raises(ValueError, match=rf"{name} must be a str or a list of str"):
             metrics.edit_distance(a, b)
-    partial = functools.partial(metrics.token_error_rate, tokenizer="space")
-    scorer = metrics.make_sequence_scorer(partial, greater_is_better=False)
-    assert repr(scorer).startswith("SequenceScorer(functools.partial(")
 
 
 def test_bleu_counts_the_ngrams_of_the_tokenizers_tokens():
@@ -391,8 +256,6 @@ def test_bleu_counts_the_ngrams_of_the_tokenizers_tokens():
     assert corpus_bleu(words, ["the cat sat on mat"], tokenizer="space") == pytest.approx(
         corpus_bleu(words, ["the cat sat on mat"])
     )
-    char_model = _TokenizedEstimator({d: d for d in digits}, "char")
-    assert metrics.bleu_scorer(char_model, digits, digits) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="tokenizer must be one of"):
         corpus_bleu(digits, digits, tokenizer="word")
 
@@ -401,13 +264,6 @@ def sacrebleu_score(hypotheses, references):
     import sacrebleu
 
     return sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none").score
-
-
-@pytest.mark.parametrize("y", ["abc", {"a", "b", "c"}])
-def test_scorers_check_y_as_given(y):
-    est = _TokenizedEstimator({"a": "a", "b": "b", "c": "c"}, "char")
-    with pytest.raises(ValueError, match="y_true must be a sequence"):
-        exact_match_scorer(est, ["a", "b", "c"], y)
 
 
 def test_edit_distance_takes_rows_of_string_arrays():

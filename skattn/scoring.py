@@ -1,0 +1,135 @@
+"""scikit-learn ``scoring`` callables built from the sequence metrics of :mod:`skattn.metrics`.
+
+A scorer is a plain ``(estimator, X, y) -> float`` callable, which ``GridSearchCV`` and
+``cross_val_score`` accept as ``scoring``; greater is always better (error rates are negated).
+scikit-learn is not imported. The names are also reachable as ``skattn.metrics.<name>``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from skattn.metrics import (
+    corpus_bleu,
+    exact_match,
+    token_accuracy,
+    token_error_rate,
+    word_error_rate,
+)
+
+__all__ = [
+    "SCORERS",
+    "SequenceScorer",
+    "bleu_scorer",
+    "exact_match_scorer",
+    "make_sequence_scorer",
+    "token_accuracy_scorer",
+    "token_error_rate_scorer",
+    "word_error_rate_scorer",
+]
+
+
+def _takes_tokenizer(metric: Callable[..., float]) -> bool:
+    """Whether ``metric`` has a ``tokenizer`` parameter still free to set."""
+    if isinstance(metric, functools.partial) and "tokenizer" in metric.keywords:
+        return False  # fixed by the caller: keep it
+    try:
+        parameters = inspect.signature(metric).parameters
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return False
+    return "tokenizer" in parameters and parameters["tokenizer"].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+class SequenceScorer:
+    """A ``scoring`` callable for scikit-learn model selection: ``(estimator, X, y) -> float``.
+
+    Calls ``estimator.predict(X)`` and returns ``sign * metric(y, y_pred, **kwargs)``, with
+    ``sign = -1`` for error rates so that greater is always better (scikit-learn's convention,
+    as ``make_scorer(..., greater_is_better=False)``).
+
+    When ``metric`` takes a ``tokenizer`` argument and ``kwargs`` does not set one, the
+    estimator's own ``tokenizer`` attribute is passed (so a ``Seq2Seq(tokenizer="space")``
+    is scored on its tokens, phonemes say, as ``estimator.score`` does). An estimator without
+    a str ``tokenizer`` (``None``, a callable, no such attribute) leaves the metric's default.
+
+    Parameters
+    ----------
+    metric : callable
+        ``metric(y_true, y_pred, **kwargs) -> float``; must be picklable (a module-level
+        function) for ``n_jobs > 1``.
+    greater_is_better : bool, default=True
+    **kwargs
+        Passed to ``metric``; a ``tokenizer`` given here overrides the estimator's.
+    """
+
+    def __init__(self, metric: Callable[..., float], greater_is_better: bool = True, **kwargs):
+        self.metric = metric
+        self.greater_is_better = greater_is_better
+        self.kwargs = kwargs
+
+    def __call__(self, estimator: Any, X: Sequence, y: Sequence) -> float:
+        sign = 1.0 if self.greater_is_better else -1.0
+        kwargs = dict(self.kwargs)
+        tokenizer = getattr(estimator, "tokenizer", None)
+        if (
+            "tokenizer" not in kwargs
+            and isinstance(tokenizer, str)
+            and _takes_tokenizer(self.metric)
+        ):
+            kwargs["tokenizer"] = tokenizer
+        return sign * self.metric(y, estimator.predict(X), **kwargs)  # the metric checks y
+
+    def __repr__(self) -> str:
+        args = [getattr(self.metric, "__name__", None) or repr(self.metric)]  # a partial too
+        if not self.greater_is_better:
+            args.append("greater_is_better=False")
+        args += [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"SequenceScorer({', '.join(args)})"
+
+
+def make_sequence_scorer(
+    metric: Callable[..., float], *, greater_is_better: bool = True, **kwargs: Any
+) -> SequenceScorer:
+    """Build a scorer from a metric, as ``sklearn.metrics.make_scorer`` does.
+
+    Parameters
+    ----------
+    metric : callable
+        ``metric(y_true, y_pred, **kwargs) -> float``.
+    greater_is_better : bool, default=True
+        ``False`` for error rates: the scorer then returns the negated metric.
+    **kwargs
+        Passed to ``metric``, e.g. ``tokenizer="space"``.
+
+    Returns
+    -------
+    SequenceScorer
+
+    Examples
+    --------
+    >>> per = make_sequence_scorer(token_error_rate, greater_is_better=False, tokenizer="space")
+    """
+    if not callable(metric):
+        raise ValueError(f"metric must be callable, got {metric!r}")
+    return SequenceScorer(metric, greater_is_better, **kwargs)
+
+
+exact_match_scorer = SequenceScorer(exact_match)
+token_accuracy_scorer = SequenceScorer(token_accuracy)
+token_error_rate_scorer = SequenceScorer(token_error_rate, greater_is_better=False)
+word_error_rate_scorer = SequenceScorer(word_error_rate, greater_is_better=False)
+bleu_scorer = SequenceScorer(corpus_bleu)
+
+SCORERS: dict[str, SequenceScorer] = {
+    "exact_match": exact_match_scorer,
+    "token_accuracy": token_accuracy_scorer,
+    "neg_token_error_rate": token_error_rate_scorer,
+    "neg_word_error_rate": word_error_rate_scorer,
+    "bleu": bleu_scorer,
+}
