@@ -305,9 +305,9 @@ class Seq2Seq(PortableModule, BaseEstimator):
         # the split's own random state, kept: a warm start holds out the same sources
         seed = getattr(self, "validation_seed_", None) if warm else None
         seed = int(rng.randint(np.iinfo(np.int32).max)) if seed is None else seed
-        train_idx, val_idx = training.split(sources, fraction, np.random.RandomState(seed))
         # Every check runs before a fitted attribute changes: a fit that raises leaves a fitted
-        # model as it was (its module, vocabularies and limits still belong together).
+        # model as it was (its module, vocabularies and limits still belong together). The
+        # model's settings first: a setting it refuses is the error to see, not the data's size.
         if warm:  # the fitted model must be able to continue on this data
             self._fitted_tokenizer()  # its vocabulary holds the tokens of the fitted tokenizer
             vocabularies = (self.source_vocab_, self.target_vocab_)
@@ -319,6 +319,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
             vocabularies = (Vocabulary.build(sources), Vocabulary.build(targets))
             limits = (0, 0)
             config = self._config(*vocabularies)  # a setting the model refuses raises here
+        train_idx, val_idx = training.split(sources, fraction, np.random.RandomState(seed))
         device = training.resolve_device(self.device)
         src = source_ids(vocabularies[0], sources)  # (encode + [EOS]), as predict reads
         tgt = [vocabularies[1].encode(t) for t in targets]  # (BOS / EOS added per batch)

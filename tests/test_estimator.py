@@ -787,3 +787,13 @@ def test_unordered_or_shapeless_inputs_are_refused_naming_X(fitted_reversal, X):
         fitted_reversal.predict(X)
     with pytest.raises(ValueError, match=r"X(\[0\])? must be"):
         clone(fitted_reversal).set_params(max_steps=1).fit(X, ["1", "2"])  # X is checked first
+
+
+def test_a_refused_setting_is_reported_before_the_datas_size():
+    """fit split off the validation sources before building the model's config, so a setting
+    the model refuses, fitted on too few sources, was reported as a want of sources."""
+    model = Seq2Seq(encoder="transformer", decoder="transformer", attention="none", device="cpu")
+    with pytest.raises(ValueError, match="attention"):
+        model.fit(["ab"], ["ba"])
+    with pytest.raises(ValueError, match="early_stopping needs at least one training source"):
+        Seq2Seq(device="cpu").fit(["ab"], ["ba"])  # a setting the model takes: the size it is

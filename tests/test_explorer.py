@@ -654,6 +654,8 @@ def test_layer_and_head_selectors_only_for_models_that_have_them(browser) -> Non
         assert not page.find("#maps-field").is_displayed()  # an RNN decoder has no layers to pick
         page = Page(browser, server.url + "/?model=layered&source=ab&layer=-2&head=1")
         assert layered.maps[-1] == (0, 1)
+        page = Page(browser, server.url + "/?model=layered&source=ab&layer=-1&head=-1")
+        assert layered.maps[-1] == (1, 2)  # negative indices count from the end, as the server's
         assert page.severe_console_messages() == []
 
 

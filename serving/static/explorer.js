@@ -528,9 +528,10 @@ class Explorer {
     if (layer !== null && Number.isInteger(l) && l >= -layers && l < layers) {
       this.layerSelect.value = String(((l % layers) + layers) % layers);
     }
+    const heads = this.headSelect.options.length - 1; // the first option is the mean
     const h = Number(head);
-    if (head !== null && Number.isInteger(h) && h >= 0 && h < this.headSelect.options.length - 1) {
-      this.headSelect.value = String(h);
+    if (head !== null && Number.isInteger(h) && h >= -heads && h < heads) {
+      this.headSelect.value = String(((h % heads) + heads) % heads); // -1: the last, as the server reads it
     }
   }
 
