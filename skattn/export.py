@@ -168,7 +168,7 @@ def export_module(
         attention=config.attention,
         scorer=config.scorer,
         cell=config.cell,
-        input_feeding=config.input_feeding,
+        input_feeding=config.feeds_input,  # what the model does (Bahdanau's: never)
         state_names=tuple(model.state_names),
         max_source_length=int(max_source_length),
         max_output_length=int(max_output_length),

@@ -13,6 +13,8 @@ from numbers import Real
 
 import numpy as np
 
+from skattn.core.checks import check_int
+
 __all__ = [
     "additive_attention",
     "attentional_state",
@@ -191,7 +193,8 @@ def causal_mask(n: int) -> np.ndarray:
 
 
 def window_mask(centres: np.ndarray, T: int, window: int) -> np.ndarray:
-    """``True`` where ``|j - p_b| <= D``: ``centres (B,) -> (B, T)``."""
+    """``True`` where ``|j - p_b| <= D``: ``centres (B,) -> (B, T)``; ``D`` an int >= 1."""
+    window = check_int(window, "window")
     j = np.arange(T)
     return np.abs(j[None, :] - np.asarray(centres, dtype=np.float64)[:, None]) <= window
 
@@ -238,6 +241,7 @@ def local_p_weights(
     ``scores (B, T)``, ``mask (B, T)``, ``centres (B,)`` -> ``(B, T)``; zeros when the window
     holds no real position.
     """
+    window = check_int(window, "window")
     T = scores.shape[-1]
     valid = mask & window_mask(centres, T, window)  # (B, T)
     align = masked_softmax(scores, valid, temperature)  # (B, T)

@@ -474,3 +474,14 @@ def test_masked_softmax_drops_terms_below_the_exponent_floor():
     assert weights[0, 1] == 0 and weights[0, 2] == 0
     (weights * torch.arange(4.0)).sum().backward()
     assert torch.all(torch.isfinite(scores.grad)) and torch.all(scores.grad[0, 1:3] == 0)
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5, True])
+def test_local_p_refuses_an_attention_size_that_is_not_a_positive_int(size):
+    """Only the additive scorer checked attention_size: local-p's position predictor took 0 as
+    the query size and failed on -3 and 2.5 inside torch."""
+    for scorer in ("dot", "general", "additive"):
+        with pytest.raises(ValueError, match="attention_size"):
+            Attention(scorer, 8, 8, local="local-p", attention_size=size)
+    predictor = Attention("dot", 8, 8, local="local-p", attention_size=5).position_predictor
+    assert predictor.W_p.shape == (8, 5)

@@ -301,6 +301,9 @@ def test_the_artifact_serves_the_ensembles_predictions(members, artifacts, beam_
     )
     manifest = runtime.manifest
     assert manifest.model["ensemble"] == [m.module_.config.to_dict() for m in members]
+    assert manifest.input_feeding is False  # only the Luong member feeds its input
+    luong = members[1].module_.config
+    assert luong.feeds_input and not ensemble.module_.config.feeds_input
     assert manifest.state_names == ensemble.module_.state_names
     assert manifest.max_output_length == ensemble._output_limit()
 

@@ -199,6 +199,21 @@ def test_manifest_records_the_model_and_checksums(tmp_path):
     assert Manifest.from_json(read.to_json()) == read
 
 
+@pytest.mark.parametrize(
+    ("kind", "feeds"),
+    [
+        (dict(decoder="luong"), True),
+        (dict(decoder="luong", input_feeding=False), False),
+        (dict(decoder="bahdanau"), False),  # takes input_feeding=True, its default, and ignores it
+    ],
+)
+def test_manifest_says_whether_the_model_feeds_its_input(tmp_path, kind, feeds):
+    module = make_module(**kind)
+    assert module.config.input_feeding is kind.get("input_feeding", True)
+    manifest = read_artifact(export(module, tmp_path / "model")).manifest
+    assert manifest.input_feeding is feeds
+
+
 def test_export_leaves_the_module_untouched(tmp_path):
     module = make_module()
     module.train()

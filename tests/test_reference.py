@@ -189,3 +189,17 @@ def test_luong_scores_names_the_missing_weight(kind, kwargs, match):
 def test_docstring_examples():
     result = doctest.testmod(R, raise_on_error=False)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("window", [0, -1, 1.5, True, "3"])
+def test_local_weights_refuse_a_window_that_is_not_a_positive_int(window):
+    """The oracle took any window: 0 gave a NaN row, -1 a row of zeros over real positions."""
+    scores, mask = np.array([[1.0, 2.0, 3.0, 0.0]]), np.array([[True, True, True, False]])
+    for call in (
+        lambda: R.local_p_weights(scores, mask, np.array([1.0]), window=window),
+        lambda: R.local_m_weights(scores, mask, step=1, window=window),
+        lambda: R.window_mask(np.array([1.0]), 4, window),
+    ):
+        with pytest.raises(ValueError, match="window"):
+            call()
+    assert R.local_p_weights(scores, mask, np.array([1.0]), window=np.int64(1)).sum() == 1.0

@@ -91,6 +91,7 @@ class Attention(nn.Module):
         if local is not None and local not in LOCAL_KINDS:
             raise ValueError(f"local must be None or one of {list(LOCAL_KINDS)}, got {local!r}")
         window = check_int(window, "window")
+        attention_size = check_int(attention_size, "attention_size", none_ok=True)
         self.scorer = make_scorer(scorer, query_size, key_size, attention_size, num_heads)
         self.query_size = query_size
         self.key_size = key_size
@@ -98,7 +99,7 @@ class Attention(nn.Module):
         self.local = local
         self.window = window
         self.position_predictor = (
-            PositionPredictor(query_size, attention_size or query_size)
+            PositionPredictor(query_size, query_size if attention_size is None else attention_size)
             if local == "local-p"
             else None
         )

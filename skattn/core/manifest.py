@@ -117,6 +117,8 @@ class Manifest:
     decoder, attention, scorer, cell : str
         The model's kind (for clients and the explorer; the graphs compute it).
     input_feeding : bool
+        Whether the decoder feeds its attentional vector back (Luong's input feeding; false for
+        every other decoder, whatever the estimator's setting).
     state_names : tuple of str
         The decoder state tensors, in graph order.
     max_source_length, max_output_length : int

@@ -189,6 +189,12 @@ class ModelConfig:
         chosen = {name: value for name, value in params.items() if name in names}
         return cls(source_vocab_size, target_vocab_size, **chosen)
 
+    @property
+    def feeds_input(self) -> bool:
+        """Whether the decoder feeds its attentional vector back: ``input_feeding`` where the
+        decoder reads it (Luong's; Bahdanau's takes the setting at its default and ignores it)."""
+        return self.input_feeding and self.decoder == "luong"
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as a JSON-safe value (what the manifest and a pickle store)."""
         return dataclasses.asdict(self)

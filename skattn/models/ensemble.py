@@ -62,7 +62,7 @@ def _describe(values: Sequence[Any]) -> str:
 class EnsembleConfig:
     """The members' :class:`~skattn.models.ModelConfig`, and how the manifest describes them.
 
-    The exporter reads ``decoder``, ``attention``, ``scorer``, ``cell`` and ``input_feeding``
+    The exporter reads ``decoder``, ``attention``, ``scorer``, ``cell`` and ``feeds_input``
     (informative manifest fields, shown by the server and the explorer) and ``to_dict()`` (the
     manifest's ``model``, bound into every graph). ``decoder`` names every member
     (``"ensemble(bahdanau+luong)"``), so an ensemble never passes for a single model (whose
@@ -96,8 +96,8 @@ class EnsembleConfig:
         return _describe([m.cell for m in self.members])
 
     @property
-    def input_feeding(self) -> bool:
-        return all(m.input_feeding for m in self.members)
+    def feeds_input(self) -> bool:
+        return all(m.feeds_input for m in self.members)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"ensemble": [member config dicts], "combination": ...}``: JSON-safe."""
