@@ -32,7 +32,7 @@ from sklearn.utils.validation import check_is_fitted
 from skattn import allotment
 from skattn.backend import TorchBackend
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.text import as_token_lists, as_token_pairs
+from skattn.core.text import as_scored_pairs, as_token_lists
 from skattn.estimator import Seq2Seq
 from skattn.metrics import exact_match
 from skattn.models.ensemble import EnsembleModule
@@ -137,6 +137,7 @@ class Seq2SeqEnsemble(BaseEstimator):
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.input_tags.string = True
+        tags.input_tags.one_d_array = True  # X is a 1-D sequence of items
         tags.input_tags.two_d_array = False
         tags.target_tags.required = True
         return tags
@@ -163,13 +164,16 @@ class Seq2SeqEnsemble(BaseEstimator):
             members disagree on tokenizer, output kind, vocabularies or device.
         """
         members = [clone(e) for e in _checked(self.estimators, "estimators")]
+        _check_tokenizers_agree(members)  # before any member trains
         if self.random_state is not None:
             rng = check_random_state(self.random_state)
             for member in members:
                 seed = int(rng.randint(np.iinfo(np.int32).max))
                 if not isinstance(member, FrozenEstimator):
                     member.set_params(random_state=seed)
-        fitted = Parallel(n_jobs=self.n_jobs)(delayed(_fit_member)(m, X, y) for m in members)
+        n_jobs = self.n_jobs  # no more workers than members
+        n_jobs = min(n_jobs, len(members)) if n_jobs is not None and n_jobs > 0 else n_jobs
+        fitted = Parallel(n_jobs=n_jobs)(delayed(_fit_member)(m, X, y) for m in members)
         return self._adopt(fitted)
 
     @classmethod
@@ -202,8 +206,11 @@ class Seq2SeqEnsemble(BaseEstimator):
         return ensemble._adopt(models)
 
     def _adopt(self, fitted: list) -> Seq2SeqEnsemble:
-        """Take fitted members after checking that they can be decoded as one model."""
-        self.estimators_ = [m.estimator if isinstance(m, FrozenEstimator) else m for m in fitted]
+        """Take fitted members after checking that they can be decoded as one model; members
+        that cannot leave the ensemble as it was (unfitted, or fitted with its old members)."""
+        members = [m.estimator if isinstance(m, FrozenEstimator) else m for m in fitted]
+        _check_members(members)
+        self.estimators_ = members
         self.__dict__.pop("_module", None)  # built again from these members when needed
         return self._read_members()
 
@@ -213,9 +220,7 @@ class Seq2SeqEnsemble(BaseEstimator):
         place), and ``set_params`` may have changed its limits."""
         members = self.estimators_
         first = members[0]
-        _fitted_tokenizers(members)
-        for i, member in enumerate(members[1:], start=1):
-            _check_agrees(first, member, i)
+        _check_members(members)
         self.source_vocab_, self.target_vocab_ = first.source_vocab_, first.target_vocab_
         self.output_kind_ = first.output_kind_
         self.max_output_length_ = max(m._output_limit() for m in members)
@@ -233,7 +238,9 @@ class Seq2SeqEnsemble(BaseEstimator):
         ``tokenizer`` has been set to another since (as ``Seq2Seq.predict`` refuses it)."""
         if hasattr(self, "estimators_"):
             return _fitted_tokenizers(self.estimators_)
-        return getattr(next(iter(self.estimators or []), None), "tokenizer", None)
+        if not isinstance(self.estimators, list | tuple):  # fit names what is wrong with it
+            return None
+        return getattr(next(iter(self.estimators), None), "tokenizer", None)
 
     @property
     def device_(self) -> torch.device:
@@ -338,7 +345,7 @@ class Seq2SeqEnsemble(BaseEstimator):
         X, y : sequence of str or of token lists
         """
         check_is_fitted(self)
-        _, targets, _ = as_token_pairs(X, y, self.tokenizer)
+        targets = as_scored_pairs(X, y, self.tokenizer, self.output_kind_)
         return exact_match(targets, self.predict(X), tokenizer=self.tokenizer)
 
     def export_onnx(
@@ -397,6 +404,25 @@ def _fitted_tokenizers(members: Sequence[Seq2Seq]) -> str:
         except ValueError as error:
             raise ValueError(f"estimators[{i}]: {error}") from None
     return members[0].tokenizer
+
+
+def _check_members(members: Sequence[Seq2Seq]) -> None:
+    """ValueError unless fitted ``members`` can be decoded as one model."""
+    _fitted_tokenizers(members)
+    for i, member in enumerate(members[1:], start=1):
+        _check_agrees(members[0], member, i)
+
+
+def _check_tokenizers_agree(members: Sequence) -> None:
+    """ValueError naming the first member whose ``tokenizer`` differs from the first's: found
+    before training, not after every member trained (a frozen member reads its model's)."""
+    first = members[0].tokenizer
+    for i, member in enumerate(members[1:], start=1):
+        if member.tokenizer != first:
+            raise ValueError(
+                f"estimators[{i}] has tokenizer={member.tokenizer!r} but estimators[0] has "
+                f"{first!r}: the members of an ensemble read and write the same tokens"
+            )
 
 
 def _check_agrees(first: Seq2Seq, member: Seq2Seq, i: int) -> None:

@@ -27,7 +27,13 @@ from skattn import allotment, training
 from skattn.backend import Index, TorchBackend, translate
 from skattn.core.inference import SearchSettings, Translator, source_ids
 from skattn.core.manifest import MAX_OUTPUT_LENGTH
-from skattn.core.text import Vocabulary, as_token_lists, as_token_pairs, refuse_reserved_tokens
+from skattn.core.text import (
+    Vocabulary,
+    as_scored_pairs,
+    as_token_lists,
+    as_token_pairs,
+    refuse_reserved_tokens,
+)
 from skattn.metrics import exact_match
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.parameters import PARAMETER_CONSTRAINTS
@@ -276,6 +282,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.input_tags.string = True
+        tags.input_tags.one_d_array = True  # X is a 1-D sequence of items
         tags.input_tags.two_d_array = False
         tags.target_tags.required = True
         return tags
@@ -483,7 +490,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         """
         check_is_fitted(self)
         tokenizer = self._fitted_tokenizer()
-        _, targets, _ = as_token_pairs(X, y, tokenizer)
+        targets = as_scored_pairs(X, y, tokenizer, self.output_kind_)
         return exact_match(targets, self.predict(X), tokenizer=tokenizer)
 
     def export_onnx(

@@ -70,10 +70,10 @@ def _reals(low: float, high: float = FLOAT32_MAX, closed: str = "right") -> list
 
 
 #: joblib's ``n_jobs``: None, a positive count, or -1, -2, ... (all cores, all but one, ...);
-#: not 0 and not a bool.
+#: not 0 and not a bool; at most ``MAX_THREADS`` either way (loky overflowed a C int at 2**31).
 N_JOBS: list = [
-    _Range(Integral, 1, None, closed="left"),
-    _Range(Integral, None, -1, closed="right"),
+    _Range(Integral, 1, MAX_THREADS, closed="both"),
+    _Range(Integral, -MAX_THREADS, -1, closed="both"),
     None,
 ]
 

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from skattn.core.text import as_outputs
 from skattn.metrics import (
     corpus_bleu,
     exact_match,
@@ -46,6 +47,35 @@ def _takes_tokenizer(metric: Callable[..., float]) -> bool:
     )
 
 
+def _final_estimator(estimator: Any) -> Any:
+    """The model that predicts for ``estimator``: the last step of a ``Pipeline``, a fitted
+    search's ``best_estimator_``, through any depth of such wrappers; ``estimator`` itself
+    otherwise (a ``FrozenEstimator`` forwards attributes to its model by itself). Duck-typed:
+    scikit-learn is not imported."""
+    seen = set()
+    while id(estimator) not in seen:
+        seen.add(id(estimator))
+        steps = getattr(estimator, "steps", None)
+        if isinstance(steps, list) and steps and isinstance(steps[-1], tuple):
+            inner = steps[-1][-1]  # (name, estimator)
+        else:
+            inner = getattr(estimator, "best_estimator_", None)
+        if inner is None or isinstance(inner, str):  # not a wrapper, or "passthrough"
+            return estimator
+        estimator = inner
+    return estimator
+
+
+def _model_tokenizer(model: Any) -> str | None:
+    """The tokenizer that ``model`` predicts with: the fitted one (``tokenizer_``) before the
+    parameter (which ``set_params`` may have changed since); ``None`` if neither is a str."""
+    for name in ("tokenizer_", "tokenizer"):
+        tokenizer = getattr(model, name, None)
+        if isinstance(tokenizer, str):
+            return tokenizer
+    return None
+
+
 class SequenceScorer:
     """A ``scoring`` callable for scikit-learn model selection: ``(estimator, X, y) -> float``.
 
@@ -54,9 +84,13 @@ class SequenceScorer:
     as ``make_scorer(..., greater_is_better=False)``).
 
     When ``metric`` takes a ``tokenizer`` argument and ``kwargs`` does not set one, the
-    estimator's own ``tokenizer`` attribute is passed (so a ``Seq2Seq(tokenizer="space")``
-    is scored on its tokens, phonemes say, as ``estimator.score`` does). An estimator without
-    a str ``tokenizer`` (``None``, a callable, no such attribute) leaves the metric's default.
+    model's own tokenizer is passed (so a ``Seq2Seq(tokenizer="space")`` is scored on its
+    tokens, phonemes say, as ``estimator.score`` does): the model is the estimator, or the one
+    inside a ``Pipeline`` (its last step), a fitted search (``best_estimator_``) or a
+    ``FrozenEstimator``, and its tokenizer the fitted one. A model without a str tokenizer
+    (``None``, a callable, no such attribute) leaves the metric's default. A model fitted on
+    token lists (``output_kind_ == "tokens"``) refuses string outputs in ``y``, as its
+    ``score`` does: its tokenizer would split them into other tokens.
 
     Parameters
     ----------
@@ -76,12 +110,11 @@ class SequenceScorer:
     def __call__(self, estimator: Any, X: Sequence, y: Sequence) -> float:
         sign = 1.0 if self.greater_is_better else -1.0
         kwargs = dict(self.kwargs)
-        tokenizer = getattr(estimator, "tokenizer", None)
-        if (
-            "tokenizer" not in kwargs
-            and isinstance(tokenizer, str)
-            and _takes_tokenizer(self.metric)
-        ):
+        model = _final_estimator(estimator)
+        tokenizer = _model_tokenizer(model)
+        if getattr(model, "output_kind_", None) == "tokens":  # strings refused by name
+            as_outputs(y, "y", tokenizer or "char", "tokens")
+        if "tokenizer" not in kwargs and tokenizer is not None and _takes_tokenizer(self.metric):
             kwargs["tokenizer"] = tokenizer
         return sign * self.metric(y, estimator.predict(X), **kwargs)  # the metric checks y
 

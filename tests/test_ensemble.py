@@ -453,9 +453,45 @@ def test_bad_settings_and_unfitted_use_are_refused(members, ensemble):
         Seq2SeqEnsemble([Seq2Seq()]).predict(FEW)
 
 
-@pytest.mark.parametrize("n_jobs", [True, 0, 1.5, "2"])
+@pytest.mark.parametrize("n_jobs", [True, 0, 1.5, "2", 2**31, -(2**31)])
 def test_n_jobs_is_joblibs_count_not_a_bool_or_zero(n_jobs):
     with pytest.raises(ValueError, match="n_jobs"):
         Seq2SeqEnsemble([Seq2Seq(max_steps=1)], n_jobs=n_jobs).fit(X_TRAIN[:4], Y_TRAIN[:4])
     for fine in (None, 1, -1):  # every accepted kind passes the check
         Seq2SeqEnsemble([Seq2Seq(max_steps=1)], n_jobs=fine)._validate_params()
+
+
+def test_a_fit_whose_members_disagree_keeps_the_ensemble_as_it_was(monkeypatch):
+    """The members were adopted before they were checked: a refused fit left an unfitted
+    ensemble half-fitted (``estimators_`` set) and a fitted one without its working members;
+    and tokenizers that differ were found only after every member had trained."""
+    from skattn import ensemble as ensemble_module
+
+    good = Seq2SeqEnsemble.from_fitted([member(max_steps=2).fit(X_TRAIN, Y_TRAIN)])
+    before = good.predict(FEW)
+    fits = []
+    monkeypatch.setattr(ensemble_module, "_fit_member", lambda m, X, y: fits.append(m) or m)
+    spaced = [member(max_steps=2), member(max_steps=2, tokenizer="space")]
+    for ensemble in (Seq2SeqEnsemble(spaced), good.set_params(estimators=spaced)):
+        with pytest.raises(ValueError, match=r"estimators\[1\] has tokenizer='space'"):
+            ensemble.fit(X_TRAIN, Y_TRAIN)
+    assert fits == []  # refused before any member trained
+    monkeypatch.undo()
+    assert not hasattr(Seq2SeqEnsemble(spaced), "estimators_")
+    other = member(max_steps=2).fit(["ab", "xyz"], ["ba", "zyx"])  # found only once fitted
+    fresh = Seq2SeqEnsemble([member(max_steps=2), FrozenEstimator(other)])
+    with pytest.raises(ValueError, match=r"estimators\[1\]\.source_vocab_ differs"):
+        fresh.fit(X_TRAIN, Y_TRAIN)
+    assert not hasattr(fresh, "estimators_")
+    with pytest.raises(NotFittedError):
+        fresh.predict(FEW)
+    with pytest.raises(ValueError, match=r"estimators\[1\]\.source_vocab_ differs"):
+        good.set_params(estimators=fresh.estimators).fit(X_TRAIN, Y_TRAIN)
+    assert good.predict(FEW) == before  # the members it had
+
+
+def test_tokenizer_of_estimators_that_are_not_a_list_is_none():
+    assert Seq2SeqEnsemble(5).tokenizer is None
+    assert hasattr(Seq2SeqEnsemble(5), "tokenizer")  # it raised TypeError
+    with pytest.raises(ValueError, match="'estimators' parameter"):
+        Seq2SeqEnsemble(5).fit(X_TRAIN, Y_TRAIN)  # scikit-learn's parameter check

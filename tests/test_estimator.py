@@ -391,6 +391,7 @@ def test_verbose_shows_a_progress_bar(capsys):
 def test_tags_declare_string_input():
     tags = Seq2Seq().__sklearn_tags__()
     assert tags.input_tags.string and not tags.input_tags.two_d_array
+    assert tags.input_tags.one_d_array
     assert tags.target_tags.required
 
 
@@ -797,3 +798,18 @@ def test_a_refused_setting_is_reported_before_the_datas_size():
         model.fit(["ab"], ["ba"])
     with pytest.raises(ValueError, match="early_stopping needs at least one training source"):
         Seq2Seq(device="cpu").fit(["ab"], ["ba"])  # a setting the model takes: the size it is
+
+
+def test_score_refuses_string_outputs_for_a_model_fitted_on_token_lists():
+    """score split string targets with the char tokenizer ("AA BB" -> A, A, " ", B, B), so a
+    model fitted on token lists scored 0 against the right answers written as strings."""
+    X, y = ["ab", "ba"], [["AA", "BB"], ["BB", "AA"]]
+    model = Seq2Seq(hidden_size=8, embedding_dim=4, max_steps=2, early_stopping=False)
+    model.set_params(device="cpu", random_state=0).fit(X, y)
+    assert 0.0 <= model.score(X, y) <= 1.0
+    with pytest.raises(ValueError, match="y holds strings, but the model was fitted on token"):
+        model.score(X, ["AA BB", "BB AA"])
+    with pytest.raises(ValueError, match="X and y must have the same length"):
+        model.score(X, y[:1])
+    with pytest.raises(ValueError, match="requires y"):
+        model.score(X, None)

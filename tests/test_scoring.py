@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pytest
+from sklearn.base import BaseEstimator
 
 from skattn.metrics import (
     character_error_rate,
@@ -192,3 +193,58 @@ def test_scoring_import_is_cheap():
     code = "import sys, skattn.scoring; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+class _FittedLookup(BaseEstimator):
+    """A lookup model in scikit-learn's form, predicting with the tokenizer it was fitted with
+    (``tokenizer_``), as a Seq2Seq does."""
+
+    def __init__(self, table=None, tokenizer="char"):
+        self.table = table
+        self.tokenizer = tokenizer
+
+    def fit(self, X, y):
+        self.tokenizer_ = self.tokenizer
+        return self
+
+    def predict(self, X):
+        return [self.table[x] for x in X]
+
+
+def test_scorers_read_the_tokenizer_of_the_model_inside_a_wrapper():
+    """A Pipeline or a search has no tokenizer: the scorers fell back to the metric's default,
+    so a phoneme model wrapped in one was scored on characters (CER for PER) in silence."""
+    from sklearn.frozen import FrozenEstimator
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import Pipeline
+
+    X, y = _G2P_X, _G2P_Y
+    model = _FittedLookup(_G2P_TABLE, "space").fit(X, y)
+    per = -token_error_rate(y, model.predict(X), tokenizer="space")
+    assert per != -token_error_rate(y, model.predict(X), tokenizer="char")
+    search = GridSearchCV(
+        _FittedLookup(_G2P_TABLE, "space"),
+        {"tokenizer": ["space"]},
+        scoring=SCORERS["neg_token_error_rate"],
+        cv=[([0, 1], [2])],
+    ).fit(X, y)
+    wrapped = {
+        "plain": model,
+        "pipeline": Pipeline([("model", model)]),
+        "nested pipeline": Pipeline([("inner", Pipeline([("model", model)]))]),
+        "search": search,
+        "frozen": FrozenEstimator(model),
+    }
+    for name, estimator in wrapped.items():
+        assert SCORERS["neg_token_error_rate"](estimator, X, y) == pytest.approx(per), name
+    # the fitted tokenizer, not a parameter changed since
+    model.set_params(tokenizer="char")
+    assert SCORERS["neg_token_error_rate"](model, X, y) == pytest.approx(per)
+
+
+def test_scorers_refuse_string_outputs_for_a_model_fitted_on_token_lists():
+    model = _FittedLookup({"ab": ["AA", "BB"]}, "char").fit(["ab"], [["AA", "BB"]])
+    model.output_kind_ = "tokens"
+    assert SCORERS["exact_match"](model, ["ab"], [["AA", "BB"]]) == 1.0
+    with pytest.raises(ValueError, match="y holds strings, but the model was fitted on token"):
+        SCORERS["exact_match"](model, ["ab"], ["AA BB"])

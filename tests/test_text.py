@@ -1,10 +1,21 @@
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from skattn.core import text
-from skattn.core.text import BOS, EOS, PAD, UNK, Vocabulary, detokenize, pad_batch, tokenize
+from skattn.core.text import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    Vocabulary,
+    as_token_lists,
+    detokenize,
+    pad_batch,
+    tokenize,
+)
 
 
 def test_special_ids_are_fixed():
@@ -157,3 +168,15 @@ def test_docstring_examples():
 
     result = doctest.testmod(skattn.core.text)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_one_column_string_array_warns_that_rows_are_one_token_lists():
+    """``df[["word"]].to_numpy()`` is (n, 1): each row is a token list of one token, so a model
+    fitted on it learns whole words as tokens, in silence (exact match 0.02 against 1.0)."""
+    column = np.array(["ab", "cd"])[:, None]
+    with pytest.warns(UserWarning, match=r"X is a 2-D array of one column.*X\.ravel\(\)"):
+        assert as_token_lists(column, "X", "char") == ([["ab"], ["cd"]], "tokens")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        as_token_lists(column.ravel(), "X", "char")  # strings: no warning
+        as_token_lists(np.array([["a", "b"], ["c", "d"]]), "X", "char")  # two tokens a row

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,8 @@ __all__ = [
     "TOKENIZERS",
     "UNK",
     "Vocabulary",
+    "as_outputs",
+    "as_scored_pairs",
     "as_token_lists",
     "as_token_pairs",
     "check_tokenizer",
@@ -346,6 +349,14 @@ def as_token_lists(items: Any, name: str, tokenizer: str) -> tuple[list[list[str
     errors. Returns the token lists and ``"str"`` or ``"tokens"``.
     """
     check_tokenizer(tokenizer)
+    if isinstance(items, np.ndarray) and items.ndim == 2 and items.shape[1] == 1 and items.size:
+        if all(isinstance(item, str) for item in items[:, 0]):  # df[["word"]].to_numpy(), say
+            warnings.warn(
+                f"{name} is a 2-D array of one column: each row is read as a list of one token "
+                f"(its whole string); pass {name}.ravel() to read each row as a string",
+                UserWarning,
+                stacklevel=3,
+            )
     items = ordered_items(items, name, "str or of token lists")
     if not items:
         raise ValueError(f"{name} must hold at least one item, got an empty sequence")
@@ -411,6 +422,20 @@ def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
             f"X and y must have the same length, got {len(sources)} and {len(targets)}"
         )
     return sources, targets, kind
+
+
+def as_scored_pairs(X: Any, y: Any, tokenizer: str, output_kind: str) -> list[list[str]]:
+    """The targets of ``score(X, y)`` as token lists (:func:`as_outputs`: a model fitted on token
+    lists refuses string targets), checked to pair up with ``X``."""
+    if y is None:
+        raise ValueError("score requires y to be passed, but the target y is None")
+    sources, _ = as_token_lists(X, "X", tokenizer)
+    targets = as_outputs(y, "y", tokenizer, output_kind)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"X and y must have the same length, got {len(sources)} and {len(targets)}"
+        )
+    return targets
 
 
 def refuse_reserved_tokens(targets: list[list[str]], output_kind: str = "str") -> None:
