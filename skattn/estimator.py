@@ -77,7 +77,10 @@ class Seq2Seq(PortableModule, BaseEstimator):
         Attention softmax temperature at prediction time (training uses 1).
     beam_size, length_penalty : int, default=1; float, default=1.0
         Beams (1 is greedy, at most 64), ranked by ``sum(log p) / length ** length_penalty``
-        (``length_penalty`` in [0, 10]).
+        (``length_penalty`` in [0, 10]). A hypothesis cut at ``max_output_length`` never
+        competes with one that ended: with as many beams as the model has output tokens, ending
+        is always among the best ``beam_size`` extensions, so beams end early and may win over
+        better unfinished ones.
     max_output_length : int or None, default=None
         Most output tokens per item, at most 4,096 (what an artifact may carry); ``None`` uses
         ``2 * (longest training target) + 10``, capped at 4,096.

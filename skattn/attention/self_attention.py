@@ -34,10 +34,14 @@ __all__ = ["MultiHeadAttention", "repeat_kv", "scaled_dot_product"]
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """``(B, n_kv, T, d) -> (B, n_kv * n_rep, T, d)``: query head ``h`` reads ``h // n_rep``."""
+    """``(B, n_kv, T, d) -> (B, n_kv * n_rep, T, d)``: query head ``h`` reads ``h // n_rep``.
+
+    One ``index_select`` of whole heads, so the export holds no ``Reshape``: a reshape's ``-1``
+    cannot be inferred for an empty batch, and the exporter writes one where it may."""
     if n_rep == 1:
         return x
-    return x.unsqueeze(2).expand(-1, -1, n_rep, -1, -1).flatten(1, 2)  # (B, n_kv * n_rep, T, d)
+    heads = torch.arange(x.shape[1] * n_rep, device=x.device) // n_rep  # (n_kv * n_rep,)
+    return x.index_select(1, heads)
 
 
 def scaled_dot_product(
@@ -161,6 +165,7 @@ class MultiHeadAttention(nn.Module):
         Returns the output ``(B, T_q, D)`` and, if asked, per-head weights ``(B, h, T_q, T_k)``.
         """
         n_rep = self.num_heads // self.num_kv_heads
+        B, T_q, _ = x.shape  # read before the heads are split: the export keeps them dynamic
         q = self.W_q(x).unflatten(-1, (self.num_heads, self.d_head)).transpose(1, 2)  # (B,h,T_q,d)
         k = k.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)  # (B, n_kv, T_k, d)
         v = v.unflatten(-1, (self.num_kv_heads, self.d_head)).transpose(1, 2)  # (B, n_kv, T_k, d)
@@ -168,7 +173,9 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (B, 1, T_q, T_k): the same for every head
         out, weights = scaled_dot_product(q, k, v, mask, temperature, need_weights)
-        return self.W_o(out.transpose(1, 2).flatten(2)), weights  # (B, T_q, D)
+        # every size named (a -1 cannot be inferred for an empty batch)
+        out = out.transpose(1, 2).reshape(B, T_q, self.num_heads * self.d_head)  # (B, T_q, D)
+        return self.W_o(out), weights
 
     def forward(
         self,
