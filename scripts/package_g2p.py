@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -179,20 +180,48 @@ def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) 
     return "\n".join(lines) + "\n"
 
 
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything is exported, what would fail later or lose files: a missing
+    input, a size that is not a positive number, and an ``--out`` that holds anything but a
+    package (it is replaced whole: ``--out .`` would have emptied the checkout)."""
+    for path in [*args.model, args.results]:
+        if not path.is_file():
+            parser.error(f"{path}: no such file")
+    if not math.isfinite(args.max_mb) or args.max_mb <= 0:
+        parser.error(f"--max-mb must be a positive number, got {args.max_mb}")
+    out = args.out
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        parser.error(
+            f"--out {out}: a folder that holds something other than a package (no "
+            "manifest.json); it would be replaced whole, so name a new or a package folder"
+        )
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, nargs="+", required=True, help="joblib models")
     parser.add_argument("--results", type=Path, required=True, help="their evaluation JSON")
     parser.add_argument("--out", type=Path, required=True, help="the package folder to write")
-    parser.add_argument("--max-mb", type=float, default=15.5)
+    parser.add_argument(
+        "--max-mb",
+        type=float,
+        default=15.5,
+        help="drop decode.onnx above this size, MB (default: %(default)s)",
+    )
     parser.add_argument("--note", default="", help="more of how it was made, for RECIPE.md")
     parser.add_argument("--quantize", choices=["int8"], default=None, help="int8 weight products")
     parser.add_argument("--dev-words", type=int, default=3000, help="as the members' run (int8)")
     parser.add_argument("--seed", type=int, default=0, help="as the members' run (int8)")
     args = parser.parse_args(argv)
+    check_arguments(parser, args)
     members = [joblib.load(path) for path in args.model]
     results = json.loads(args.results.read_text())
-    beam_size = results["config"]["beam_size"]  # the beam its figures were measured at
+    try:
+        beam_size = results["config"]["beam_size"]  # the beam its figures were measured at
+    except (KeyError, TypeError):
+        parser.error(f"--results {args.results}: not the JSON of examples/g2p_cmudict.py --out")
     if len(members) == 1:
         model = members[0].set_params(beam_size=beam_size)
     else:

@@ -8,13 +8,14 @@ requests in flight, drains the batch queue and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from serving.connections import MAX_TIMEOUT_S, ConnectionLimits
+from serving.connections import MAX_TIMEOUT_S, ConnectionLimits, fit_to_file_limit
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
@@ -26,6 +27,13 @@ logger = logging.getLogger("serving")
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: The settings whose flag is the field's name (``max_batch_size``: ``--max-batch-size``).
+_FLAG_FIELDS = frozenset(
+    f.name
+    for cls in (ServerSettings, ConnectionLimits)
+    for f in dataclasses.fields(cls)
+    if f.name not in ("allowed_hosts", "eager_batching")
+)
 
 
 def allowed_hosts(given: Sequence[str] | None, bind: str) -> tuple[str, ...] | None:
@@ -44,11 +52,36 @@ def allowed_hosts(given: Sequence[str] | None, bind: str) -> tuple[str, ...] | N
 
 
 def _model_dir(value: str) -> tuple[str | None, Path]:
-    """``DIR`` or ``NAME=DIR`` -> (name or None, directory)."""
+    """``DIR`` or ``NAME=DIR`` -> (name or None, directory); an empty ``DIR`` is refused (it
+    would be the working directory, served without a word)."""
     name, sep, rest = value.partition("=")
     if sep and name and "/" not in name and not Path(value).is_dir():
+        if not rest:
+            raise argparse.ArgumentTypeError(f"{value!r} names no directory after the '='")
         return name, Path(rest)
+    if not value:
+        raise argparse.ArgumentTypeError("an empty DIR: name the artifact's directory")
     return None, Path(value)
+
+
+def _host(value: str) -> str:
+    """``--host``: an address or name; an empty one is refused (uvicorn would bind every
+    interface, with the Host check off: an unset ``--host "$HOST"`` must not do that)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty address: name one (0.0.0.0 or :: binds every interface)"
+        )
+    return value
+
+
+def _flag_error(error: ValueError) -> str:
+    """A settings error in the words of the command line: ``max_batch_size must ...`` reads
+    ``--max-batch-size must ...`` (the settings' fields are the flags' names)."""
+    message = str(error)
+    field = message.split(" ", 1)[0]
+    if field in _FLAG_FIELDS:
+        return "--" + field.replace("_", "-") + message[len(field) :]
+    return message
 
 
 def _packaged(value: str) -> tuple[str, Path]:
@@ -94,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-name", help="name to serve a single --model-dir under (default: its directory's)"
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+        "--host", type=_host, default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
     parser.add_argument(
         "--allowed-host",
@@ -254,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        The exit status: 0 after a graceful shutdown, 2 for bad arguments or a bad artifact.
+        The exit status: 0 after a graceful shutdown, 2 for bad arguments or a bad artifact,
+        1 (with a line saying why) when the server could not start: its address in use, say.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -286,8 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep_alive_s=args.keep_alive_s,
             retry_after_s=args.retry_after_s,
         )
+        limits = fit_to_file_limit(limits)  # before any model loads: a limit too low is an error
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(_flag_error(exc))
     try:
         check_int(args.port, "--port", 0, 65535)
         check_real(args.shutdown_timeout, "--shutdown-timeout", 0.0, MAX_TIMEOUT_S, low_open=True)

@@ -82,14 +82,17 @@ def serve(
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         server.run()
-    except SystemExit:  # uvicorn exits 3 when the lifespan's start-up fails
-        if not app.state.startup_error:
+    except SystemExit:  # uvicorn exits when it cannot bind or the lifespan's start-up fails
+        if server.started:
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         gc.set_threshold(*thresholds)
     if not server.started:
-        reason = app.state.startup_error or f"could not listen on {host}:{port}"
+        reason = app.state.startup_error or (
+            f"could not listen on {host}:{port} (the log line before says why: the address in "
+            "use, a name that does not resolve)"
+        )
         raise SystemExit(f"error: the server could not start: {reason}")
 
 

@@ -109,3 +109,42 @@ def test_two_models_under_one_name_are_refused_before_loading(fake_root, capsys)
     with pytest.raises(SystemExit):
         main(["--model", "rev", "--model-name", "x"])
     assert "packaged --model NAMEs keep their names" in capsys.readouterr().err
+
+
+def _package_script():
+    """scripts/package_g2p.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "package_g2p.py"
+    spec = importlib.util.spec_from_file_location("package_g2p", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_packaging_script_refuses_before_it_exports_or_deletes(tmp_path, capsys):
+    """--out was replaced whole, whatever it held (--out . would have emptied the checkout);
+    missing inputs and a bad --max-mb failed late, in tracebacks."""
+    script = _package_script()
+    model, results = tmp_path / "m.joblib", tmp_path / "r.json"
+    model.write_bytes(b"x")
+    results.write_text("{}")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "important.txt").write_text("keep")
+    base = ["--model", str(model), "--results", str(results)]
+    for argv, words in (
+        ([*base, "--out", str(precious)], "holds something other than a package"),
+        ([*base, "--out", str(results)], "a file, not a folder"),
+        (
+            ["--model", str(tmp_path / "no.joblib"), "--results", str(results), "--out", "o"],
+            "no such file",
+        ),
+        ([*base, "--out", str(tmp_path / "new"), "--max-mb", "nan"], "--max-mb must be a positive"),
+        ([*base, "--out", str(tmp_path / "new"), "--max-mb", "-5"], "--max-mb must be a positive"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            script.main(argv)
+        assert refused.value.code == 2
+        assert words in capsys.readouterr().err
+    assert (precious / "important.txt").read_text() == "keep"

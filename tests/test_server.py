@@ -1049,10 +1049,54 @@ def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
     with pytest.raises(SystemExit) as bad_flag:
         main(["--model-dir", str(tmp_path), "--max-batch-size", "0"])
     assert bad_flag.value.code == 2
-    assert "max_batch_size" in capsys.readouterr().err
+    assert "--max-batch-size must be" in capsys.readouterr().err  # the flag, not the field
     # a small queue lowers the per-request default to fit, so it is no error
     assert main(["--model-dir", str(tmp_path), "--max-queue", "8"]) == 2
     assert "cannot load the model" in capsys.readouterr().err
+
+
+def test_cli_refuses_an_empty_host_or_dir_and_a_file_limit_without_room(
+    tmp_path, capsys, monkeypatch
+):
+    """An empty --host bound every interface with the Host check off; NAME= served the working
+    directory; a file-descriptor limit without room for a connection ended in a traceback,
+    after the models had loaded."""
+    import resource
+
+    for argv, words in (
+        (["--model-dir", str(tmp_path), "--host", ""], "--host: an empty address"),
+        (["--model-dir", str(tmp_path), "--host", "  "], "--host: an empty address"),
+        (["--model-dir", "x="], "names no directory after the '='"),
+        (["--model-dir", ""], "an empty DIR"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main(argv)
+        assert refused.value.code == 2
+        assert words in capsys.readouterr().err
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (60, 60))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, value: None)
+    with pytest.raises(SystemExit) as refused:
+        main(["--model-dir", str(tmp_path / "never-read")])
+    assert refused.value.code == 2
+    assert "the file-descriptor limit (60) leaves no room" in capsys.readouterr().err
+
+
+def test_a_server_that_cannot_bind_says_so(keep_logging):
+    """uvicorn's exit on an address in use went out as it was (status 3), past the line that
+    says the server could not start."""
+    import socket
+
+    from serving.process import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        runtime = ReverseRuntime()
+        with pytest.raises(
+            SystemExit, match=rf"could not start: could not listen on 127.0.0.1:{port}"
+        ):
+            serve({"m": runtime}, ServerSettings(), port=port, log_level="critical")
 
 
 SIGTERM_SCRIPT = textwrap.dedent(
