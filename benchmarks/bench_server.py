@@ -172,6 +172,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if min(args.concurrency) < 1:
+        parser.error(f"--concurrency must be >= 1, got {min(args.concurrency)}")
+    if not (math.isfinite(args.duration) and args.duration > 0):
+        parser.error(f"--duration must be a finite number > 0, got {args.duration}")
+    for flag, value in (("--warmup", args.warmup), ("--server-warmup", args.server_warmup)):
+        if not (math.isfinite(value) and value >= 0):
+            parser.error(f"{flag} must be a finite number >= 0, got {value}")
     if args.quick:
         args.models, args.concurrency, args.duration, args.warmup = ["reversal"], [1, 8, 64], 2, 1
         args.server_warmup = 1.0

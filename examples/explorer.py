@@ -195,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--screenshot", type=Path, help="save a PNG of the page (headless Chromium) and exit"
     )
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:  # uvicorn hangs, listening nowhere, on a port beyond it
+        parser.error(f"--port must be in [0, 65535], got {args.port}")
 
     with tempfile.TemporaryDirectory(prefix="skattn-explorer-") as scratch:
         out = args.out or Path(scratch)

@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -397,8 +398,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--distill-from trains a student; --ensemble evaluates saved models: not both")
     if args.distill_references and not args.distill_from:
         parser.error("--distill-references needs --distill-from")
-    if args.max_minutes < 0:
-        parser.error("--max-minutes must be >= 0 (0: no time budget, only --max-epochs)")
+    if not (math.isfinite(args.max_minutes) and args.max_minutes >= 0):
+        parser.error("--max-minutes must be a finite number >= 0 (0: no budget, --max-epochs)")
     if args.quick:
         args.train_words, args.dev_words, args.hidden_size, args.embedding_dim = 1000, 50, 32, 16
         args.batch_size, args.max_epochs, args.max_minutes, args.beam_size = 32, 4, 0.0, 2

@@ -44,6 +44,23 @@ def test_repeats_must_be_positive(capsys):
     assert bench_server.parse_args(["--repeats", "3"]).repeats == 3
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--concurrency", "8", "0"], "--concurrency must be >= 1"),
+        (["--duration", "0"], "--duration must be a finite number > 0"),
+        (["--duration", "nan"], "--duration must be a finite number > 0"),
+        (["--warmup", "-5"], "--warmup must be a finite number >= 0"),
+        (["--server-warmup", "inf"], "--server-warmup must be a finite number >= 0"),
+    ],
+)
+def test_meaningless_load_settings_are_refused(argv, words, capsys):
+    """Each gave a table of empty windows (0 req/s) and exit status 0."""
+    with pytest.raises(SystemExit):
+        bench_server.parse_args(argv)
+    assert words in capsys.readouterr().err
+
+
 def test_each_level_reads_its_median_window():
     results = [
         window("batched", 300.0, 2.0, 9.0),

@@ -237,6 +237,15 @@ def test_g2p_budget_becomes_max_time():
     assert g2p_cmudict.build_model(g2p_cmudict.parse_args(["--quick"])).max_time is None
 
 
+@pytest.mark.parametrize("minutes", ["nan", "inf", "-1"])
+def test_g2p_budget_must_be_a_finite_number(minutes, capsys):
+    """--max-minutes nan passed the check (NaN < 0 is false) and meant no budget in silence."""
+    with pytest.raises(SystemExit) as refused:
+        g2p_cmudict.parse_args(["--max-minutes", minutes])
+    assert refused.value.code == 2
+    assert "--max-minutes must be a finite number >= 0" in capsys.readouterr().err
+
+
 def test_g2p_length_penalty_reaches_the_model_and_the_ensemble(fitted_reversal, tmp_path):
     args = g2p_cmudict.parse_args(["--length-penalty", "0.6", "--beam-size", "3"])
     assert g2p_cmudict.build_model(args).length_penalty == 0.6
