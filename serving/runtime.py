@@ -48,12 +48,13 @@ from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import FLOAT32_MAX, check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.manifest import DECODE_FILE
+from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH
 from skattn.core.text import (
     EOS,
     SPECIAL_TOKENS,
     Vocabulary,
     as_outputs,
+    check_output_lengths,
     check_utf8,
     detokenize,
     ordered_items,
@@ -379,7 +380,8 @@ class Runtime:
         sources : sequence of str
         outputs : sequence of str or of token lists
             As the model predicts them: strings (split with the model's tokenizer) only for a
-            model fitted on strings; a model fitted on token lists refuses them.
+            model fitted on strings; a model fitted on token lists refuses them. At most 4,096
+            tokens each (the most an artifact writes; ValueError), as sources are bounded.
         temperature : float, optional
             Default: the manifest's.
 
@@ -400,6 +402,7 @@ class Runtime:
             return np.empty(0)
         source_tokens = [tokenize(text, self.tokenizer) for text in sources]
         output_tokens = as_outputs(outputs, "outputs", self.tokenizer, self.manifest.output_kind)
+        check_output_lengths(output_tokens, MAX_OUTPUT_LENGTH, "outputs")
         return self.translator.log_likelihoods(source_tokens, output_tokens, settings.temperature)
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:

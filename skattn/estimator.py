@@ -471,7 +471,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
         ----------
         X, y : sequence of str or of token lists
             Sources and the outputs to score (a token outside the target vocabulary: -inf);
-            outputs as the model predicts them (token lists for a model fitted on them).
+            outputs as the model predicts them (token lists for a model fitted on them), each
+            at most 4,096 tokens (the most any model writes; ValueError).
 
         Returns
         -------

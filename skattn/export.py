@@ -309,7 +309,8 @@ def export_onnx(
         length_penalty=estimator.length_penalty,
         temperature=estimator.temperature,
         max_source_length=(
-            max(_DEFAULT_MAX_SOURCE_LENGTH, estimator.max_source_length_)
+            # the longest training source, at least 1,024, at most what an artifact may carry
+            min(max(_DEFAULT_MAX_SOURCE_LENGTH, estimator.max_source_length_), MAX_SOURCE_LENGTH)
             if max_source_length is None
             else check_int(max_source_length, "max_source_length", 1, MAX_SOURCE_LENGTH)
         ),

@@ -32,7 +32,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment
 from skattn.core.checks import FLOAT32_MAX
-from skattn.core.text import as_outputs, as_token_lists, detokenize, ordered_items
+from skattn.core.manifest import MAX_OUTPUT_LENGTH
+from skattn.core.text import (
+    as_outputs,
+    as_token_lists,
+    check_output_lengths,
+    detokenize,
+    ordered_items,
+)
 from skattn.metrics import exact_match
 
 __all__ = ["NBestReranker", "estimator_log_likelihood", "output_facts"]
@@ -83,6 +90,7 @@ def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str
         raise ValueError(
             f"X and y must have the same length, got {len(sources)} and {len(targets)}"
         )
+    check_output_lengths(targets, MAX_OUTPUT_LENGTH, "y")
     with allotment.torch_threads(estimator.n_threads):
         return translator.log_likelihoods(sources, targets, temperature=estimator.temperature)
 

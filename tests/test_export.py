@@ -414,3 +414,14 @@ def test_an_empty_batch_never_ends_the_process_that_runs_the_graphs(kind, tmp_pa
     assert run.stdout.split("\n")[:2] == ["(0, 4, 16)", "[(0, 0), (0,), (0, 0, 4), (0,)]"]
     runtime = serving.load(directory, "cpu")
     assert runtime.predict(X[:3]) == model.predict(X[:3])  # the guard changes no answer
+
+
+def test_the_default_source_limit_is_capped_at_what_an_artifact_carries(fitted_reversal, tmp_path):
+    """A model fitted on a source longer than 65,536 tokens failed to export with the defaults
+    (the manifest refused the limit export_onnx chose itself)."""
+    import copy
+
+    model = copy.deepcopy(fitted_reversal)
+    model.max_source_length_ = 70_000  # as a fit on such a source leaves it
+    directory = model.export_onnx(tmp_path / "model")
+    assert read_artifact(directory).manifest.max_source_length == 65_536

@@ -80,6 +80,23 @@ def test_log_likelihood_refuses_what_it_cannot_score(model):
         Seq2Seq().log_likelihood(["abc"], ["cba"])
 
 
+def test_log_likelihood_refuses_outputs_longer_than_any_model_writes(model, tmp_path):
+    """Scoring steps the decoder once a token: an output of 10^5 tokens held the runtime for
+    seconds (a Transformer's, quadratic, for minutes), with no bound as sources have. The bound
+    is the artifact's (4,096), not the model's own limit: a candidate to rerank may be longer
+    than what the model would write."""
+    runtime = load(model.export_onnx(tmp_path / "model"))
+    fits, too_long = "a" * 4096, "a" * 4097
+    assert model._output_limit() < len(fits)
+    assert np.isfinite(model.log_likelihood(["abc"], [fits])[0])
+    assert np.isfinite(runtime.log_likelihood(["abc"], [fits])[0])
+    words = r"\[1\] holds 4097 tokens, more than any model writes \(4096"
+    with pytest.raises(ValueError, match=r"y" + words):
+        model.log_likelihood(["abc", "ab"], [fits, too_long])
+    with pytest.raises(ValueError, match=r"outputs" + words):
+        runtime.log_likelihood(["abc", "ab"], [fits, too_long])
+
+
 def test_log_likelihood_scores_at_the_estimators_temperature_as_its_search_does(model):
     model.set_params(temperature=0.5)
     try:

@@ -36,6 +36,7 @@ __all__ = [
     "as_scored_pairs",
     "as_token_lists",
     "as_token_pairs",
+    "check_output_lengths",
     "check_tokenizer",
     "check_utf8",
     "detokenize",
@@ -422,6 +423,19 @@ def as_token_pairs(X: Any, y: Any, tokenizer: str) -> tuple[list, list, str]:
             f"X and y must have the same length, got {len(sources)} and {len(targets)}"
         )
     return sources, targets, kind
+
+
+def check_output_lengths(token_lists: Sequence[Sequence[str]], limit: int, name: str) -> None:
+    """``ValueError`` naming the first output longer than ``limit`` tokens (the most any model
+    writes, ``MAX_OUTPUT_LENGTH``): scoring one steps the decoder once a token, so an output
+    of 10^5 tokens would hold a process (a server) for minutes, as the source guard says of
+    sources."""
+    for index, tokens in enumerate(token_lists):
+        if len(tokens) > limit:
+            raise ValueError(
+                f"{name}[{index}] holds {len(tokens)} tokens, more than any model writes "
+                f"({limit}, the most an artifact's max_output_length may be)"
+            )
 
 
 def as_scored_pairs(X: Any, y: Any, tokenizer: str, output_kind: str) -> list[list[str]]:
