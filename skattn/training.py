@@ -53,8 +53,11 @@ _TRAINER_PARAMS = (
 )
 #: ``precision`` -> the dtype of the products under ``torch.autocast`` (None: no autocast).
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
-#: Validation items per teacher-forced loss batch.
+#: Validation items per teacher-forced loss batch, at most.
 EVAL_BATCH_SIZE = 256
+#: Logits (items x target positions x vocabulary) of one validation batch, at most: fewer items
+#: a batch for a large vocabulary (a word-level model's), where 256 items took gigabytes.
+EVAL_LOGITS = 2**24
 #: Training batches are formed from windows of this many batches' worth of length-sorted items.
 BUCKET_BATCHES = 50
 
@@ -412,7 +415,10 @@ class Trainer:
     def evaluate(self, val_idx: np.ndarray) -> dict[str, float]:
         """Teacher-forced loss (no label smoothing) and greedy exact match of ``val_idx``."""
         self.module.eval()
-        batches = np.array_split(val_idx, math.ceil(len(val_idx) / EVAL_BATCH_SIZE))
+        positions = 1 + max((len(self.tgt[i]) for i in val_idx), default=0)  # EOS too
+        vocabulary = self.module.config.target_vocab_size
+        rows = max(1, min(EVAL_BATCH_SIZE, EVAL_LOGITS // (positions * vocabulary)))
+        batches = np.array_split(val_idx, math.ceil(len(val_idx) / rows))
         with torch.inference_mode():
             losses = [self.batch_loss(b) for b in batches]
         predicted = self.decode([self.src[i] for i in val_idx])

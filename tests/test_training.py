@@ -217,3 +217,23 @@ def test_the_trainer_steps_a_fused_adam_that_updates_as_torchs_per_tensor_loop()
     ):
         assert (a - before).abs().max() > 0.02  # 30 steps of 1e-2 moved every tensor
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_validation_batches_hold_a_bounded_number_of_logits(monkeypatch):
+    """Validation took 256 items a batch whatever the vocabulary: with 100,000 target tokens
+    a batch's logits took gigabytes, however small batch_size was."""
+    X, y = make_reversal(200, 4, 9, alphabet="abcdefghijklmnopqrstuvwxyz", random_state=0)
+    rows = []
+    original = training.batch_loss
+
+    def spy(module, source, source_lengths, target, label_smoothing=0.0):
+        if not module.training:
+            rows.append(len(source))
+            positions, vocabulary = target.shape[1] - 1, module.config.target_vocab_size
+            assert len(source) * positions * vocabulary <= training.EVAL_LOGITS
+        return original(module, source, source_lengths, target, label_smoothing)
+
+    monkeypatch.setattr(training, "batch_loss", spy)
+    monkeypatch.setattr(training, "EVAL_LOGITS", 2_000)  # 30 tokens x 10 positions: 6 rows
+    Seq2Seq(hidden_size=8, max_steps=2, validation_fraction=0.2, device="cpu").fit(X, y)
+    assert sum(rows) == 40 and max(rows) <= 6
