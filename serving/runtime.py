@@ -90,7 +90,8 @@ class Runtime:
         Larger inputs are sorted by length and decoded in chunks of at most this many items
         (results do not depend on it). Default: by the model's memory and keys width
         (:func:`serving.layout.default_chunk_items`), e.g. 64 items for a bi-GRU 256 model and
-        256 for a hidden-64 one.
+        256 for a hidden-64 one; fewer for a large vocabulary searched with many beams (a
+        step's log-probabilities at most 4 M floats).
     workers : int, optional
         Chunks decoded at once, each in its own thread (a call's items are cut into at least
         this many chunks). Default on the CPU without IO binding when
@@ -169,7 +170,9 @@ class Runtime:
             backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)
         self.backend = backend
         if max_batch_size is None:
-            max_batch_size = default_chunk_items(carry_width(sessions.encoder))
+            max_batch_size = default_chunk_items(
+                carry_width(sessions.encoder), len(manifest.target_vocabulary), manifest.beam_size
+            )
         self.workers = workers
         translator_args = (
             backend,

@@ -312,10 +312,18 @@ def test_default_chunks_hold_about_the_same_floats_whatever_the_width(artifact):
     assert default_chunk_items(1024) == 32  # an ensemble of two bi-GRU 256 models
     assert default_chunk_items(10) == 256 and default_chunk_items(10**6) == 16  # the bounds
     assert default_chunk_items(None) == 64  # a graph with a symbolic width
+    # a step's log-probabilities bounded: 70,000 target tokens at beam 4 (2.6 GB in chunks of
+    # 256), and never below one item; a G2P vocabulary leaves the width's choice
+    assert default_chunk_items(128, 70_000, 4) == 2**22 // (4 * 70_000) == 14
+    assert default_chunk_items(128, 2**23, 64) == 1
+    assert default_chunk_items(512, 43, 5) == 64
     runtime = serving.load(artifact, device="cpu")
     carry = runtime.backend.encode(np.array([[4, 2]]), np.array([2]))
     width = carry["memory"].shape[-1] + carry["keys"].shape[-1]
-    assert runtime.translator.max_batch_size == default_chunk_items(width)
+    manifest = runtime.manifest
+    vocabulary, beams = len(manifest.target_vocabulary), manifest.beam_size
+    assert runtime.translator.max_batch_size == default_chunk_items(width, vocabulary, beams)
+    assert default_chunk_items(width, vocabulary, beams) == default_chunk_items(width)
     assert serving.load(artifact, device="cpu", max_batch_size=5).translator.max_batch_size == 5
     for bad in (0, -1, 2.5, "64"):
         with pytest.raises(ValueError, match="max_batch_size"):
