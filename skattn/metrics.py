@@ -340,28 +340,17 @@ def corpus_bleu(
     return float(sacrebleu.corpus_bleu(hypotheses, streams, tokenize=tokenize).score)
 
 
-# The scorers live in skattn.scoring (they import the metrics above); their old names here stay.
-_SCORING_NAMES = frozenset(
-    {
-        "SCORERS",
-        "SequenceScorer",
-        "bleu_scorer",
-        "exact_match_scorer",
-        "make_sequence_scorer",
-        "token_accuracy_scorer",
-        "token_error_rate_scorer",
-        "word_error_rate_scorer",
-    }
-)
-
-
+# The scorers live in skattn.scoring (which imports the metrics above); their names here stay.
 def __getattr__(name: str) -> Any:
-    if name in _SCORING_NAMES:
+    if not name.startswith("__"):  # a dunder probe (copy, pickle, ...) never loads the scorers
         from skattn import scoring
 
-        return getattr(scoring, name)
+        if name in scoring.__all__:
+            return getattr(scoring, name)
     raise AttributeError(f"module 'skattn.metrics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_SCORING_NAMES])
+    from skattn import scoring
+
+    return sorted([*globals(), *scoring.__all__])
