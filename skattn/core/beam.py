@@ -74,78 +74,114 @@ def beam_decode(
         raise ValueError(f"length_penalty must be a finite float >= 0, got {length_penalty!r}")
 
     K = beam_size
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    # A hypothesis is kept as a pointer, (score, level, row, steps): the row at that level of
+    # the history, its tokens and its first `steps` attention rows read back at the end (one
+    # pass for every item's best), so a step costs the same at any length.
+    finished: list[list[tuple]] = [[] for _ in range(batch_size)]
     n_finished = np.zeros(batch_size, dtype=np.int64)  # len(finished[item])
     # An item whose extensions all had log-probability -inf stops with its live beams as they
     # were (unless it finished some hypothesis before); so does one cut off at max_length.
-    stalled: dict[int, list[Hypothesis]] = {}
+    stalled: dict[int, list[tuple]] = {}
+    history = _History()
     beams = _Beams.start(batch_size)
 
     for position in range(max_length):
         if beams.size == 0:
             break
         log_probs, carry, weights = call_step(step, beams.y_prev(bos_id), carry, position, never)
-        # log_probs (N, V), weights (N, T)
-        extended = beams.paths_with(weights)  # (N, t + 1, T)
+        # log_probs (N, V), weights (N, T): the rows at level `position`
+        history.weights.append(weights)
         ranked = _Ranking.of(beams, log_probs, K, eos_id)
 
         for i, r in zip(*np.nonzero(ranked.ends), strict=True):
             source = ranked.row[i, r]
             score = _normalised(float(ranked.total[i, r]), position + 1, length_penalty)
-            item = ranked.items[i]
-            hypothesis = Hypothesis(beams.tokens[source].tolist(), extended[source], score)
-            finished[item].append(hypothesis)
-            n_finished[item] += 1
+            finished[ranked.items[i]].append((score, position, source, position + 1))
+            n_finished[ranked.items[i]] += 1
         grows = ranked.grows
         n_growing = grows.sum(axis=1)  # (I,)
         for i in np.flatnonzero((n_growing == 0) & (n_finished[ranked.items] == 0)):
-            rows = np.arange(ranked.starts[i], ranked.starts[i] + ranked.counts[i])
-            stalled[int(ranked.items[i])] = beams.hypotheses(rows, length_penalty, extended[:, :-1])
+            rows = range(ranked.starts[i], ranked.starts[i] + ranked.counts[i])
+            stalled[int(ranked.items[i])] = beams.hypotheses(rows, position, length_penalty)
         grows = grows & ((n_finished[ranked.items] < K) & (n_growing > 0))[:, None]  # the rest end
 
         i, r = np.nonzero(grows)  # items ascending, best first
         source = ranked.row[i, r]
         if source.size:
             carry = select(carry, source)
-        beams = _Beams(
-            owner=ranked.items[i],
-            log_prob=ranked.total[i, r],
-            tokens=np.concatenate([beams.tokens[source], ranked.token[i, r, None]], axis=1),
-            paths=extended[source],
-        )
+        history.parent.append(source)
+        history.token.append(ranked.token[i, r])
+        beams = _Beams(owner=ranked.items[i], log_prob=ranked.total[i, r], last=ranked.token[i, r])
 
     # Items still live after max_length tokens: their live beams, if they finished nothing.
+    level = len(history.parent) - 1
     for first, count in zip(*_runs(beams.owner), strict=True):
         if n_finished[beams.owner[first]] == 0:
-            rows = np.arange(first, first + count)
-            stalled[int(beams.owner[first])] = beams.hypotheses(rows, length_penalty, beams.paths)
+            rows = range(first, first + count)
+            stalled[int(beams.owner[first])] = beams.hypotheses(rows, level, length_penalty)
 
-    results = []
-    for item in range(batch_size):
-        candidates = finished[item] or stalled[item]
-        # max keeps the first of equal scores: the earlier-finished or higher-ranked hypothesis.
-        results.append(max(candidates, key=lambda h: h.score))
-    return results
+    # max keeps the first of equal scores: the earlier-finished or higher-ranked hypothesis.
+    best = [max(finished[item] or stalled[item], key=lambda h: h[0]) for item in range(batch_size)]
+    return history.trace(best)
+
+
+class _History:
+    """What each step added, kept once: ``parent[t]`` and ``token[t]`` (``t >= 1``) give, for
+    each live row at level ``t`` (``t`` tokens), the row at level ``t - 1`` it extends and the
+    token it added; ``weights[t]`` holds step ``t``'s attention rows of the rows at level
+    ``t``, ``(N_t, T)``. A hypothesis' tokens and attention rows are read by following the
+    parents back (:meth:`trace`), where copying each beam's rows at every step cost time
+    growing with the square of the output length."""
+
+    def __init__(self) -> None:
+        self.parent: list[np.ndarray | None] = [None]  # level 0: the empty beams
+        self.token: list[np.ndarray | None] = [None]
+        self.weights: list[np.ndarray] = []
+
+    def trace(self, pointers: list[tuple]) -> list[Hypothesis]:
+        """Hypotheses of ``(score, level, row, steps)`` pointers: the row's ``level`` tokens
+        and its first ``steps`` attention rows (``steps`` is ``level`` or ``level + 1``)."""
+        if not pointers:
+            return []
+        score, level, row, steps = (np.array(column) for column in zip(*pointers, strict=True))
+        level, row, steps = level.astype(np.int64), row.astype(np.int64), steps.astype(np.int64)
+        n, top = len(pointers), int(max(level.max(), steps.max() - 1))
+        width, dtype = self.weights[0].shape[1], self.weights[0].dtype
+        tokens = np.zeros((n, int(level.max())), dtype=np.int64)
+        weights = np.zeros((n, int(steps.max()), width), dtype=dtype)
+        current = np.zeros(n, dtype=np.int64)
+        for t in range(top, -1, -1):
+            current = np.where(level == t, row, current)  # a pointer enters at its own level
+            reading = level >= t
+            rows = current[reading]
+            shown = reading & (t < steps)
+            if shown.any():  # (the level after the last step holds no attention yet)
+                weights[shown, t] = self.weights[t][current[shown]]
+            if t >= 1:
+                tokens[reading, t - 1] = self.token[t][rows]
+                current[reading] = self.parent[t][rows]
+        return [
+            Hypothesis(tokens[j, : level[j]].tolist(), weights[j, : steps[j]], float(score[j]))
+            for j in range(n)
+        ]
 
 
 @dataclass(frozen=True)
 class _Beams:
-    """The live hypotheses of every item, one carried row each.
+    """The live hypotheses of every item, one carried row each; their tokens and attention rows
+    are in the :class:`_History`.
 
-    An item's rows are contiguous and items ascend, so an item's beams are one run of
-    ``owner``; ``tokens`` and ``paths`` grow by one column per step.
+    An item's rows are contiguous and items ascend, so an item's beams are one run of ``owner``.
     """
 
     owner: np.ndarray  # (N,) the item of each row
     log_prob: np.ndarray  # (N,) summed log-probability of each beam
-    tokens: np.ndarray  # (N, t) int64 output tokens so far
-    paths: np.ndarray | None  # (N, t, T) attention rows so far (None before the first step)
+    last: np.ndarray | None  # (N,) int64 each beam's last token (None before the first step)
 
     @classmethod
     def start(cls, batch_size: int) -> _Beams:
         """One empty beam per item."""
-        empty = np.zeros((batch_size, 0), dtype=np.int64)
-        return cls(np.arange(batch_size), np.zeros(batch_size), empty, None)
+        return cls(np.arange(batch_size), np.zeros(batch_size), None)
 
     @property
     def size(self) -> int:
@@ -153,30 +189,15 @@ class _Beams:
 
     def y_prev(self, bos_id: int) -> np.ndarray:
         """Each beam's last token (BOS before the first step): ``(N,) int64``."""
-        if self.tokens.shape[1] == 0:
+        if self.last is None:
             return np.full(self.size, bos_id, dtype=np.int64)
-        return np.ascontiguousarray(self.tokens[:, -1])
+        return np.ascontiguousarray(self.last, dtype=np.int64)
 
-    def paths_with(self, weights: np.ndarray) -> np.ndarray:
-        """``paths`` with this step's attention rows ``weights (N, T)`` appended."""
-        paths = self.paths
-        if paths is None:
-            paths = np.zeros((self.size, 0, weights.shape[1]), dtype=weights.dtype)
-        return np.concatenate([paths, weights[:, None]], axis=1)  # (N, t + 1, T)
-
-    def hypotheses(
-        self, rows: np.ndarray, length_penalty: float, paths: np.ndarray
-    ) -> list[Hypothesis]:
-        """Live beams as hypotheses, best first, each normalised by its length (no EOS);
-        ``paths (N, t, T)`` their attention rows (``self.paths``, which is None before the
-        first step)."""
-        length = self.tokens.shape[1]
+    def hypotheses(self, rows, level: int, length_penalty: float) -> list[tuple]:
+        """Live beams at ``level`` as pointers, best first, each normalised by its length
+        (no EOS) and with its ``level`` attention rows (not this step's)."""
         return [
-            Hypothesis(
-                self.tokens[r].tolist(),
-                paths[r],
-                _normalised(float(self.log_prob[r]), length, length_penalty),
-            )
+            (_normalised(float(self.log_prob[r]), level, length_penalty), level, r, level)
             for r in rows
         ]
 
