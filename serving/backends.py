@@ -60,11 +60,14 @@ class NumpyBackend:
         self.carry_names = manifest.carry_names()
         self.encoder_outputs = manifest.encoder_outputs()
         self.decoder_outputs = manifest.decoder_outputs()
+        #: Every run's options: a runtime that terminates a search sets ``terminate`` on it.
+        self.run_options = ort.RunOptions()
 
     def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
         """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry, with
         :data:`ORIGIN` (row ``j`` holds the encoder's row ``j``)."""
-        outputs = self.encoder.run(None, {"src": src, "src_lengths": src_lengths})
+        feeds = {"src": src, "src_lengths": src_lengths}
+        outputs = self.encoder.run(None, feeds, self.run_options)
         carry = dict(zip(self.encoder_outputs, outputs, strict=True))
         carry[ORIGIN] = np.arange(len(src))
         return carry
@@ -79,7 +82,9 @@ class NumpyBackend:
             "temperature": np.asarray(temperature, dtype=np.float32),  # ()
             "position": np.asarray(position, dtype=np.int64),  # ()
         }
-        log_probs, *new_states, weights = self.decoder.run(self.decoder_outputs, feeds)
+        log_probs, *new_states, weights = self.decoder.run(
+            self.decoder_outputs, feeds, self.run_options
+        )
         carry = {**carry, **dict(zip(self.state_names, new_states, strict=True))}
         return log_probs, carry, weights  # (N, V), carry, (N, T)
 
@@ -240,7 +245,7 @@ class BoundBackend(NumpyBackend):
         binding.bind_cpu_input("src", src)
         binding.bind_cpu_input("src_lengths", src_lengths)
         self._bind_outputs(binding, self.encoder_outputs, on_host=set())
-        self.encoder.run_with_iobinding(binding)
+        self.encoder.run_with_iobinding(binding, self.run_options)
         return dict(zip(self.encoder_outputs, binding.get_outputs(), strict=True))
 
     def step(
@@ -253,7 +258,7 @@ class BoundBackend(NumpyBackend):
         binding.bind_cpu_input("temperature", np.asarray(temperature, dtype=np.float32))
         binding.bind_cpu_input("position", np.asarray(position, dtype=np.int64))
         self._bind_outputs(binding, self.decoder_outputs, on_host={"log_probs", "weights"})
-        self.decoder.run_with_iobinding(binding)
+        self.decoder.run_with_iobinding(binding, self.run_options)
         outputs = dict(zip(self.decoder_outputs, binding.get_outputs(), strict=True))
         new_states = {name: outputs[f"new_{name}"] for name in self.state_names}
         log_probs = outputs["log_probs"].numpy()  # (N, V)
@@ -273,7 +278,7 @@ class BoundBackend(NumpyBackend):
             binding.bind_ortvalue_input(name, carry[name])
         outputs = [f"{name}_selected" for name in self.carry_names]
         self._bind_outputs(binding, outputs, on_host=set())
-        self.selector.run_with_iobinding(binding)
+        self.selector.run_with_iobinding(binding, self.run_options)
         return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
 
 
@@ -323,7 +328,9 @@ class GraphTranslator(Translator):
             "max_length": np.asarray(settings.max_length, dtype=np.int64),  # ()
             "temperature": np.asarray(settings.temperature, dtype=np.float32),  # ()
         }
-        tokens, lengths, attention, scores = self.session.run(self.outputs, feeds)
+        # the step graphs' backend holds the runtime's run options
+        run_options = self.backend.run_options
+        tokens, lengths, attention, scores = self.session.run(self.outputs, feeds, run_options)
         # tokens (B, L), lengths (B,), attention (B, L, T), scores (B,)
         return [
             Hypothesis(tokens[row, :n].tolist(), attention[row, :n], float(scores[row]))

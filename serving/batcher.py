@@ -132,6 +132,7 @@ class Batcher:
         self._executor = executor
         self._metrics = metrics
         self._pending: list[QueuedItem] = []  # arrival order
+        self._in_call: list[QueuedItem] | None = None  # the batch in the worker thread
         self._submits = 0  # submit() calls so far
         # The rotation's clock: a request's items are stamped with it when queued, and again
         # when the request takes its turn (_rotate), which puts them behind those queued then.
@@ -311,6 +312,12 @@ class Batcher:
                 future.exception()
         if withdrawn:
             self._drop_cancelled()
+        in_call = self._in_call  # (a future the caller awaited is cancelled with it already)
+        if in_call and all(item.future.cancelled() for item in in_call):
+            # no one waits for the runtime call in progress: end it (runtimes that can)
+            terminate = getattr(self.runtime, "terminate", None)
+            if callable(terminate):
+                terminate()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -395,13 +402,14 @@ class Batcher:
         """
         sources, maps = [item.source for item in group], group[0].maps  # one maps per batch
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
         try:
-            predictions, attentions = await loop.run_in_executor(
-                self._executor, self._predict, sources, temperature, with_attention, maps
+            predictions, attentions = await self._call(
+                group, sources, temperature, with_attention, maps
             )
         except Exception as exc:  # (cancelled: _run_batch answers the whole batch)
             self._record(len(group), started, failed=True)
+            if all(item.future.cancelled() for item in group):  # terminated: no one waits
+                return
             if len(group) > 1:
                 logger.warning(
                     "batch failed; running its halves apart",
@@ -421,6 +429,16 @@ class Batcher:
         self._record(len(group), started, failed=False)
         for i, item in enumerate(group):
             self._answer(item, predictions[i], attentions[i] if item.with_attention else None)
+
+    async def _call(self, group: list[QueuedItem], *args) -> tuple:
+        """:meth:`_predict` of ``args`` in the worker thread; ``group`` is the running batch
+        meanwhile, which :meth:`withdraw` terminates once none of its items is awaited."""
+        self._in_call = group
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self._predict, *args)
+        finally:
+            self._in_call = None
 
     def _predict(
         self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps

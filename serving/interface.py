@@ -123,7 +123,9 @@ class Runtime(Protocol):
 
     ``predict_batch`` blocks (the batcher calls it from a worker thread); ``check_source``
     is cheap and runs on the event loop, before an item may join a batch, so that one bad
-    source never fails a batch.
+    source never fails a batch. A runtime may also have ``terminate()``, which ends the
+    ``predict_batch`` in progress (it raises); the batcher calls it, from the event loop, when
+    no request waits for that batch any more.
     """
 
     @property

@@ -361,12 +361,20 @@ class Runtime:
             self.check_source(text)
         settings = self.search_settings(temperature)
         selection = self.info.map_selection(layer, head)
+        self.backend.run_options.terminate = False  # a terminate() was for an earlier batch
         token_lists = [tokenize(text, self.tokenizer) for text in sources]
         if selection is None or not with_attention:
             return self.translator.translate(token_lists, settings, with_attention)
         return translate_with_maps(
             self.translator, token_lists, settings, selection, self.attention_graph
         )
+
+    def terminate(self) -> None:
+        """Stop the ``predict_batch`` in progress (called from another thread): its
+        onnxruntime runs end at their next node, and it raises. The server's batcher calls it
+        when every request of the batch has gone, so an abandoned search does not hold the
+        model; the next ``predict_batch`` runs as usual."""
+        self.backend.run_options.terminate = True
 
     def log_likelihood(
         self, sources: Sequence[str], outputs: Sequence, temperature: float | None = None

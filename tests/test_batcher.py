@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -589,3 +590,76 @@ def test_a_long_item_leads_in_its_turn_under_steady_load():
     assert long_item in taken[-1], "the long item was still queued after 50 batches"
     assert len(taken) <= 12  # behind at most the 11 requests queued before its own turn
     assert all(long_item not in batch for batch in taken[:-1])
+
+
+class TerminableRuntime(ReverseRuntime):
+    """A gated runtime whose call in progress ends, raising as onnxruntime's runs do, when
+    ``terminate()`` is called (``serving.load``'s runtimes have it)."""
+
+    def __init__(self) -> None:
+        super().__init__(gated=True)
+        self.terminations = 0
+        self._terminated = threading.Event()
+
+    def terminate(self) -> None:
+        self.terminations += 1
+        self._terminated.set()
+        self.release()
+
+    def predict_batch(self, sources, temperature=None, with_attention=False):
+        terminated = self._terminated
+        answer = super().predict_batch(sources, temperature, with_attention)
+        if terminated.is_set():
+            self._terminated = threading.Event()  # the next call runs as usual
+            raise RuntimeError("Exiting due to terminate flag being set to true.")
+        return answer
+
+
+def test_a_batch_no_one_waits_for_is_terminated_and_the_next_one_runs():
+    """A runtime call went on to its end after every caller of its batch had left: a long
+    search held the model (and the server's shutdown) for as long as it took."""
+
+    async def body():
+        runtime = TerminableRuntime()
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0, metrics=metrics)
+        both = asyncio.ensure_future(batcher.infer(["long"]))
+        await wait_for_batches(runtime, 1)  # "long" runs alone
+        partly = asyncio.ensure_future(batcher.infer(["kept", "gone"]))
+        await asyncio.sleep(0.01)
+        assert runtime.terminations == 0
+        both.cancel()
+        await asyncio.sleep(0.01)
+        assert runtime.terminations == 1  # its one caller left: ended
+        result = await partly  # the next batch runs as usual
+        following = asyncio.ensure_future(batcher.infer(["next"]))
+        await asyncio.sleep(0.01)
+        await batcher.stop()
+        return runtime, metrics, result, await following
+
+    runtime, metrics, result, following = run(body())
+    assert result == [ItemResult("tpek"), ItemResult("enog")]
+    assert following == [ItemResult("txen")]
+    assert runtime.terminations == 1
+    assert metrics.batches[0] == (1, True)  # the terminated call, counted; nothing else failed
+    assert all(not failed for _, failed in metrics.batches[1:])
+
+
+def test_a_batch_someone_still_waits_for_is_not_terminated():
+    async def body():
+        runtime = TerminableRuntime()
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=0)
+        gone = asyncio.ensure_future(batcher.infer(["gone"]))
+        kept = asyncio.ensure_future(batcher.infer(["kept"]))
+        await asyncio.sleep(0)
+        await wait_for_batches(runtime, 1)  # both in one batch
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        runtime.release()
+        result = await kept
+        await batcher.stop()
+        return runtime, result
+
+    runtime, result = run(body())
+    assert runtime.terminations == 0
+    assert result == [ItemResult("tpek")]

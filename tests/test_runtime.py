@@ -882,3 +882,40 @@ def test_predict_batch_takes_with_attention_as_a_bool_only(runtime, value):
     with pytest.raises(ValueError, match="with_attention"):
         runtime.predict_batch(SOURCES[:2], with_attention=value)
     assert runtime.predict_batch(SOURCES[:2], with_attention=False)[1] is None
+
+
+@pytest.mark.parametrize("decode_graph", [True, False])
+def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_graph, tmp_path):
+    """A search went on to its end whoever waited for it: a model that never ends held the
+    server's worker (and its shutdown) for the whole search. terminate() ends the runs of the
+    predict_batch in progress, which raises; the next predict_batch runs as usual."""
+    import time
+
+    import torch
+
+    X, y = ["12", "345", "6789"] * 8, ["21", "543", "9876"] * 8
+    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_steps=3, max_output_length=4096)
+    model.set_params(early_stopping=False, device="cpu", random_state=0).fit(X, y)
+    with torch.no_grad():  # EOS never wins: every search runs to its 4,096 tokens
+        model.module_.decoder.output.bias[2] = -1e4
+    runtime = serving.load(model.export_onnx(tmp_path / "model"), decode_graph=decode_graph)
+    expected = runtime.predict(["12"])
+    assert len(expected[0]) == 4096
+    outcome = {}
+
+    def long_search():  # 128 sources: seconds of search
+        try:
+            runtime.predict_batch(["1234567890" * 10] * 128)
+            outcome["end"] = "finished"
+        except Exception as error:  # onnxruntime's: "Exiting due to terminate flag ..."
+            outcome["end"] = error
+
+    thread = threading.Thread(target=long_search)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while thread.is_alive() and time.monotonic() < deadline:  # until the search has started
+        runtime.terminate()
+        thread.join(timeout=0.05)
+    assert not thread.is_alive()
+    assert "terminate" in str(outcome["end"])
+    assert runtime.predict(["12"]) == expected
