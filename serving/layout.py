@@ -34,20 +34,15 @@ __all__ = [
 #: ``runtime_chunks.txt``; ``infer_luong256.txt``). The estimator's torch path chunks 256 items,
 #: where per-operator overhead favours large chunks.
 CHUNK_FLOATS = 32768
-#: Log-probabilities of one decoder step (items x beams x target vocabulary) that a chunk holds
-#: at most, whatever its width: a word-level model's vocabulary of 70,000 tokens in chunks of
-#: 256 items at beam 4 took 2.6 GB (float32 logits and their float64 beam totals).
-STEP_LOGITS = 2**22
 
 
-def default_chunk_items(width: int | None, vocabulary: int = 0, beam_size: int = 1) -> int:
+def default_chunk_items(width: int | None) -> int:
     """Items per chunk for a model whose memory and keys are ``width`` floats per source
-    position (None, unknown: 64), fewer where ``beam_size`` rows an item over a ``vocabulary``
-    of target tokens would pass :data:`STEP_LOGITS` a step (at least 1)."""
-    items = 64 if not width else min(256, max(16, 2 ** round(math.log2(CHUNK_FLOATS / width))))
-    if vocabulary:
-        items = min(items, max(1, STEP_LOGITS // (beam_size * vocabulary)))
-    return int(items)
+    position (None, unknown: 64). A large vocabulary searched with many beams gets fewer a
+    chunk, whatever this says (``skattn.core.inference.STEP_LOGITS``)."""
+    if not width:
+        return 64
+    return int(min(256, max(16, 2 ** round(math.log2(CHUNK_FLOATS / width)))))
 
 
 def carry_width(encoder) -> int | None:

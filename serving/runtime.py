@@ -170,9 +170,7 @@ class Runtime:
             backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)
         self.backend = backend
         if max_batch_size is None:
-            max_batch_size = default_chunk_items(
-                carry_width(sessions.encoder), len(manifest.target_vocabulary), manifest.beam_size
-            )
+            max_batch_size = default_chunk_items(carry_width(sessions.encoder))
         self.workers = workers
         translator_args = (
             backend,

@@ -9,6 +9,7 @@ in training, and lengths more than twice the longest training source.
 import copy
 import json
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -27,7 +28,7 @@ from serving.artifact import ArtifactError
 from serving.layout import default_chunk_items
 from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
 from skattn import Seq2Seq
-from skattn.core.inference import Translator
+from skattn.core.inference import STEP_LOGITS, Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
 
 ALPHABET = list("abcdef")
@@ -312,18 +313,10 @@ def test_default_chunks_hold_about_the_same_floats_whatever_the_width(artifact):
     assert default_chunk_items(1024) == 32  # an ensemble of two bi-GRU 256 models
     assert default_chunk_items(10) == 256 and default_chunk_items(10**6) == 16  # the bounds
     assert default_chunk_items(None) == 64  # a graph with a symbolic width
-    # a step's log-probabilities bounded: 70,000 target tokens at beam 4 (2.6 GB in chunks of
-    # 256), and never below one item; a G2P vocabulary leaves the width's choice
-    assert default_chunk_items(128, 70_000, 4) == 2**22 // (4 * 70_000) == 14
-    assert default_chunk_items(128, 2**23, 64) == 1
-    assert default_chunk_items(512, 43, 5) == 64
     runtime = serving.load(artifact, device="cpu")
     carry = runtime.backend.encode(np.array([[4, 2]]), np.array([2]))
     width = carry["memory"].shape[-1] + carry["keys"].shape[-1]
-    manifest = runtime.manifest
-    vocabulary, beams = len(manifest.target_vocabulary), manifest.beam_size
-    assert runtime.translator.max_batch_size == default_chunk_items(width, vocabulary, beams)
-    assert default_chunk_items(width, vocabulary, beams) == default_chunk_items(width)
+    assert runtime.translator.max_batch_size == default_chunk_items(width)
     assert serving.load(artifact, device="cpu", max_batch_size=5).translator.max_batch_size == 5
     for bad in (0, -1, 2.5, "64"):
         with pytest.raises(ValueError, match="max_batch_size"):
@@ -345,6 +338,16 @@ def test_chunk_count_cuts_for_the_limit_and_for_every_worker():
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="workers"):
             Translator(None, None, None, "char", "str", 64, bad)
+
+
+def test_chunks_hold_a_bounded_number_of_log_probabilities_a_step():
+    """Chunks were cut by max_batch_size alone: a 70,000-token model at beam 4 took 2.2-2.6 GB
+    a step in chunks of 256 (the estimator, the ensemble and the runtime alike)."""
+    translator = Translator(None, None, None, "char", "str", 256, 1)
+    assert translator.chunk_count(256, 4 * 70_000) == math.ceil(256 / 14)  # 14 items a chunk
+    assert translator.chunk_count(3, 2**23 * 64) == 3  # never below one item
+    assert translator.chunk_count(256, 5 * 43) == 1  # a G2P model: max_batch_size decides
+    assert STEP_LOGITS == 2**22
 
 
 def test_cores_go_to_workers_unless_threads_are_asked_for(artifact, monkeypatch):
