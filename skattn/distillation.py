@@ -26,7 +26,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from skattn.core.text import SPECIAL_TOKENS, as_token_lists, ordered_items
-from skattn.rescoring import output_facts
+from skattn.scoring import output_facts
 
 __all__ = ["distill", "teacher_targets"]
 
@@ -130,7 +130,7 @@ def distill(teacher, student, X: Sequence, y: Sequence | None = None):
 
 def _tokenizer_of(teacher) -> str | None:
     """How the teacher's outputs are split, where it says and where it matters
-    (:func:`skattn.rescoring.output_facts`); None for other teachers, and for one whose outputs
+    (:func:`skattn.scoring.output_facts`); None for other teachers, and for one whose outputs
     are token lists (never split again)."""
     tokenizer, kind = output_facts(teacher)
     return None if kind == "tokens" else tokenizer

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, effective_n_jobs
 from sklearn.base import BaseEstimator, _fit_context, clone
 from sklearn.frozen import FrozenEstimator
 from sklearn.utils import Tags, check_random_state
@@ -171,8 +171,7 @@ class Seq2SeqEnsemble(BaseEstimator):
                 seed = int(rng.randint(np.iinfo(np.int32).max))
                 if not isinstance(member, FrozenEstimator):
                     member.set_params(random_state=seed)
-        n_jobs = self.n_jobs  # no more workers than members
-        n_jobs = min(n_jobs, len(members)) if n_jobs is not None and n_jobs > 0 else n_jobs
+        n_jobs = min(effective_n_jobs(self.n_jobs), len(members))  # no more workers than members
         fitted = Parallel(n_jobs=n_jobs)(delayed(_fit_member)(m, X, y) for m in members)
         return self._adopt(fitted)
 

@@ -41,34 +41,13 @@ from skattn.core.text import (
     ordered_items,
 )
 from skattn.metrics import exact_match
+from skattn.scoring import output_facts
 
 __all__ = ["NBestReranker", "estimator_log_likelihood", "output_facts"]
 
 #: ``(|c| + 1) ** a`` stays finite in float64 for every output an artifact may carry (4,097
 #: tokens with EOS: about 1e289) up to this exponent; 0 to 1 are the usual ones.
 MAX_LENGTH_EXPONENT = 80.0
-
-
-def output_facts(model) -> tuple[str | None, str | None]:
-    """The tokenizer a model's outputs are split with and their kind (``"str"`` or
-    ``"tokens"``), where it says: a ``serving.load`` runtime's manifest; a ``Seq2Seq``'s fitted
-    tokenizer (``ValueError`` if ``tokenizer`` was set to another since) or an ensemble's, and
-    its fitted output kind; None for what a model does not say (a teacher of ``distill`` may be
-    any object with ``predict``)."""
-    manifest = getattr(model, "manifest", None)
-    if manifest is not None:
-        return manifest.tokenizer, manifest.output_kind
-    fitted = getattr(model, "_fitted_tokenizer", None)
-    if callable(fitted):
-        tokenizer = fitted()
-    else:
-        info = getattr(model, "info", None)
-        tokenizer = getattr(model, "tokenizer", None) or getattr(info, "tokenizer", None)
-    kind = getattr(model, "output_kind_", None)
-    return (
-        tokenizer if isinstance(tokenizer, str) else None,
-        kind if isinstance(kind, str) else None,
-    )
 
 
 def estimator_log_likelihood(estimator, X: Sequence, y: Sequence, tokenizer: str) -> np.ndarray:
@@ -159,6 +138,16 @@ class NBestReranker(BaseEstimator):
             check_is_fitted(model)
         return output_facts(model)
 
+    @property
+    def tokenizer_(self) -> str | None:
+        """The model's tokenizer (what :mod:`skattn.scoring`'s scorers score with)."""
+        return self._facts()[0]
+
+    @property
+    def output_kind_(self) -> str | None:
+        """The model's output kind, ``"str"`` or ``"tokens"``."""
+        return self._facts()[1]
+
     def _check(self) -> None:
         self._facts()
         if not callable(self.nbest):
@@ -222,7 +211,15 @@ class NBestReranker(BaseEstimator):
             external.extend(scored.values())
         pairs_x = [s for s, cands in zip(X, candidates, strict=True) for _ in cands]
         pairs_y = [c for cands in candidates for c in cands]
-        model = self.estimator.log_likelihood(pairs_x, pairs_y)
+        # a candidate longer than any model writes scores -inf, unscored: the model cannot
+        # write it (and log_likelihood refuses it)
+        fits = np.array([len(c) <= MAX_OUTPUT_LENGTH for c in pairs_y], dtype=bool)
+        model = np.full(len(pairs_y), -np.inf)
+        if fits.any():
+            model[fits] = self.estimator.log_likelihood(
+                [x for x, f in zip(pairs_x, fits, strict=True) if f],
+                [c for c, f in zip(pairs_y, fits, strict=True) if f],
+            )
         return candidates, model, np.asarray(external)
 
     @staticmethod

@@ -56,7 +56,7 @@ def _final_estimator(estimator: Any) -> Any:
     while id(estimator) not in seen:
         seen.add(id(estimator))
         steps = getattr(estimator, "steps", None)
-        if isinstance(steps, list) and steps and isinstance(steps[-1], tuple):
+        if isinstance(steps, list) and steps and isinstance(steps[-1], tuple | list):
             inner = steps[-1][-1]  # (name, estimator)
         else:
             inner = getattr(estimator, "best_estimator_", None)
@@ -66,14 +66,37 @@ def _final_estimator(estimator: Any) -> Any:
     return estimator
 
 
-def _model_tokenizer(model: Any) -> str | None:
-    """The tokenizer that ``model`` predicts with: the fitted one (``tokenizer_``) before the
-    parameter (which ``set_params`` may have changed since); ``None`` if neither is a str."""
-    for name in ("tokenizer_", "tokenizer"):
-        tokenizer = getattr(model, name, None)
-        if isinstance(tokenizer, str):
-            return tokenizer
-    return None
+def output_facts(model: Any) -> tuple[str | None, str | None]:
+    """The tokenizer a model's outputs are split with and their kind (``"str"`` or
+    ``"tokens"``), where it says: a ``serving.load`` runtime's manifest; a ``Seq2Seq``'s fitted
+    tokenizer (``ValueError`` if ``tokenizer`` was set to another since) or an ensemble's, and
+    its fitted output kind; else its ``tokenizer_`` (fitted) or ``tokenizer``; None for what a
+    model does not say (a teacher of ``distill`` may be any object with ``predict``)."""
+    manifest = getattr(model, "manifest", None)
+    if manifest is not None:
+        return manifest.tokenizer, manifest.output_kind
+    fitted = getattr(model, "_fitted_tokenizer", None)
+    if callable(fitted):
+        tokenizer = fitted()
+    else:
+        info = getattr(model, "info", None)
+        tokenizer = next(
+            (
+                value
+                for value in (
+                    getattr(model, "tokenizer_", None),
+                    getattr(model, "tokenizer", None),
+                    getattr(info, "tokenizer", None),
+                )
+                if isinstance(value, str)
+            ),
+            None,
+        )
+    kind = getattr(model, "output_kind_", None)
+    return (
+        tokenizer if isinstance(tokenizer, str) else None,
+        kind if isinstance(kind, str) else None,
+    )
 
 
 class SequenceScorer:
@@ -110,9 +133,8 @@ class SequenceScorer:
     def __call__(self, estimator: Any, X: Sequence, y: Sequence) -> float:
         sign = 1.0 if self.greater_is_better else -1.0
         kwargs = dict(self.kwargs)
-        model = _final_estimator(estimator)
-        tokenizer = _model_tokenizer(model)
-        if getattr(model, "output_kind_", None) == "tokens":  # strings refused by name
+        tokenizer, kind = output_facts(_final_estimator(estimator))
+        if kind == "tokens":  # strings refused by name
             as_outputs(y, "y", tokenizer or "char", "tokens")
         if "tokenizer" not in kwargs and tokenizer is not None and _takes_tokenizer(self.metric):
             kwargs["tokenizer"] = tokenizer

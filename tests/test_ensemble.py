@@ -304,6 +304,8 @@ def test_the_artifact_serves_the_ensembles_predictions(members, artifacts, beam_
     assert manifest.input_feeding is False  # only the Luong member feeds its input
     luong = members[1].module_.config
     assert luong.feeds_input and not ensemble.module_.config.feeds_input
+    configs = [m.module_.config for m in members]  # every member's setting, as before
+    assert ensemble.module_.config.input_feeding is all(c.input_feeding for c in configs)
     assert manifest.state_names == ensemble.module_.state_names
     assert manifest.max_output_length == ensemble._output_limit()
 
@@ -495,3 +497,25 @@ def test_tokenizer_of_estimators_that_are_not_a_list_is_none():
     assert hasattr(Seq2SeqEnsemble(5), "tokenizer")  # it raised TypeError
     with pytest.raises(ValueError, match="'estimators' parameter"):
         Seq2SeqEnsemble(5).fit(X_TRAIN, Y_TRAIN)  # scikit-learn's parameter check
+
+
+def test_no_more_workers_than_members_for_any_n_jobs(monkeypatch):
+    """n_jobs=-1 (or None under joblib's parallel_config) started a worker per core for one
+    member: each imports torch."""
+    import joblib
+
+    from skattn import ensemble as ensemble_module
+
+    asked = []
+
+    class Recording(joblib.Parallel):
+        def __init__(self, n_jobs=None, **kwargs):
+            asked.append(n_jobs)
+            super().__init__(n_jobs=1, **kwargs)
+
+    monkeypatch.setattr(ensemble_module, "Parallel", Recording)
+    for n_jobs in (-1, 4, None):
+        Seq2SeqEnsemble([member(max_steps=1)], n_jobs=n_jobs).fit(X_TRAIN[:8], Y_TRAIN[:8])
+    with joblib.parallel_config(n_jobs=-1):
+        Seq2SeqEnsemble([member(max_steps=1)] * 2).fit(X_TRAIN[:8], Y_TRAIN[:8])
+    assert asked == [1, 1, 1, min(joblib.effective_n_jobs(-1), 2)]

@@ -208,3 +208,39 @@ def test_an_estimator_whose_predict_miscounts_is_named(model, monkeypatch):
     monkeypatch.setattr(model, "predict", lambda X: ["cba"] * (len(X) - 1), raising=False)
     with pytest.raises(ValueError, match="estimator.predict returned 1 outputs for 2 sources"):
         NBestReranker(model, reversal_nbest(0, 0)).fit(["abc", "ab"], ["cba", "ba"])
+
+
+def test_a_candidate_longer_than_any_model_writes_scores_minus_infinity(model):
+    """Another system's candidate of 5,000 tokens made log_likelihood refuse the whole n-best
+    call, naming an index of the flattened pairs that the caller never passed."""
+    sources = CLEAN[:3]
+    huge = "a" * 5000
+
+    def nbest(batch):
+        return [[(s[::-1], -1.0), (huge, 0.0)] for s in batch]
+
+    reranker = NBestReranker(model, nbest, weights=(10.0,)).fit(sources, [s[::-1] for s in sources])
+    assert reranker.predict(sources) == [s[::-1] for s in sources]  # never the unwritable one
+    candidates, scores, _ = reranker._candidates(sources)
+    assert [scores[i] for i, c in enumerate(c for cs in candidates for c in cs) if len(c) > 4096]
+    assert all(
+        s == -np.inf
+        for s, c in zip(scores, (c for cs in candidates for c in cs), strict=True)
+        if len(c) > 4096
+    )
+
+
+def test_the_scorers_read_the_reranked_models_tokenizer():
+    """A reranker has no tokenizer of its own: a phoneme model inside one was scored on
+    characters, as inside a Pipeline before."""
+    from skattn.scoring import SCORERS
+
+    X = [list(word) for word in ["cat", "dog", "cause", "am"]]
+    y = ["K AE T", "D AO G", "K AA Z", "AE M"]
+    phonemes = Seq2Seq(tokenizer="space", hidden_size=8, embedding_dim=4, max_steps=2)
+    phonemes.set_params(early_stopping=False, device="cpu", random_state=0).fit(X, y)
+    reranker = NBestReranker(FrozenEstimator(phonemes), lambda batch: [[] for _ in batch])
+    reranker.fit(X, y)  # (its own answers only: no other system's candidates)
+    assert reranker.tokenizer_ == "space" and reranker.output_kind_ == "str"
+    scorer = SCORERS["neg_token_error_rate"]
+    assert scorer(reranker, X, y) == scorer(phonemes, X, y)

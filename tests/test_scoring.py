@@ -231,6 +231,7 @@ def test_scorers_read_the_tokenizer_of_the_model_inside_a_wrapper():
     wrapped = {
         "plain": model,
         "pipeline": Pipeline([("model", model)]),
+        "pipeline of list steps": Pipeline([["model", model]]),
         "nested pipeline": Pipeline([("inner", Pipeline([("model", model)]))]),
         "search": search,
         "frozen": FrozenEstimator(model),

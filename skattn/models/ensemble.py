@@ -96,6 +96,11 @@ class EnsembleConfig:
         return _describe([m.cell for m in self.members])
 
     @property
+    def input_feeding(self) -> bool:
+        """Every member's ``input_feeding`` setting (what it meant before ``feeds_input``)."""
+        return all(m.input_feeding for m in self.members)
+
+    @property
     def feeds_input(self) -> bool:
         return all(m.feeds_input for m in self.members)
 
