@@ -359,19 +359,23 @@ class Runtime:
             self.check_source(text)
         settings = self.search_settings(temperature)
         selection = self.info.map_selection(layer, head)
-        self.backend.run_options.terminate = False  # a terminate() was for an earlier batch
         token_lists = [tokenize(text, self.tokenizer) for text in sources]
-        if selection is None or not with_attention:
-            return self.translator.translate(token_lists, settings, with_attention)
-        return translate_with_maps(
-            self.translator, token_lists, settings, selection, self.attention_graph
-        )
+        self.backend.run_options.terminate = False  # a terminate() was for an earlier call
+        try:
+            if selection is None or not with_attention:
+                return self.translator.translate(token_lists, settings, with_attention)
+            return translate_with_maps(
+                self.translator, token_lists, settings, selection, self.attention_graph
+            )
+        finally:  # the runtime's other calls (log_likelihood, a continuous search) run as usual
+            self.backend.run_options.terminate = False
 
     def terminate(self) -> None:
         """Stop the ``predict_batch`` in progress (called from another thread): its
         onnxruntime runs end at their next node, and it raises. The server's batcher calls it
         when every request of the batch has gone, so an abandoned search does not hold the
-        model; the next ``predict_batch`` runs as usual."""
+        model; the runtime's next call runs as usual. (Meant for one caller, as the server's
+        batcher is: with several threads in ``predict_batch`` at once, it stops them all.)"""
         self.backend.run_options.terminate = True
 
     def log_likelihood(
@@ -412,6 +416,7 @@ class Runtime:
         source_tokens = [tokenize(text, self.tokenizer) for text in sources]
         output_tokens = as_outputs(outputs, "outputs", self.tokenizer, self.manifest.output_kind)
         check_output_lengths(output_tokens, MAX_OUTPUT_LENGTH, "outputs")
+        self.backend.run_options.terminate = False  # a terminate() was for a predict_batch
         return self.translator.log_likelihoods(source_tokens, output_tokens, settings.temperature)
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:
