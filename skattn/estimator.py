@@ -143,7 +143,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
         them in bfloat16 under ``torch.autocast`` (mixed precision: the weights, gradients,
         optimizer, attention softmax and loss stay float32). A CPU with AMX (Intel Sapphire
         Rapids and later) multiplies bfloat16 4-10x faster than float32, a CUDA GPU from Ampere
-        on likewise; elsewhere it is emulated, and slower. ``predict``, scoring and the
+        on likewise; elsewhere it is emulated, and slower. LSTM layers run in float32 on a CPU
+        whose oneDNN has no bfloat16 LSTM (one without AVX-512). ``predict``, scoring and the
         exported model are float32 either way.
     warm_start : bool, default=False
         ``fit`` on a fitted model goes on from its weights, vocabularies and model parameters

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from skattn import Seq2Seq, training
 from skattn.attention import Attention
@@ -13,6 +14,7 @@ from skattn.attention.self_attention import scaled_dot_product
 from skattn.attention.softmax import masked_softmax
 from skattn.datasets import make_reversal
 from skattn.metrics import exact_match
+from skattn.models import rnn
 
 TINY = dict(embedding_dim=8, hidden_size=16, batch_size=8, device="cpu", random_state=0)
 
@@ -222,3 +224,47 @@ def test_a_gpu_without_bfloat16_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
     with pytest.raises(ValueError, match="precision='bfloat16'.*Tesla T4"):
         training.Trainer(OnTheGpu(), [], [], decode=list, precision="bfloat16")
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["stepped", "parallel"])
+def test_an_lstm_runs_in_float32_where_the_cpu_has_no_bfloat16_lstm(parallel, monkeypatch):
+    """On an AVX2 CPU oneDNN has no bfloat16 LSTM, and autocast's bfloat16 made nn.LSTM raise
+    ("could not create a primitive descriptor"): mixed precision then failed for every LSTM
+    model. There the LSTM runs in float32 (forced here, so that every host runs this path); the
+    rest of the model stays in bfloat16, and fit and predict work."""
+    monkeypatch.setattr(rnn, "cpu_lstm_in_bfloat16", lambda: False)
+    kinds = []
+    original = nn.LSTM.forward
+
+    def spy(self, x, hx=None):
+        kinds.append((x.dtype, torch.is_autocast_enabled("cpu")))
+        return original(self, x, hx)
+
+    monkeypatch.setattr(nn.LSTM, "forward", spy)
+    X, y = make_reversal(48, 2, 6, random_state=1)
+    params = dict(decoder="luong", cell="lstm", hidden_size=16, embedding_dim=8, max_steps=3)
+    model = Seq2Seq(**params, input_feeding=not parallel, precision="bfloat16")
+    model.set_params(early_stopping=False, random_state=0).fit(X, y)
+    assert kinds and set(kinds) == {(torch.float32, False)}
+    assert np.isfinite(model.history_[-1]["train_loss"])
+    assert len(model.predict(X[:5])) == 5
+
+
+def test_the_bfloat16_lstm_probe_leaves_the_random_state_alone():
+    """The probe builds an LSTM (random weights) the first time a fit asks: it must not move
+    torch's generator, or a seeded fit would depend on whether the probe had run before."""
+    rnn.cpu_lstm_in_bfloat16.cache_clear()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert rnn.cpu_lstm_in_bfloat16() in (True, False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_call_rnn_matches_the_rnn_outside_autocast():
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 5, batch_first=True)
+    x, state = torch.randn(2, 3, 4), (torch.randn(1, 2, 5), torch.randn(1, 2, 5))
+    expected, (h, c) = lstm(x, state)
+    outputs, (h2, c2) = rnn.call_rnn(lstm, x, state)
+    assert torch.equal(outputs, expected) and torch.equal(h, h2) and torch.equal(c, c2)

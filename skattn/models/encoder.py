@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from skattn.models.dropout import Dropout
-from skattn.models.rnn import make_rnn
+from skattn.models.rnn import call_rnn, make_rnn
 
 
 class EncoderOutput(NamedTuple):
@@ -124,8 +124,8 @@ class BiRNNEncoder(nn.Module):
         ):
             if layer > 0:
                 x = self.dropout(x)
-            h_fwd, _ = fwd_rnn(x)  # (B, T, H)
-            h_bwd_reversed, _ = bwd_rnn(reverse_within_length(x, src_lengths))  # (B, T, H)
+            h_fwd, _ = call_rnn(fwd_rnn, x)  # (B, T, H)
+            h_bwd_reversed, _ = call_rnn(bwd_rnn, reverse_within_length(x, src_lengths))
             h_bwd = reverse_within_length(h_bwd_reversed, src_lengths)  # (B, T, H)
             H = h_fwd.shape[-1]
             forward_last.append(h_fwd.gather(1, last.expand(B, 1, H)).squeeze(1))  # (B, H)
