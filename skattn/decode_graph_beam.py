@@ -24,8 +24,19 @@ stops costing its ``K`` rows, as in the NumPy search::
 
     segments  Loop   carries the items still searching (n <= B) and their n K rows
       steps   Loop   beam steps over those items until a step where some item stops
-      compact        each stopped item's best hypothesis written to its place in the
-                     (B, ...) results; Gather of the others' rows for the next segment
+      compact        each stopped item's best hypothesis (its id) written to its place in
+                     the (B,) results; Gather of the others' rows for the next segment
+    trace     Loop   each item's tokens and attention rows, read back from its best id
+
+No step copies a beam's tokens or attention rows, which would cost ``output length x T`` per
+row per step (the square of the output length in all). As in the NumPy search's ``_History``,
+each step writes its new rows once, as the inner loop's scan outputs: ``parent (N,)``, the id of
+the row each new beam extends, ``token (N,)`` and ``attention (N, T)``. A segment appends them
+to the history (``hist_*``, one entry per row per step, entry 0 a root whose parent is itself),
+so a row's id is ``H + s N + j``: ``H`` entries before its segment, step ``s`` of the segment,
+row ``j``. An item keeps its best hypothesis as an id and a length, and the search ends with
+one walk from every item's id back to the root. A segment's append copies the history once:
+at most once per item that stops.
 """
 
 from __future__ import annotations
@@ -58,29 +69,30 @@ def _best_live(b: GraphBuilder, beam_lp: str, steps: str, alpha: float):
 
 
 def _keep_best(b, take, row, score, length, ins) -> list[str]:
-    """``best_*`` replaced by beam ``row``'s tokens and attention where ``take`` (n,)."""
-    take2 = b.unsqueeze(take, 1)  # (n, 1)
+    """``best_score``, ``best_length`` and ``best_id`` replaced by beam ``row``'s where
+    ``take`` (n,): ``row`` indexes the rows of ``ins["row_ids"]``."""
     return [
         b.where(take, score, ins["best_score"]),
         b.where(take, length, ins["best_length"]),
-        b.where(take2, b.gather_rows(ins["tokens"], row), ins["best_tokens"]),  # (n, t)
-        b.where(b.unsqueeze(take2, 2), b.gather_rows(ins["paths"], row), ins["best_paths"]),
+        b.where(take, b.gather_rows(ins["row_ids"], row), ins["best_id"]),
     ]
 
 
-_ROW_NAMES = ("tokens", "paths")  # (n K, ...) per row, with y_prev and the states
-_ITEM_NAMES = ("beam_lp", "n_finished", "best_score", "best_length", "best_tokens", "best_paths")
+_BEST = ("best_score", "best_length", "best_id")
+_ITEM_NAMES = ("beam_lp", "n_finished", *_BEST)
+_HISTORY = ("hist_parent", "hist_token", "hist_attention")
 _TYPES = {
     "y_prev": (INT64, 1),
+    "row_ids": (INT64, 1),
     "beam_lp": (DOUBLE, 2),
-    "tokens": (INT64, 2),
-    "paths": (FLOAT, 3),
     "still": (BOOL, 1),
     "n_finished": (INT64, 1),
     "best_score": (DOUBLE, 1),
     "best_length": (INT64, 1),
-    "best_tokens": (INT64, 2),
-    "best_paths": (FLOAT, 3),
+    "best_id": (INT64, 1),
+    "hist_parent": (INT64, 1),
+    "hist_token": (INT64, 1),
+    "hist_attention": (FLOAT, 2),
 }
 
 
@@ -157,43 +169,37 @@ def _beam_step(body: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: 
     source = body.reshape(  # (N,) the row each new beam extends
         body.op("Add", first, body.op("GatherElements", beam, chosen, axis=1)), [-1]
     )
-    tokens = body.op(
-        "Concat", body.gather_rows(ins["tokens"], source), body.unsqueeze(next_token, 1), axis=1
-    )  # (N, i + 1)
-    paths = body.op(
-        "Concat",
-        body.gather_rows(ins["paths"], source),
-        body.unsqueeze(body.gather_rows(weights, source), 1),
-        axis=1,
-    )
-    n, Tb, one = body.dim(still, 0), body.dim(weights, 1), body.const([1], np.int64)
-    best[2] = body.op(
-        "Concat", best[2], fill(body, body.op("Concat", n, one, axis=0), 0, np.int64), axis=1
-    )  # (n, i + 1)
-    best[3] = body.op(
-        "Concat",
-        best[3],
-        fill(body, body.op("Concat", n, one, Tb, axis=0), 0.0, np.float32),
-        axis=1,
-    )
-    after = {"y_prev": next_token, "beam_lp": next_lp, "tokens": tokens, "paths": paths}
+    # The new rows' ids: H + s N + j (s: the segment's step, j: the row).
+    base = body.op("Add", seg["offset"], body.op("Mul", body.iteration, seg["rows_after"]))
+    after = {
+        "y_prev": next_token,
+        "beam_lp": next_lp,
+        "row_ids": body.op("Add", seg["row_range"], base),  # (N,)
+        "parent": body.gather_rows(ins["row_ids"], source),  # (N,)
+        "token": next_token,  # (N,)
+        "attention": body.gather_rows(weights, source),  # (N, T)
+    }
     after.update({s: body.gather_rows(new_states[s], source) for s in states})
     after.update(still=still, n_finished=n_finished)
-    after.update(zip(("best_score", "best_length", "best_tokens", "best_paths"), best, strict=True))
+    after.update(zip(_BEST, best, strict=True))
     return after
 
 
 def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dict) -> dict:
     """The inner ``Loop``: beam steps over the segment's items until one of them stops (or
-    ``max_length``); returns the carried values after the last step, ``still`` included."""
+    ``max_length``); returns the carried values after the last step, ``still`` included, and the
+    steps' history, ``parent (S, N)``, ``token (S, N)`` and ``attention (S, N, T)``."""
     K, states = manifest.beam_size, list(manifest.state_names)
-    carried = ["y_prev", *states, "beam_lp", "tokens", "paths", "still", "n_finished"]
-    carried += ["best_score", "best_length", "best_tokens", "best_paths"]
+    carried = ["y_prev", *states, "beam_lp", "row_ids", "still", "n_finished", *_BEST]
     V = len(manifest.target_vocabulary)
     n, r = outer.dim(ins["beam_lp"], 0), outer.dim(ins["beam_lp"], 1)  # (1,) each
     first_row = _first_rows(outer, n, r)
     seg = {**seg, "first_row": first_row, "first": outer.unsqueeze(first_row, 1)}
     seg["flat_shape"] = outer.op("Concat", n, outer.const([-1], np.int64), axis=0)  # (n, r V)
+    rows_after = outer.op("Mul", n, outer.const([K], np.int64))  # (1,) N after a step
+    seg["rows_after"] = outer.squeeze(rows_after, 0)  # ()
+    seg["row_range"] = outer.arange(rows_after)  # (N,)
+    seg["offset"] = outer.squeeze(outer.dim(ins["hist_parent"], 0), 0)  # () H
     if V < 2 * K:
         shape = outer.op("Concat", n, outer.const([2 * K - V], np.int64), axis=0)
         seg["dead"] = fill(outer, shape, -np.inf, np.float64)  # (n, 2K - V)
@@ -209,8 +215,12 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
     every = body.op("ReduceMin", body.cast(after["still"], INT64), keepdims=0)  # () 1: none stops
     cond = body.op("And", body.cast(every, BOOL), wide)
     types = {**_TYPES, **state_types(decoder)}
+    scans = {"parent": (INT64, 1), "token": (INT64, 1), "attention": (FLOAT, 2)}
     graph = body.loop_body(
-        "beam_steps", cond, {name: (after[name], types[name]) for name in carried}
+        "beam_steps",
+        cond,
+        {name: (after[name], types[name]) for name in carried},
+        {name: (after[name], kind) for name, kind in scans.items()},
     )
 
     initial = [ins[name] if name != "still" else fill(outer, n, True, np.bool_)
@@ -220,10 +230,10 @@ def _steps(outer: GraphBuilder, decoder, manifest: Manifest, ins: dict, seg: dic
         outer.op("Sub", "max_length", ins["done"]),  # steps left
         outer.const(True),
         *initial,
-        outputs=len(carried),
+        outputs=len(carried) + len(scans),
         body=graph,
     )
-    return dict(zip(carried, results, strict=True))
+    return dict(zip([*carried, *scans], results, strict=True))
 
 
 def _first_rows(b: GraphBuilder, n: str, r: str) -> str:
@@ -253,13 +263,13 @@ NARROW_START_ITEMS = 2
 
 
 def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict) -> dict:
-    """The rows the search starts from: ``y_prev``, states, memory, keys, mask, ``tokens``,
-    ``paths`` and ``beam_lp (B, r)``, with ``r = 1`` row per item for batches of at least
-    ``NARROW_START_ITEMS`` items, else ``r = K`` (an ``If``: one copy of the carry)."""
+    """The rows the search starts from: ``y_prev``, states, memory, keys, mask, ``row_ids``
+    (the history's root, 0) and ``beam_lp (B, r)``, with ``r = 1`` row per item for batches of
+    at least ``NARROW_START_ITEMS`` items, else ``r = K`` (an ``If``: one copy of the carry)."""
     K, states = manifest.beam_size, list(manifest.state_names)
-    names = ["y_prev", *states, "memory", "keys", "mask", "tokens", "paths", "beam_lp"]
+    names = ["y_prev", *states, "memory", "keys", "mask", "row_ids", "beam_lp"]
     types = {**_TYPES, **state_types(decoder)}
-    B, T = b.dim("src", 0), b.dim("src", 1)  # (1,) each
+    B = b.dim("src", 0)  # (1,)
     branches = {}
     for r in (1, K):
         sub = GraphBuilder(f"beam/start{r}/")
@@ -269,13 +279,11 @@ def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict
             copies = _each_k_times(sub, sub.arange(B), K)
             rows = {name: sub.gather_rows(value, copies) for name, value in carry.items()}
         N = sub.op("Mul", B, sub.const([r], np.int64))  # (1,)
-        zero = sub.const([0], np.int64)
         start_lp = np.full((1, r), -np.inf)
         start_lp[0, 0] = 0.0  # one live beam per item
         rows.update(
             y_prev=fill(sub, N, BOS, np.int64),  # (N,)
-            tokens=fill(sub, sub.op("Concat", N, zero, axis=0), 0, np.int64),  # (N, 0)
-            paths=fill(sub, sub.op("Concat", N, zero, T, axis=0), 0.0, np.float32),  # (N, 0, T)
+            row_ids=fill(sub, N, 0, np.int64),  # (N,) every row at the root
             beam_lp=sub.op(
                 "Tile", sub.const(start_lp), sub.op("Concat", B, sub.const([1], np.int64), axis=0)
             ),
@@ -289,21 +297,66 @@ def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict
     return dict(zip(names, results, strict=True))
 
 
-def _write(b: GraphBuilder, outs: dict, at: str, results: list[str], width: str) -> list[str]:
-    """The ``(B, ...)`` results with rows ``at (f, 1)`` set to ``results`` (score, length,
-    tokens ``(f, width)``, paths ``(f, width, T)``); tokens and paths first widened to
-    ``width`` (a ``(1,)`` tensor) with zeros."""
-    score, length, tokens, paths = results
-    grow = b.op("Sub", width, b.dim(outs["tokens"], 1))  # (1,) steps since the last write
-    zero = b.const([0], np.int64)
-    wide_tokens = b.op("Pad", outs["tokens"], b.op("Concat", zero, zero, zero, grow, axis=0))
-    pads = b.op("Concat", zero, zero, zero, zero, grow, zero, axis=0)
+def _write(b: GraphBuilder, outs: dict, at: str, results: list[str]) -> list[str]:
+    """The ``(B,)`` results ``out_score``, ``out_length``, ``out_id`` with rows ``at (f, 1)``
+    set to ``results`` (each ``(f,)``)."""
+    names = ("out_score", "out_length", "out_id")
     return [
-        b.op("ScatterND", outs["score"], at, score),
-        b.op("ScatterND", outs["length"], at, length),
-        b.op("ScatterND", wide_tokens, at, tokens),
-        b.op("ScatterND", b.op("Pad", outs["paths"], pads), at, paths),
+        b.op("ScatterND", outs[name], at, value) for name, value in zip(names, results, strict=True)
     ]
+
+
+def _append(b: GraphBuilder, history: dict, steps: dict, T: str) -> list[str]:
+    """The history with a segment's steps appended: ``parent``, ``token`` ``(S, N)`` and
+    ``attention (S, N, T)``, row-major, so that step ``s``'s row ``j`` lands at ``H + s N + j``."""
+    flat = b.op("Concat", b.const([-1], np.int64), T, axis=0)  # (-1, T)
+    return [
+        b.op("Concat", history["hist_parent"], b.reshape(steps["parent"], [-1]), axis=0),
+        b.op("Concat", history["hist_token"], b.reshape(steps["token"], [-1]), axis=0),
+        b.op("Concat", history["hist_attention"], b.reshape(steps["attention"], flat), axis=0),
+    ]
+
+
+def _trace(b: GraphBuilder, history: dict, ids: str, lengths: str, width: str) -> tuple[str, str]:
+    """Each item's hypothesis read back from the history: ``tokens (B, L)`` and ``attention
+    (B, L, T)`` of ``lengths (B,)`` tokens ending at ``ids (B,)``, 0 after the end, ``L`` =
+    ``width`` (a ``(1,)`` tensor, the steps taken).
+
+    A ``Loop`` of ``max(L, 1)`` walks from every id to its parent (the root stays the root,
+    its token 0 and its row 0): walk ``k`` reads position ``length - 1 - k`` of its item."""
+    body = GraphBuilder("beam/trace/")
+    own = body.loop_inputs(["at"])
+    graph = body.loop_body(
+        "beam_trace",
+        body.const(True),
+        {"at": (body.gather_rows(history["hist_parent"], own["at"]), (INT64, 1))},
+        {
+            "token": (body.gather_rows(history["hist_token"], own["at"]), (INT64, 1)),
+            "attention": (body.gather_rows(history["hist_attention"], own["at"]), (FLOAT, 2)),
+        },
+    )
+    walks = b.op("Max", width, b.const([1], np.int64))  # (1,)
+    _, token_walk, attention_walk = b.op(
+        "Loop", b.squeeze(walks, 0), b.const(True), ids, outputs=3, body=graph
+    )  # (W, B), (W, B, T)
+    # position p of item b is walk length_b - 1 - p, for p < length_b
+    position = b.unsqueeze(b.arange(width), 0)  # (1, L)
+    length = b.unsqueeze(lengths, 1)  # (B, 1)
+    inside = b.op("Less", position, length)  # (B, L)
+    walk = b.op(
+        "Max",
+        b.op("Sub", b.op("Sub", length, b.const(1, np.int64)), position),
+        b.const(0, np.int64),
+    )  # (B, L) fmt: skip
+    tokens = b.op("GatherElements", b.op("Transpose", token_walk, perm=[1, 0]), walk, axis=1)
+    tokens = b.where(inside, tokens, b.const(0, np.int64))
+    T = b.dim(attention_walk, 2)  # (1,)
+    walk3 = b.op("Expand", b.unsqueeze(walk, 2), b.op("Concat", b.op("Shape", walk), T, axis=0))
+    attention = b.op(
+        "GatherElements", b.op("Transpose", attention_walk, perm=[1, 0, 2]), walk3, axis=1
+    )  # (B, L, T)
+    attention = b.where(b.unsqueeze(inside, 2), attention, b.const(0.0, np.float32))
+    return tokens, attention
 
 
 def beam_search(
@@ -313,32 +366,32 @@ def beam_search(
     scores (B,)`` (length-normalised, float64) of each item's best hypothesis.
 
     The outer ``Loop`` (segments) carries the items still searching, their rows and ``items``,
-    their places in the batch; the results ``out_*`` are ``(B, ...)``, each item's written
-    once, when it stops (or after the loop, for those still searching at ``max_length``).
+    their places in the batch, and the history; the results ``out_*`` are ``(B,)``, each item's
+    written once, when it stops (or after the loop, for those still searching at
+    ``max_length``), and read back from the history at the end (:func:`_trace`).
     """
     K, alpha = manifest.beam_size, manifest.length_penalty
     states = list(manifest.state_names)
     B = b.dim("src", 0)  # (1,)
     T = b.dim("src", 1)  # (1,)
-    zero = b.const([0], np.int64)
-    carried = ["y_prev", *states, "memory", "keys", "mask", *_ROW_NAMES, *_ITEM_NAMES]
-    carried += ["items", "done"]
-    names = [*carried, "out_score", "out_length", "out_tokens", "out_paths"]
-    no_tokens = fill(b, b.op("Concat", B, zero, axis=0), 0, np.int64)  # (B, 0)
-    no_paths = fill(b, b.op("Concat", B, zero, T, axis=0), 0.0, np.float32)  # (B, 0, T)
+    carried = ["y_prev", *states, "memory", "keys", "mask", "row_ids", *_ITEM_NAMES]
+    carried += ["items", "done", *_HISTORY]
+    names = [*carried, "out_score", "out_length", "out_id"]
+    one = b.const([1], np.int64)
     initial = {
         **_first_rows_layout(b, decoder, manifest, carry),
         "n_finished": fill(b, B, 0, np.int64),  # (B,)
         "best_score": fill(b, B, -np.inf, np.float64),  # (B,)
         "best_length": fill(b, B, 0, np.int64),  # (B,)
-        "best_tokens": no_tokens,
-        "best_paths": no_paths,
+        "best_id": fill(b, B, 0, np.int64),  # (B,) the root: no tokens
         "items": b.arange(B),  # (B,)
         "done": b.const(0, np.int64),  # () steps taken
+        "hist_parent": fill(b, one, 0, np.int64),  # (1,) the root, its own parent
+        "hist_token": fill(b, one, 0, np.int64),
+        "hist_attention": fill(b, b.op("Concat", one, T, axis=0), 0.0, np.float32),  # (1, T)
         "out_score": fill(b, B, 0.0, np.float64),
         "out_length": fill(b, B, 0, np.int64),
-        "out_tokens": no_tokens,
-        "out_paths": no_paths,
+        "out_id": fill(b, B, 0, np.int64),
     }
 
     body = GraphBuilder("beam/")
@@ -349,25 +402,23 @@ def beam_search(
     keep = body.squeeze(body.op("NonZero", still), 0)  # (m,) the items that search on
     stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
     rows = _rows_of(body, keep, K)  # (m K,)
-    kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states, *_ROW_NAMES]}
+    kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states, "row_ids"]}
     # The segment's memory has r rows per item (1 or K, as beam_lp), all equal: row 0 K times.
     r = body.dim(ins["beam_lp"], 1)  # (1,)
     copies = _each_k_times(body, body.op("Mul", keep, r), K)  # (m K,)
     kept.update({name: body.gather_rows(ins[name], copies) for name in ("memory", "keys", "mask")})
     kept.update({name: body.gather_rows(after[name], keep) for name in _ITEM_NAMES})
     kept["items"] = body.gather_rows(ins["items"], keep)
-    width = body.dim(after["tokens"], 1)  # (1,) steps taken
-    kept["done"] = body.squeeze(width, 0)
-    best = ("best_score", "best_length", "best_tokens", "best_paths")
-    outs = {key: ins[f"out_{key}"] for key in ("score", "length", "tokens", "paths")}
+    kept["done"] = body.op("Add", ins["done"], body.squeeze(body.dim(after["token"], 0), 0))
+    kept.update(zip(_HISTORY, _append(body, ins, after, T), strict=True))
     at = body.unsqueeze(body.gather_rows(ins["items"], stop), 1)  # (f, 1)
-    written = _write(body, outs, at, [body.gather_rows(after[k], stop) for k in best], width)
+    written = _write(body, ins, at, [body.gather_rows(after[k], stop) for k in _BEST])
+    kept.update(zip(("out_score", "out_length", "out_id"), written, strict=True))
     more = body.op("Less", kept["done"], "max_length")
-    kept.update(zip(("out_score", "out_length", "out_tokens", "out_paths"), written, strict=True))
 
     types = {**_TYPES, **state_types(decoder)}
     types.update(items=(INT64, 1), done=(INT64, 0), out_score=(DOUBLE, 1), out_length=(INT64, 1))
-    types.update(out_tokens=(INT64, 2), out_paths=(FLOAT, 3))
+    types.update(out_id=(INT64, 1))
     graph = body.loop_body(
         "beam_segment",
         body.op("And", body.any(still), more),
@@ -392,16 +443,14 @@ def beam_search(
 
     # Items still searching after max_length steps: the best finished hypothesis, or the best
     # live beam of those that finished nothing.
-    width = b.dim(final["tokens"], 1)  # (1,) steps taken
-    steps = b.squeeze(width, 0)  # ()
+    steps = final["done"]  # () steps taken
     open_ = b.op("Equal", final["n_finished"], b.const(0, np.int64))  # (m,)
     live_slot, live_score = _best_live(b, final["beam_lp"], steps, alpha)
     # rows per item: K, or 1 where no step ran (max_length <= 0 for two or more items)
     per_item = b.dim(final["beam_lp"], 1)  # (1,)
     row = b.op("Add", _first_rows(b, b.dim(final["items"], 0), per_item), live_slot)
     results = _keep_best(b, open_, row, live_score, steps, final)
-    outs = {key: final[f"out_{key}"] for key in ("score", "length", "tokens", "paths")}
-    score, length, tokens, attention = _write(
-        b, outs, b.unsqueeze(final["items"], 1), results, width
-    )
+    score, length, ids = _write(b, final, b.unsqueeze(final["items"], 1), results)
+    history = {name: final[name] for name in _HISTORY}
+    tokens, attention = _trace(b, history, ids, length, b.unsqueeze(steps, 0))
     return tokens, length, attention, score
