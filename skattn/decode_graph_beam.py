@@ -35,8 +35,8 @@ the row each new beam extends, ``token (N,)`` and ``attention (N, T)``. A segmen
 to the history (``hist_*``, one entry per row per step, entry 0 a root whose parent is itself),
 so a row's id is ``H + s N + j``: ``H`` entries before its segment, step ``s`` of the segment,
 row ``j``. An item keeps its best hypothesis as an id and a length, and the search ends with
-one walk from every item's id back to the root. A segment's append copies the history once:
-at most once per item that stops.
+one walk from every item's id back to the root. Each segment's append copies the history
+once: after the first step of a batch of two or more, and at each step where some item stops.
 """
 
 from __future__ import annotations

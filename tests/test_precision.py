@@ -3,6 +3,8 @@ the weights and the attention stay float32, and what is learned matches float32 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -268,3 +270,20 @@ def test_call_rnn_matches_the_rnn_outside_autocast():
     expected, (h, c) = lstm(x, state)
     outputs, (h2, c2) = rnn.call_rnn(lstm, x, state)
     assert torch.equal(outputs, expected) and torch.equal(h, h2) and torch.equal(c, c2)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_the_bfloat16_lstm_probe_answers_the_same_without_gradients(mode):
+    """The probe runs a backward pass: under no_grad it failed on every CPU, and its cached
+    False then ran every LSTM of the process in float32, AMX hosts included."""
+    rnn.cpu_lstm_in_bfloat16.cache_clear()
+    expected = rnn.cpu_lstm_in_bfloat16()
+    rnn.cpu_lstm_in_bfloat16.cache_clear()
+    with mode():
+        assert rnn.cpu_lstm_in_bfloat16() == expected
+    rnn.cpu_lstm_in_bfloat16.cache_clear()
+    with pytest.MonkeyPatch.context() as patch:  # a CPU that runs it: the probe must say so
+        patch.setattr(torch, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
+        with mode():
+            assert rnn.cpu_lstm_in_bfloat16() is True
+    rnn.cpu_lstm_in_bfloat16.cache_clear()

@@ -41,11 +41,14 @@ def make_rnn(
 @functools.cache
 def cpu_lstm_in_bfloat16() -> bool:
     """Whether this CPU runs ``nn.LSTM`` in bfloat16 under ``torch.autocast`` (forward and
-    backward), found by trying once per process on a tiny LSTM. torch's random state is left
-    as it was, so a seeded fit is the same whenever this first runs."""
-    with torch.random.fork_rng(devices=[]):
-        lstm = nn.LSTM(4, 4, batch_first=True)
-        x = torch.zeros(1, 2, 4, requires_grad=True)
+    backward), found by trying once per process on a tiny LSTM, whatever the caller's gradient
+    mode. torch's random state is left as it was, so a seeded fit is the same whenever this
+    first runs."""
+    # gradients on whatever the caller's mode (backward fails under no_grad on any CPU), and
+    # the CPU named (a default device of CUDA would probe the GPU)
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        lstm = nn.LSTM(4, 4, batch_first=True, device="cpu")
+        x = torch.zeros(1, 2, 4, device="cpu", requires_grad=True)
         try:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 outputs, _ = lstm(x)
