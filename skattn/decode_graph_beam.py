@@ -81,6 +81,7 @@ def _keep_best(b, take, row, score, length, ins) -> list[str]:
 _BEST = ("best_score", "best_length", "best_id")
 _ITEM_NAMES = ("beam_lp", "n_finished", *_BEST)
 _HISTORY = ("hist_parent", "hist_token", "hist_attention")
+_OUTS = ("out_score", "out_length", "out_id")  # (B,) each item's best, written when it stops
 _TYPES = {
     "y_prev": (INT64, 1),
     "row_ids": (INT64, 1),
@@ -300,9 +301,8 @@ def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict
 def _write(b: GraphBuilder, outs: dict, at: str, results: list[str]) -> list[str]:
     """The ``(B,)`` results ``out_score``, ``out_length``, ``out_id`` with rows ``at (f, 1)``
     set to ``results`` (each ``(f,)``)."""
-    names = ("out_score", "out_length", "out_id")
     return [
-        b.op("ScatterND", outs[name], at, value) for name, value in zip(names, results, strict=True)
+        b.op("ScatterND", outs[name], at, value) for name, value in zip(_OUTS, results, strict=True)
     ]
 
 
@@ -347,7 +347,7 @@ def _trace(b: GraphBuilder, history: dict, ids: str, lengths: str, width: str) -
         "Max",
         b.op("Sub", b.op("Sub", length, b.const(1, np.int64)), position),
         b.const(0, np.int64),
-    )  # (B, L) fmt: skip
+    )  # (B, L)
     tokens = b.op("GatherElements", b.op("Transpose", token_walk, perm=[1, 0]), walk, axis=1)
     tokens = b.where(inside, tokens, b.const(0, np.int64))
     T = b.dim(attention_walk, 2)  # (1,)
@@ -376,7 +376,7 @@ def beam_search(
     T = b.dim("src", 1)  # (1,)
     carried = ["y_prev", *states, "memory", "keys", "mask", "row_ids", *_ITEM_NAMES]
     carried += ["items", "done", *_HISTORY]
-    names = [*carried, "out_score", "out_length", "out_id"]
+    names = [*carried, *_OUTS]
     one = b.const([1], np.int64)
     initial = {
         **_first_rows_layout(b, decoder, manifest, carry),
@@ -413,7 +413,7 @@ def beam_search(
     kept.update(zip(_HISTORY, _append(body, ins, after, T), strict=True))
     at = body.unsqueeze(body.gather_rows(ins["items"], stop), 1)  # (f, 1)
     written = _write(body, ins, at, [body.gather_rows(after[k], stop) for k in _BEST])
-    kept.update(zip(("out_score", "out_length", "out_id"), written, strict=True))
+    kept.update(zip(_OUTS, written, strict=True))
     more = body.op("Less", kept["done"], "max_length")
 
     types = {**_TYPES, **state_types(decoder)}
