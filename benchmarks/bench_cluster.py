@@ -52,6 +52,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
+from bench_server import expected_predictions  # noqa: E402
 from grid_search import PARAM_GRID, QUICK_GRID, make_task  # noqa: E402
 from load_clients import drive_python, drive_wrk, wrk_available  # noqa: E402
 from machine import describe  # noqa: E402
@@ -59,6 +60,18 @@ from machine import describe  # noqa: E402
 from skattn import Seq2Seq  # noqa: E402
 from skattn.cluster import DASK_WORKER_CONFIG, local_dask_cluster, warm_up  # noqa: E402
 from skattn.scoring import SCORERS  # noqa: E402
+
+#: The serving half's servers: option name -> the table's name. ``plain`` is every ratio's base.
+SERVERS = {
+    "plain": "plain server",
+    "plain-2-threads": "plain server, --intra-op-threads 2",
+    "plain-2-instances": "plain server, --instances 2",
+    "ray-python": "ray serve, python proxy, 2 replicas",
+    "ray-haproxy": "ray serve, haproxy, 2 replicas",
+    "ray-fast-1": "ray serve, THROUGHPUT_ENV, 1 replica",
+    "ray-fast-2": "ray serve, THROUGHPUT_ENV, 2 replicas",
+}
+DEFAULT_SERVERS = ["plain", "ray-python", "ray-haproxy", "ray-fast-1", "ray-fast-2"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +92,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wrk", action="store_true", help="serving: also drive each with wrk")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        help="serving: this artifact instead of the small reversal model (for example "
+        "serving/models/cmudict-g2p-int8); --sources then names its inputs",
+    )
+    parser.add_argument(
+        "--sources",
+        type=Path,
+        help="serving: a text file whose lines' first fields are the sources to send (a "
+        "CMUdict file works); 512 of them, spread over the file",
+    )
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=SERVERS,
+        default=DEFAULT_SERVERS,
+        help="serving: which servers to run (default: the plain one and the four Ray Serve "
+        "set-ups); the plain server always runs, first",
+    )
     args = parser.parse_args(argv)
+    if (args.model_dir is None) != (args.sources is None):
+        parser.error("--model-dir and --sources go together")
     if args.quick:
         args.steps, args.hidden_size, args.clients, args.duration = 5, 16, 16, 5.0
     if args.rounds < 1:
@@ -249,10 +284,11 @@ def reversal_artifact(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def plain_server(model_dir: Path) -> Iterator[str]:
-    """``python -m serving`` in a subprocess, once ready."""
+def plain_server(model_dir: Path, *options: str) -> Iterator[str]:
+    """``python -m serving`` in a subprocess, serving ``model_dir`` as ``MODEL``, once ready."""
     port = free_port()
-    command = [sys.executable, "-m", "serving", "--model-dir", str(model_dir), "--port", str(port)]
+    command = [sys.executable, "-m", "serving", "--model-dir", f"{MODEL}={model_dir}"]
+    command += ["--port", str(port), *options]
     process = subprocess.Popen([*command, "--log-level", "warning"], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -360,33 +396,48 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
     )  # fmt: skip
 
 
+def serving_sources(args: argparse.Namespace) -> list[str]:
+    """512 sources: random letter strings for the reversal model, else ``--sources``' first
+    fields, spread over the file."""
+    if args.sources is None:
+        rng = random.Random(1)
+        return ["".join(rng.choices("abcdefghij", k=rng.randint(1, 12))) for _ in range(512)]
+    lines = [line.split() for line in args.sources.read_text(encoding="utf-8").splitlines()]
+    fields = sorted({line[0] for line in lines if line})
+    if not fields:
+        raise SystemExit(f"--sources {args.sources}: no sources in the file")
+    return fields[:: max(1, len(fields) // 512)][:512]
+
+
 def bench_serving(args: argparse.Namespace) -> list[str]:
-    import serving
     from serving.ray_deployment import THROUGHPUT_ENV
 
     clients = ["python"] + (["wrk"] if args.wrk else [])
     haproxy, fast = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, THROUGHPUT_ENV
     results = []
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = reversal_artifact(Path(scratch))
-        rng = random.Random(1)
-        sources = ["".join(rng.choices("abcdefghij", k=rng.randint(1, 12))) for _ in range(512)]
-        expected = dict(zip(sources, serving.load(model_dir).predict(sources), strict=True))
-        servers = [
-            ("plain server", lambda: plain_server(model_dir)),
-            ("ray serve, python proxy, 2 replicas", lambda: ray_serve(model_dir, 2, {})),
-            ("ray serve, haproxy, 2 replicas", lambda: ray_serve(model_dir, 2, haproxy)),
-            ("ray serve, THROUGHPUT_ENV, 1 replica", lambda: ray_serve(model_dir, 1, fast)),
-            ("ray serve, THROUGHPUT_ENV, 2 replicas", lambda: ray_serve(model_dir, 2, fast)),
-        ]  # fmt: skip
-        for name, server in servers:
-            with server() as url:
+        model_dir = args.model_dir or reversal_artifact(Path(scratch))
+        sources = serving_sources(args)
+        expected = expected_predictions(model_dir, sources, "cpu")  # the answers' wire form
+        servers = {
+            "plain": lambda: plain_server(model_dir),
+            "plain-2-threads": lambda: plain_server(model_dir, "--intra-op-threads", "2"),
+            "plain-2-instances": lambda: plain_server(model_dir, "--instances", "2"),
+            "ray-python": lambda: ray_serve(model_dir, 2, {}),
+            "ray-haproxy": lambda: ray_serve(model_dir, 2, haproxy),
+            "ray-fast-1": lambda: ray_serve(model_dir, 1, fast),
+            "ray-fast-2": lambda: ray_serve(model_dir, 2, fast),
+        }
+        for key in ["plain", *(key for key in args.servers if key != "plain")]:
+            name = SERVERS[key]
+            with servers[key]() as url:
                 for client in clients:
                     results.append(drive(url, expected, args, name, client))
                     print(f"{name}, {client}: {results[-1].throughput} req/s", flush=True)
+    model = args.model_dir or "reversal model (bi-GRU 64, greedy)"
     lines = [
         f"serving: {args.clients} concurrent one-item clients x {args.duration:g} s, "
-        "reversal model (bi-GRU 64, greedy); cores busy and CPU per request: the whole machine "
+        f"{model}; cores busy and CPU per request: the whole machine "
         "(client included) over the window",
         "| server | client | req/s | vs plain | p50 ms | p99 ms | errors | wrong answers "
         "| cores busy | machine CPU ms / request |",
@@ -402,8 +453,10 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
             f"| {r.cpu_ms_per_request:.3f} |"
         )
     for client in clients:
-        two = by_row["ray serve, THROUGHPUT_ENV, 2 replicas", client]
-        one = by_row["ray serve, THROUGHPUT_ENV, 1 replica", client]
+        two = by_row.get(("ray serve, THROUGHPUT_ENV, 2 replicas", client))
+        one = by_row.get(("ray serve, THROUGHPUT_ENV, 1 replica", client))
+        if one is None or two is None:
+            continue
         lines.append(
             f"ray serve (THROUGHPUT_ENV), {client}: 2 replicas / 1 replica {two / one:.2f}x"
         )

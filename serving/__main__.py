@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from serving.app import check_instances
 from serving.connections import MAX_TIMEOUT_S, ConnectionLimits, fit_to_file_limit
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
@@ -176,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
         "dynamically (default: %(default)s)",
     )
     parser.add_argument(
+        "--instances",
+        type=int,
+        default=defaults.instances,
+        help="batches in inference at once, each on its own thread, as Triton's model "
+        "instances; for models whose search is the server's main cost (beam search, the G2P "
+        "models), as many as the usable cores; dynamic batching on the CPU only (default: "
+        "%(default)s)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=defaults.max_queue,
@@ -257,9 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--intra-op-threads",
         type=int,
-        default=default_intra_op_threads(),
-        help="onnxruntime threads per operator (default: usable cores - 1, at least 1, "
-        "leaving a core to the HTTP event loop: %(default)s here)",
+        help="onnxruntime threads per operator (default: usable cores - 1, leaving a core to "
+        "the HTTP event loop, shared among the --instances, at least 1 each: "
+        f"{default_intra_op_threads()} here for one instance)",
     )
     parser.add_argument(
         "--shutdown-timeout",
@@ -311,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             allowed_hosts=allowed_hosts(args.allowed_host, args.host),
             eager_batching=args.eager_batching,
             batching=args.batching,
+            instances=args.instances,
         )
         limits = ConnectionLimits(
             header_timeout_s=args.header_timeout_s,
@@ -326,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_int(args.port, "--port", 0, 65535)
         check_real(args.shutdown_timeout, "--shutdown-timeout", 0.0, MAX_TIMEOUT_S, low_open=True)
+        if args.intra_op_threads is None:
+            args.intra_op_threads = default_intra_op_threads(settings.instances)
         check_int(args.intra_op_threads, "--intra-op-threads")
     except ValueError as exc:
         parser.error(str(exc))
@@ -361,6 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--model-dir NAME=DIR (packaged --model NAMEs keep their names)"
             )
         runtimes[runtime.info.name] = runtime
+        try:
+            check_instances({runtime.info.name: runtime}, settings.instances)
+        except ValueError as exc:
+            parser.error(_flag_error(exc))
         logger.info(
             "model loaded",
             extra={

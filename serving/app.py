@@ -57,11 +57,13 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
     ----------
     runtimes : mapping of str to Runtime
         Model name -> runtime (as returned by ``serving.load``, or any object implementing
-        :class:`serving.interface.Runtime`). The server runs one batch at a time, so load
-        runtimes with ``intra_op_num_threads`` (``python -m serving`` gives them the cores but
-        one) and ``max_batch_size`` at least ``settings.max_batch_size``.
+        :class:`serving.interface.Runtime`). The server runs ``settings.instances`` batches
+        at a time (one by default), so load runtimes with ``intra_op_num_threads``
+        (``python -m serving`` gives them the cores but one, or one each with several
+        instances) and ``max_batch_size`` at least ``settings.max_batch_size``.
     settings : ServerSettings, optional
-        Limits and batching settings; the defaults when omitted.
+        Limits and batching settings; the defaults when omitted. ``instances`` above 1 refuses
+        (``ValueError``) a runtime with IO binding.
 
     Returns
     -------
@@ -70,8 +72,8 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
         with ``app.state.startup_error`` naming the model, if one cannot translate), then
         starts and (draining) stops one batcher per model, and moves the objects of start-up
         out of the garbage collector's generations while it runs (``gc.freeze``). All models
-        share one inference worker thread. ``app.state.models`` maps each name to its
-        :class:`serving.infer.ServedModel`.
+        share the inference worker threads (``settings.instances``). ``app.state.models`` maps
+        each name to its :class:`serving.infer.ServedModel`.
     """
     settings = ServerSettings() if settings is None else settings
     if not isinstance(runtimes, Mapping) or not runtimes:
@@ -83,8 +85,9 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
                 f"runtimes: {name!r} is not a serving.interface.Runtime "
                 "(it needs info, check_source and predict_batch)"
             )
+    check_instances(runtimes, settings.instances)
     metrics = ServerMetrics()
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
+    executor = ThreadPoolExecutor(max_workers=settings.instances, thread_name_prefix="skattn-infer")
     # Two encoders: large responses are encoded off the event loop; more threads would only
     # contend for the GIL.
     encoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skattn-encode")
@@ -176,6 +179,20 @@ class _ServerApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def check_instances(runtimes: Mapping[str, Runtime], instances: int) -> None:
+    """``ValueError`` if ``instances`` batches at once cannot run on one of ``runtimes``: a
+    runtime with IO binding (CUDA's default) binds one call's buffers at a time."""
+    if instances == 1:
+        return
+    for name, runtime in runtimes.items():
+        if getattr(runtime, "io_binding", False):
+            raise ValueError(
+                f"instances must be 1 for model {name!r}, which runs with IO binding (CUDA's "
+                f"default) one call at a time, got {instances}; load it with io_binding=False "
+                "to run several batches at once"
+            )
+
+
 async def warm_up(model: ServedModel, executor: ThreadPoolExecutor) -> None:
     """Translate the model's ``info.warmup_source`` (with attention) once, before the server
     reports ready: raise ``RuntimeError`` naming the model if it cannot.
@@ -206,7 +223,8 @@ def _served_models(
     metrics: ServerMetrics,
     executor: ThreadPoolExecutor,
 ) -> dict[str, ServedModel]:
-    """One batcher and one set of metrics per model, all on the one inference thread."""
+    """One batcher and one set of metrics per model, all on the inference threads of
+    ``executor`` (``settings.instances`` of them)."""
     models = {}
     for name, runtime in runtimes.items():
         model_metrics = metrics.for_model(name)
@@ -228,6 +246,7 @@ def _served_models(
             executor=executor,
             metrics=model_metrics,
             eager=settings.eager_batching,
+            instances=settings.instances,
         )
         models[name] = ServedModel(name, runtime, runtime.info, batcher, model_metrics)
     return models

@@ -17,9 +17,12 @@ items are on their way, and a lone client then gets the unbatched latency. A rea
 coming for ``max_delay_ms`` from its start only, so that a stalled upload cannot make everyone
 else wait out the delay.
 
-The blocking runtime call runs in one worker thread (onnxruntime releases the GIL), so the
-event loop keeps accepting requests meanwhile; the next batch is formed only when the worker is
-free, so under load the batches grow by themselves. Every item gets exactly one result; when a
+The blocking runtime call runs in a worker thread (onnxruntime releases the GIL), so the
+event loop keeps accepting requests meanwhile; the next batch is formed only when a worker is
+free, so under load the batches grow by themselves. ``instances`` batches run at once (one by
+default), each in its own thread, as Triton runs a model's instances: a model whose search
+keeps one core busy then uses more, while the next batch still forms only when one of them is
+free. Every item gets exactly one result; when a
 runtime call raises, the batch is split in halves and each run again (down to single items), so
 that only the items that fail on their own get the error, and the batcher carries on. Items
 whose caller has gone (a cancelled future) are skipped.
@@ -51,8 +54,11 @@ from skattn.core.checks import check_int, check_real
 
 #: The longest an item may be set to wait for its batch to fill (a minute).
 MAX_DELAY_MS = 60_000.0
+#: The most batches a batcher runs at once (``instances``).
+MAX_INSTANCES = 64
 
 __all__ = [
+    "MAX_INSTANCES",
     "BatchError",
     "BatchMetrics",
     "Batcher",
@@ -89,9 +95,15 @@ class Batcher:
     metrics : BatchMetrics, optional
         Records batch sizes, inference time, queue wait and queue depth.
     eager : bool, default=False
-        Take a batch as soon as the worker is free and no request is being received (see
+        Take a batch as soon as a worker is free and no request is being received (see
         :meth:`receiving`), rather than waiting out ``max_delay_ms`` for items that may never
         come. ``max_delay_ms`` still bounds the wait while requests are being received.
+    instances : int, default=1
+        The most batches in the runtime at once (1 to :data:`MAX_INSTANCES`), each in a thread
+        of ``executor`` (the batcher's own executor has this many). With more than one, the
+        runtime must take concurrent ``predict_batch`` calls (a CPU runtime does; one with IO
+        binding does not), and it is told to ``terminate`` only when no batch in it has a
+        caller left.
 
     Examples
     --------
@@ -112,9 +124,11 @@ class Batcher:
         executor: ThreadPoolExecutor | None = None,
         metrics: BatchMetrics | None = None,
         eager: bool = False,
+        instances: int = 1,
     ) -> None:
         if not callable(getattr(runtime, "predict_batch", None)):
             raise ValueError("runtime must have a predict_batch method")
+        self.instances = check_int(instances, "instances", 1, MAX_INSTANCES)
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
         self.max_delay_ms = check_real(max_delay_ms, "max_delay_ms", 0.0, MAX_DELAY_MS)
         self.max_queue = check_int(max_queue, "max_queue")
@@ -132,7 +146,7 @@ class Batcher:
         self._executor = executor
         self._metrics = metrics
         self._pending: list[QueuedItem] = []  # arrival order
-        self._in_call: list[QueuedItem] | None = None  # the batch in the worker thread
+        self._in_calls: list[list[QueuedItem]] = []  # the batches in the worker threads
         self._submits = 0  # submit() calls so far
         # The rotation's clock: a request's items are stamped with it when queued, and again
         # when the request takes its turn (_rotate), which puts them behind those queued then.
@@ -158,7 +172,9 @@ class Batcher:
         if self._task is not None:
             raise RuntimeError("the batcher was already started")
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skattn-infer")
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.instances, thread_name_prefix="skattn-infer"
+            )
         self._wakeup = asyncio.Event()
         self._task = asyncio.create_task(self._schedule(), name="skattn-batcher")
 
@@ -312,9 +328,12 @@ class Batcher:
                 future.exception()
         if withdrawn:
             self._drop_cancelled()
-        in_call = self._in_call  # (a future the caller awaited is cancelled with it already)
-        if in_call and all(item.future.cancelled() for item in in_call):
-            # no one waits for the runtime call in progress: end it (runtimes that can)
+        # (a future the caller awaited is cancelled with it already)
+        if self._in_calls and all(
+            all(item.future.cancelled() for item in group) for group in self._in_calls
+        ):
+            # no one waits for any runtime call in progress: end them (runtimes that can; a
+            # runtime's terminate ends every call in it, so not while one still has a caller)
             terminate = getattr(self.runtime, "terminate", None)
             if callable(terminate):
                 terminate()
@@ -322,14 +341,31 @@ class Batcher:
     # -- scheduling --------------------------------------------------------------------------
 
     async def _schedule(self) -> None:
-        """Form batches and run them, one at a time, until stopped and drained."""
+        """Form batches and run them, up to ``instances`` at a time, until stopped and drained
+        (the batches in flight finish first)."""
+        running: set[asyncio.Task] = set()
         try:
             while True:
+                if len(running) >= self.instances:  # a batch forms only when a worker is free
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a bug in _run ends the batcher, as with one instance
+                    continue
                 batch = await self._next_batch()
                 if batch is None:
-                    return
-                await self._run(batch)
+                    break
+                if self.instances == 1:
+                    await self._run(batch)
+                else:
+                    running.add(asyncio.create_task(self._run(batch), name="skattn-batch"))
+            for task in running:
+                await task
+            running = set()
         finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
+            for task in running:  # each answers its own batch (_run_batch)
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
             self._fail(self._pending, BatcherClosedError("the batcher stopped"))
             self._pending.clear()
             self._report_depth()
@@ -431,14 +467,15 @@ class Batcher:
             self._answer(item, predictions[i], attentions[i] if item.with_attention else None)
 
     async def _call(self, group: list[QueuedItem], *args) -> tuple:
-        """:meth:`_predict` of ``args`` in the worker thread; ``group`` is the running batch
-        meanwhile, which :meth:`withdraw` terminates once none of its items is awaited."""
-        self._in_call = group
+        """:meth:`_predict` of ``args`` in a worker thread; ``group`` is one of the running
+        batches meanwhile, which :meth:`withdraw` terminates once none of their items is
+        awaited."""
+        self._in_calls.append(group)
         try:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._executor, self._predict, *args)
         finally:
-            self._in_call = None
+            self._in_calls = [other for other in self._in_calls if other is not group]
 
     def _predict(
         self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps

@@ -65,11 +65,16 @@ class ContinuousBatcher(Batcher):
         :class:`serving.batcher.Batcher`'s: ``max_batch_size`` bounds the rows of the running
         set and ``max_batch_chars`` its padded source characters; ``max_queue``, ``executor``
         and ``metrics`` as there (a hop to the inference thread, one or more steps, counts as
-        a batch of its rows).
+        a batch of its rows); ``instances`` must be 1 (one running set).
     """
 
     def __init__(self, runtime: Runtime, **kwargs) -> None:
         super().__init__(runtime, **kwargs)
+        if self.instances != 1:
+            raise ValueError(
+                f"instances={self.instances}: a continuous batcher steps one running set; "
+                "several batches at once are for dynamic batching (instances=1 here)"
+            )
         reason = continuous_support(runtime)
         if reason is not None:
             raise ValueError(f"runtime {runtime!r} cannot batch continuously: {reason}")

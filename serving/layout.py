@@ -4,8 +4,8 @@
 ``max_batch_size`` items and decodes ``workers`` chunks at once, each in its own thread
 (``skattn.core.inference.Translator``). The defaults come from here: chunks sized by the model's
 width (:func:`default_chunk_items`) and, on the CPU, one worker per usable core with one
-onnxruntime thread each (:func:`share_cores`); a server's one batch at a time gets the cores
-but one (:func:`default_intra_op_threads`). Imports ``skattn.core`` only.
+onnxruntime thread each (:func:`share_cores`); a server's batches get the cores but one,
+shared among its instances (:func:`default_intra_op_threads`). Imports ``skattn.core`` only.
 """
 
 from __future__ import annotations
@@ -54,13 +54,14 @@ def carry_width(encoder) -> int | None:
     return sum(sizes)
 
 
-def default_intra_op_threads() -> int:
-    """One core fewer than this process may use (at least 1): the event loop needs one.
+def default_intra_op_threads(instances: int = 1) -> int:
+    """One core fewer than this process may use, shared among a server's ``instances``
+    batches at once, at least 1 each: the event loop needs a core.
 
     On a small machine the difference matters: with every core given to onnxruntime, its
     threads and the HTTP event loop preempt each other on every operator of a large batch.
     """
-    return max(1, usable_cores() - 1)
+    return max(1, (usable_cores() - 1) // instances)
 
 
 def share_cores(

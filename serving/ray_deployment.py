@@ -102,7 +102,8 @@ class ServerReplica:
     settings : mapping, optional
         :class:`serving.settings.ServerSettings` fields (the server's limits and batching).
     threads : int, default=1
-        onnxruntime threads per operator: the CPUs Ray reserved for the replica.
+        onnxruntime threads per operator: the CPUs Ray reserved for the replica, shared among
+        its ``instances`` (a ``ServerSettings`` field: batches at once), at least 1 each.
     log_level : {"debug", "info", "warning", "error"}, default="info"
         The server's own logs (the ``serving`` loggers: one JSON line per inference request at
         info), to the replica's stderr, which Ray keeps in the replica's log file.
@@ -226,4 +227,5 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     else:
         options["num_replicas"] = _number(args, "num_replicas", int, 1)
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
-    return deployment.bind(model_dirs, settings, max(1, int(num_cpus)), log_level)
+    threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
+    return deployment.bind(model_dirs, settings, threads, log_level)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.batcher import MAX_DELAY_MS
+from serving.batcher import MAX_DELAY_MS, MAX_INSTANCES
 from serving.connections import MAX_TIMEOUT_S
 from skattn.core.checks import check_int, check_real
 
@@ -67,6 +67,13 @@ class ServerSettings:
         (:class:`serving.continuous.ContinuousBatcher`), for the models that can
         (:func:`serving.running.continuous_support`: greedy, RNN decoder, no local-m); the
         others are batched dynamically, with a warning in the log.
+    instances : int, default=1
+        Batches in inference at once (1 to 64), each on its own inference thread, as Triton
+        runs a model's instances. One leaves the search one thread: a model whose search is
+        the server's main cost (the G2P models, beam search) serves more with as many
+        instances as the cores it may use, each runtime on one intra-op thread. Dynamic
+        batching only (``batching="continuous"`` steps one running set), and CPU runtimes
+        only (IO binding runs one call at a time).
     """
 
     max_batch_size: int = 64
@@ -81,6 +88,7 @@ class ServerSettings:
     retry_after_s: int = 1
     eager_batching: bool = True
     batching: str = "dynamic"
+    instances: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -93,6 +101,7 @@ class ServerSettings:
             "retry_after_s",
         ):
             check_int(getattr(self, name), name)
+        check_int(self.instances, "instances", 1, MAX_INSTANCES)
         check_real(self.max_delay_ms, "max_delay_ms", 0.0, MAX_DELAY_MS)
         check_real(self.body_timeout_s, "body_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         if self.allowed_hosts is not None and (
@@ -113,6 +122,12 @@ class ServerSettings:
             raise ValueError(f"eager_batching must be a bool, got {self.eager_batching!r}")
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {list(BATCHING)}, got {self.batching!r}")
+        if self.batching == "continuous" and self.instances != 1:
+            raise ValueError(
+                f"instances must be 1 with batching='continuous' (one running set of decoder "
+                f"steps), got {self.instances}; several batches at once are for "
+                "batching='dynamic'"
+            )
         if self.max_items_per_request > self.max_queue:
             raise ValueError(
                 f"max_items_per_request ({self.max_items_per_request}) must not exceed "

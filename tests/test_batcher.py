@@ -64,6 +64,10 @@ class RecordingMetrics:
         ({"max_delay_ms": 60_001}, "max_delay_ms"),
         ({"max_queue": 0}, "max_queue"),
         ({"eager": 1}, "eager"),
+        ({"instances": 0}, "instances"),
+        ({"instances": True}, "instances"),
+        ({"instances": 2.0}, "instances"),
+        ({"instances": 65}, "instances"),
     ],
 )
 def test_settings_are_validated_when_built(settings, name):
@@ -486,7 +490,8 @@ def test_metrics_see_every_batch_and_queue_depth_returns_to_zero():
     assert metrics.depths[-1] == 0
 
 
-def test_random_concurrent_load_gets_exactly_one_correct_answer_per_item():
+@pytest.mark.parametrize("instances", [1, 3])
+def test_random_concurrent_load_gets_exactly_one_correct_answer_per_item(instances):
     rng = random.Random(0)
     requests = [
         ["".join(rng.choices("abcdef", k=rng.randint(0, 12))) for _ in range(rng.randint(1, 5))]
@@ -499,7 +504,7 @@ def test_random_concurrent_load_gets_exactly_one_correct_answer_per_item():
 
     async def body():
         runtime = ReverseRuntime(delay=0.001)
-        batcher = await started(runtime, max_batch_size=8, max_delay_ms=1)
+        batcher = await started(runtime, max_batch_size=8, max_delay_ms=1, instances=instances)
         results = await asyncio.gather(*(client(batcher, r) for r in requests))
         await batcher.stop()
         return runtime, results
@@ -512,22 +517,105 @@ def test_random_concurrent_load_gets_exactly_one_correct_answer_per_item():
     assert len(runtime.calls) < sum(map(len, requests))  # some batching happened
 
 
-def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies():
+@pytest.mark.parametrize("instances", [1, 2])
+def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies(instances):
     async def body():
         runtime = ReverseRuntime(gated=True)
-        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0)
-        in_flight = asyncio.ensure_future(batcher.infer(["running"]))
-        await wait_for_batches(runtime, 1)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=instances)
+        in_flight = [asyncio.ensure_future(batcher.infer([f"running {i}"])) for i in range(2)]
+        await wait_for_batches(runtime, instances)
         waiting = asyncio.ensure_future(batcher.infer(["waiting"]))
         await asyncio.sleep(0)
         batcher._task.cancel()  # stands for a bug in the scheduling loop
         runtime.release()
-        outcomes = await asyncio.gather(in_flight, waiting, return_exceptions=True)
+        outcomes = await asyncio.gather(*in_flight, waiting, return_exceptions=True)
         return batcher, outcomes
 
     batcher, outcomes = run(body())
-    assert [type(o) for o in outcomes] == [BatcherClosedError, BatcherClosedError]
+    assert [type(o) for o in outcomes] == [BatcherClosedError] * 3
     assert not batcher.running and batcher.queue_depth == 0
+
+
+# -- instances: several batches at once --------------------------------------------------------
+
+
+async def batches_started(runtime: ReverseRuntime, count: int, timeout: float = 5.0) -> bool:
+    """Whether ``count`` more batches enter the runtime within ``timeout`` seconds."""
+    for _ in range(count):
+        if not await asyncio.to_thread(runtime.started.acquire, timeout=timeout):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("instances", [1, 2, 3])
+def test_up_to_instances_batches_run_at_once_and_the_next_forms_when_one_ends(instances):
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=instances)
+        sources = [f"item {i}" for i in range(4)]
+        requests = [asyncio.ensure_future(batcher.infer([s])) for s in sources]
+        inside = await batches_started(runtime, instances)  # all held in the runtime at once
+        more = await batches_started(runtime, 1, timeout=0.2)  # no worker free: none forms
+        depth = batcher.queue_depth
+        runtime.release()
+        answers = await asyncio.gather(*requests)
+        await batcher.stop()
+        return sources, inside, more, depth, answers, runtime
+
+    sources, inside, more, depth, answers, runtime = run(body())
+    assert inside and not more
+    assert depth == 4 - instances  # the others wait in the queue, not in a worker
+    assert answers == [[ItemResult(s[::-1])] for s in sources]
+    assert sorted(runtime.seen) == sorted(sources) and runtime.batch_sizes == [1] * 4
+
+
+def test_stop_lets_every_running_batch_finish_and_drains_the_queue():
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
+        requests = [asyncio.ensure_future(batcher.infer([f"item {i}"])) for i in range(3)]
+        assert await batches_started(runtime, 2)
+        stopping = asyncio.ensure_future(batcher.stop(drain=True))
+        await asyncio.sleep(0.01)
+        refused = None
+        try:
+            batcher.submit(["late"])
+        except BatcherClosedError as exc:
+            refused = exc
+        runtime.release()
+        answers = await asyncio.gather(*requests)
+        await stopping
+        return batcher, refused, answers
+
+    batcher, refused, answers = run(body())
+    assert refused is not None
+    assert answers == [[ItemResult(f"item {i}"[::-1])] for i in range(3)]
+    assert not batcher.running
+
+
+def test_with_two_batches_running_terminate_waits_until_neither_has_a_caller():
+    """A runtime's terminate ends every call in it: one batch's callers leaving must not end
+    the other batch, whose callers still wait."""
+
+    async def body():
+        runtime = TerminableRuntime()
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
+        first = asyncio.ensure_future(batcher.infer(["first"]))
+        second = asyncio.ensure_future(batcher.infer(["second"]))
+        assert await batches_started(runtime, 2)
+        first.cancel()
+        await asyncio.sleep(0.01)
+        after_first = runtime.terminations  # the second batch's caller still waits
+        second.cancel()
+        await asyncio.sleep(0.01)
+        after_both = runtime.terminations
+        following = await batcher.infer(["next"])  # the runtime serves on
+        await batcher.stop()
+        return after_first, after_both, following
+
+    after_first, after_both, following = run(body())
+    assert (after_first, after_both) == (0, 1)
+    assert following == [ItemResult("txen")]
 
 
 # -- the policy alone -----------------------------------------------------------------------

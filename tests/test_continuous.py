@@ -421,3 +421,8 @@ def test_the_batching_setting_is_validated():
 
     with pytest.raises(ValueError, match="batching"):
         ServerSettings(batching="iteration")
+
+
+def test_a_continuous_batcher_steps_one_running_set(runtimes):
+    with pytest.raises(ValueError, match="instances=2: a continuous batcher steps one"):
+        ContinuousBatcher(runtimes["bahdanau-additive"], instances=2)

@@ -123,6 +123,7 @@ def test_health_and_readiness_come_from_a_running_replica(replicas):
         ({"model_dir": "a", "model_name": ".."}, "model_name"),
         ({"model_dir": "a", "num_cpus": "inf"}, "num_cpus"),
         ({"model_dir": "a", "num_cpus": "nan"}, "num_cpus"),
+        ({"model_dir": "a", "instances": "0"}, "instances"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -142,6 +143,16 @@ def test_builder_sets_replicas_or_autoscaling():
     scaled = build({"model_dir": "/m/reverse", "min_replicas": "1", "max_replicas": "4"})
     config = scaled._bound_deployment._deployment_config.autoscaling_config
     assert (config.min_replicas, config.max_replicas) == (1, 4)
+
+
+def test_a_replicas_instances_share_its_cpus():
+    def threads(**args):
+        return build({"model_dir": "/m/reverse", **args})._bound_deployment.init_args[2]
+
+    assert threads() == 1
+    assert threads(num_cpus="4") == 4
+    assert threads(num_cpus="4", instances="2") == 2
+    assert threads(num_cpus="1", instances="2") == 1  # at least one each
 
 
 def test_builder_sets_the_replicas_logging():

@@ -793,6 +793,60 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(serve):
     assert server.metric("skattn_queue_depth", model=MODEL) == 0
 
 
+def test_two_instances_serve_a_beam_model_as_its_runtime(serve, fitted_reversal, tmp_path):
+    """Two batches at once on one real runtime (onnxruntime sessions shared by two threads):
+    every answer is the runtime's own."""
+    import copy
+
+    import serving
+
+    model = copy.deepcopy(fitted_reversal).set_params(beam_size=3)  # a search, not a fit, param
+    directory = model.export_onnx(tmp_path / "beam")
+    runtime = serving.load(directory, device="cpu", intra_op_num_threads=1)
+    server = serve(runtime, max_batch_size=4, max_delay_ms=0, instances=2)
+    assert server.batcher.instances == 2
+    sources = [str(n) for n in range(100, 160)]
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            async def one(source):
+                response = await client.post(f"/v2/models/{MODEL}/infer", json=infer_body([source]))
+                assert response.status_code == 200, response.text
+                return response.json()["outputs"][0]["data"][0]
+
+            return await asyncio.gather(*(one(s) for s in sources))
+
+    assert asyncio.run(scenario()) == runtime.predict(sources)
+    assert server.metric("skattn_batch_failures_total") == 0
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == len(sources)
+
+
+def test_several_instances_are_refused_for_a_runtime_with_io_binding():
+    runtime = ReverseRuntime()
+    runtime.io_binding = True  # what serving.load gives on CUDA by default
+    with pytest.raises(ValueError, match="instances must be 1 for model 'reverse'"):
+        create_app({MODEL: runtime}, ServerSettings(instances=2))
+    create_app({MODEL: runtime}, ServerSettings(instances=1))  # one at a time: served
+
+
+def test_cli_instances_share_the_intra_op_threads(tmp_path, monkeypatch, capsys):
+    from serving import layout
+
+    monkeypatch.setattr(layout, "usable_cores", lambda: 9)
+    assert layout.default_intra_op_threads() == 8
+    assert layout.default_intra_op_threads(2) == 4
+    assert layout.default_intra_op_threads(16) == 1
+    assert build_parser().parse_args(["--model-dir", "m"]).instances == 1
+    assert build_parser().parse_args(["--model-dir", "m", "--instances", "3"]).instances == 3
+    with pytest.raises(SystemExit):
+        main(["--model-dir", str(tmp_path), "--instances", "0"])
+    assert "--instances must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model-dir", str(tmp_path), "--instances", "2", "--batching", "continuous"])
+    assert "--instances must be 1 with batching='continuous'" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # Protocol and settings units
 
@@ -923,6 +977,9 @@ def test_no_openapi_schema_or_docs_are_served(serve):
         ({"max_body_bytes": True}, "max_body_bytes"),
         ({"max_queue": 4, "max_items_per_request": 8}, "max_items_per_request"),
         ({"eager_batching": 1}, "eager_batching"),
+        ({"instances": 0}, "instances"),
+        ({"instances": 65}, "instances"),
+        ({"instances": 2, "batching": "continuous"}, "instances must be 1"),
     ],
 )
 def test_server_settings_are_validated(settings, name):
