@@ -16,11 +16,17 @@
    ``serving.load(...).predict``), then, with ``--wrk``, the same from Debian's ``wrk`` (a C
    client that leaves the servers more of the 2 cores; status codes checked, not answers).
    Each window also reads how busy the machine was (``/proc/stat``: cores in use, and CPU per
-   request of everything on it, client included).
+   request of everything on it, client included). ``--model-dir DIR --sources FILE`` serves
+   another artifact (the packaged G2P models: a model whose search is the main cost) on the
+   first fields of FILE's lines; ``--servers`` picks the set-ups, among them the plain server
+   with ``--instances 2`` or ``--intra-op-threads 2``.
 
     python benchmarks/bench_cluster.py                  # 2 rounds of 12 x 3 fits, 64 clients x 30 s
     python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
     python benchmarks/bench_cluster.py --only search    # or: --only serving [--wrk]
+    python benchmarks/bench_cluster.py --only serving --wrk \
+        --model-dir serving/models/cmudict-g2p-int8 --sources cmudict-0.7b.test \
+        --servers plain plain-2-instances ray-fast-1 ray-fast-2
 
 The honest ceiling: this machine has 2 cores (``usable_cores()``). Two workers can at best halve
 the search's wall time, and the load generator, Ray's proxy and controller and the replicas all

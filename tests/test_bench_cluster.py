@@ -38,3 +38,27 @@ def test_quick_search_rounds_report_every_engine_equal_to_serial(tmp_path):
     assert list(table) == ENGINES  # printed in the canonical order, whatever the timing order
     assert [row[-1].rstrip(" |") for row in table.values()] == ["True"] * len(ENGINES)
     assert table["n_jobs=1"][4:6] == ["1.00x", "1.00x"]
+
+
+@pytest.mark.slow  # starts two servers of the packaged G2P model
+def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
+    """A token model's answers (lists) arrive joined by spaces: the client compares the wire
+    form, so a right answer is never counted wrong."""
+    words = tmp_path / "words.txt"
+    words.write_text("HELLO  HH EH L OW\nWORLD  W ER L D\nSPEECH  S P IY CH\n", encoding="utf-8")
+    model_dir = BENCH.parents[1] / "serving" / "models" / "cmudict-g2p-int8"
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--only", "serving", "--model-dir", str(model_dir),
+         "--sources", str(words), "--servers", "plain", "plain-2-instances",
+         "--clients", "4", "--duration", "2", "--warmup", "0.5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| plain")]
+    assert [row[0].lstrip("| ") for row in rows] == ["plain server", "plain server, --instances 2"]
+    for row in rows:
+        requests_per_s, errors, wrong = float(row[2]), row[6], row[7]
+        assert requests_per_s > 0 and (errors, wrong) == ("0", "0"), row
