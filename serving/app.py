@@ -189,7 +189,7 @@ def check_instances(runtimes: Mapping[str, Runtime], instances: int) -> None:
             raise ValueError(
                 f"instances must be 1 for model {name!r}, which runs with IO binding (CUDA's "
                 f"default) one call at a time, got {instances}; load it with io_binding=False "
-                "to run several batches at once"
+                "(python -m serving: --device cpu) to run several batches at once"
             )
 
 

@@ -146,7 +146,10 @@ class Batcher:
         self._executor = executor
         self._metrics = metrics
         self._pending: list[QueuedItem] = []  # arrival order
-        self._in_calls: list[list[QueuedItem]] = []  # the batches in the worker threads
+        # The runtime calls in progress (their futures) and their batches; those told to
+        # terminate that have not ended yet.
+        self._in_calls: dict[asyncio.Future, list[QueuedItem]] = {}
+        self._terminating: set[asyncio.Future] = set()
         self._submits = 0  # submit() calls so far
         # The rotation's clock: a request's items are stamped with it when queued, and again
         # when the request takes its turn (_rotate), which puts them behind those queued then.
@@ -154,6 +157,7 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._broken = False  # a running batch's task raised (a bug in _run)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -330,13 +334,14 @@ class Batcher:
             self._drop_cancelled()
         # (a future the caller awaited is cancelled with it already)
         if self._in_calls and all(
-            all(item.future.cancelled() for item in group) for group in self._in_calls
+            all(item.future.cancelled() for item in group) for group in self._in_calls.values()
         ):
             # no one waits for any runtime call in progress: end them (runtimes that can; a
             # runtime's terminate ends every call in it, so not while one still has a caller)
             terminate = getattr(self.runtime, "terminate", None)
             if callable(terminate):
                 terminate()
+                self._terminating.update(self._in_calls)  # no call starts before they end
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -357,23 +362,37 @@ class Batcher:
                 if self.instances == 1:
                     await self._run(batch)
                 else:
-                    running.add(asyncio.create_task(self._run(batch), name="skattn-batch"))
+                    task = asyncio.create_task(self._run(batch), name="skattn-batch")
+                    task.add_done_callback(self._batch_done)  # a bug wakes _next_batch
+                    running.add(task)
+            for task in [task for task in running if task.done()]:
+                task.result()  # a bug (_next_batch returned None for it) ends the batcher now
             for task in running:
                 await task
             running = set()
         finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
-            for task in running:  # each answers its own batch (_run_batch)
-                task.cancel()
-            if running:
-                await asyncio.wait(running)
-            self._fail(self._pending, BatcherClosedError("the batcher stopped"))
-            self._pending.clear()
-            self._report_depth()
+            try:
+                for task in running:  # each answers its own batch (_run_batch)
+                    task.cancel()
+                if running:
+                    await asyncio.wait(running)
+            finally:  # (cancelled again meanwhile: the queue is answered all the same)
+                self._fail(self._pending, BatcherClosedError("the batcher stopped"))
+                self._pending.clear()
+                self._report_depth()
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        """A running batch ended: if by a bug, :meth:`_next_batch` returns None at once."""
+        if not task.cancelled() and task.exception() is not None:
+            self._broken = True
+            self._wakeup.set()
 
     async def _next_batch(self) -> list[QueuedItem] | None:
         """Wait until a batch is due (full, or its oldest item has waited max_delay)."""
         max_delay = self.max_delay_ms / 1000
         while True:
+            if self._broken:  # a running batch hit a bug: _schedule ends the batcher
+                return None
             self._drop_cancelled()
             if not self._pending:
                 if self._stopping:
@@ -469,13 +488,22 @@ class Batcher:
     async def _call(self, group: list[QueuedItem], *args) -> tuple:
         """:meth:`_predict` of ``args`` in a worker thread; ``group`` is one of the running
         batches meanwhile, which :meth:`withdraw` terminates once none of their items is
-        awaited."""
-        self._in_calls.append(group)
+        awaited.
+
+        A call starts only once the calls told to terminate have ended: a runtime's terminate
+        is one flag for every call in it (``serving.Runtime``), which would end a call started
+        meanwhile too (or, cleared by its start, let a terminated call run to its end).
+        """
+        while self._terminating:
+            await asyncio.wait(self._terminating)
+            self._terminating = {call for call in self._terminating if not call.done()}
+        call = asyncio.get_running_loop().run_in_executor(self._executor, self._predict, *args)
+        self._in_calls[call] = group
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self._predict, *args)
+            return await call
         finally:
-            self._in_calls = [other for other in self._in_calls if other is not group]
+            del self._in_calls[call]
+            self._terminating.discard(call)
 
     def _predict(
         self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -169,6 +170,10 @@ class Runtime:
         else:
             backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)
         self.backend = backend
+        # predict_batch calls in progress: terminate() is for them, and its flag is cleared
+        # when the last of them ends (not when another starts or ends before it)
+        self._calls = 0
+        self._calls_lock = threading.Lock()
         if max_batch_size is None:
             max_batch_size = default_chunk_items(carry_width(sessions.encoder))
         self.workers = workers
@@ -353,30 +358,38 @@ class Runtime:
             rows sum to 1. ``None`` unless ``with_attention``. Each ``"all"`` adds a leading
             axis (layers before heads).
         """
-        with_attention = check_bool(with_attention, "with_attention")
-        sources = ordered_items(sources, "sources")
-        for text in sources:
-            self.check_source(text)
-        settings = self.search_settings(temperature)
-        selection = self.info.map_selection(layer, head)
-        token_lists = [tokenize(text, self.tokenizer) for text in sources]
-        self.backend.run_options.terminate = False  # a terminate() was for an earlier call
+        with self._calls_lock:
+            self._calls += 1
         try:
+            with_attention = check_bool(with_attention, "with_attention")
+            sources = ordered_items(sources, "sources")
+            for text in sources:
+                self.check_source(text)
+            settings = self.search_settings(temperature)
+            selection = self.info.map_selection(layer, head)
+            token_lists = [tokenize(text, self.tokenizer) for text in sources]
             if selection is None or not with_attention:
                 return self.translator.translate(token_lists, settings, with_attention)
             return translate_with_maps(
                 self.translator, token_lists, settings, selection, self.attention_graph
             )
-        finally:  # the runtime's other calls (log_likelihood, a continuous search) run as usual
-            self.backend.run_options.terminate = False
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
+                if not self._calls:  # the next call (log_likelihood, a continuous search too)
+                    self.backend.run_options.terminate = False  # runs as usual
 
     def terminate(self) -> None:
         """Stop the ``predict_batch`` in progress (called from another thread): its
         onnxruntime runs end at their next node, and it raises. The server's batcher calls it
         when every request of the batch has gone, so an abandoned search does not hold the
-        model; the runtime's next call runs as usual. (Meant for one caller, as the server's
-        batcher is: with several threads in ``predict_batch`` at once, it stops them all.)"""
-        self.backend.run_options.terminate = True
+        model; the runtime's next call runs as usual. With several threads in
+        ``predict_batch`` at once, it stops them all, and a call that starts before the last
+        of them has ended stops too (the server's batcher starts none meanwhile); with none,
+        it does nothing."""
+        with self._calls_lock:
+            if self._calls:
+                self.backend.run_options.terminate = True
 
     def log_likelihood(
         self, sources: Sequence[str], outputs: Sequence, temperature: float | None = None

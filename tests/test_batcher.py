@@ -3,6 +3,7 @@
 import asyncio
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -616,6 +617,115 @@ def test_with_two_batches_running_terminate_waits_until_neither_has_a_caller():
     after_first, after_both, following = run(body())
     assert (after_first, after_both) == (0, 1)
     assert following == [ItemResult("txen")]
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_bug_in_a_batch_ends_the_batcher_at_once_even_with_a_worker_free(instances):
+    """With several instances, a batch that hit a bug in the batcher (not in the runtime) went
+    unnoticed while a worker was free: the idle batcher still said it was running (ready)."""
+
+    async def body():
+        batcher = await started(
+            ReverseRuntime(), max_batch_size=1, max_delay_ms=0, instances=instances
+        )
+
+        def broken(item, prediction, attention):
+            raise RuntimeError("a bug")
+
+        batcher._answer = broken
+        with pytest.raises(BatcherClosedError):
+            await batcher.infer(["first"])
+        await asyncio.wait([batcher._task], timeout=5)
+        return batcher
+
+    batcher = run(body())
+    assert not batcher.running and batcher._task.done()
+    with pytest.raises(RuntimeError, match="a bug"):
+        batcher._task.result()
+
+
+def test_a_second_cancellation_of_the_scheduling_task_still_answers_the_waiting_items():
+    """The scheduler, cancelled (a stop under a timeout), waits for its running batches to
+    unwind; cancelled again meanwhile (the loop's teardown cancels every task), it left the
+    items still queued without an answer."""
+
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
+        in_flight = [asyncio.ensure_future(batcher.infer([f"running {i}"])) for i in range(2)]
+        assert await batches_started(runtime, 2)
+        waiting = asyncio.ensure_future(batcher.infer(["waiting"]))
+        await asyncio.sleep(0)
+        batcher._task.cancel()
+        for _ in range(3):  # the scheduler is in its finally, waiting for the running batches
+            await asyncio.sleep(0)
+        batcher._task.cancel()
+        done, pending = await asyncio.wait([*in_flight, waiting], timeout=5)
+        runtime.release()
+        return [task.exception() for task in done], pending
+
+    errors, pending = run(body())
+    assert not pending
+    assert [type(error) for error in errors] == [BatcherClosedError] * 3
+
+
+class SharedFlagRuntime(ReverseRuntime):
+    """As ``serving.Runtime``: ``terminate()`` sets one flag for every call in the runtime, which
+    each reads at its next onnxruntime run; it is cleared when the last of them ends."""
+
+    def __init__(self) -> None:
+        super().__init__(gated=True)
+        self.flag = False
+        self.terminated: list[list[str]] = []
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def terminate(self) -> None:
+        with self._lock:
+            if self._calls:
+                self.flag = True
+        self.release()
+
+    def predict_batch(self, sources, temperature=None, with_attention=False):
+        with self._lock:
+            self._calls += 1
+        try:
+            answer = super().predict_batch(sources, temperature, with_attention)
+            time.sleep(0.2)  # between two runs: the flag is read at the next one
+            if self.flag:
+                self.terminated.append(list(sources))
+                raise RuntimeError("Exiting due to terminate flag being set to true.")
+            return answer
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if not self._calls:
+                    self.flag = False
+
+
+def test_no_batch_starts_while_a_terminated_one_has_not_ended():
+    """With a worker free, the next batch started while the abandoned one had not read the
+    runtime's terminate flag yet: the flag, for every call in the runtime, ended it too, and
+    its caller got the error."""
+
+    async def body():
+        runtime = SharedFlagRuntime()
+        metrics = RecordingMetrics()
+        batcher = await started(
+            runtime, max_batch_size=1, max_delay_ms=0, instances=2, metrics=metrics
+        )
+        gone = asyncio.ensure_future(batcher.infer(["gone"]))
+        assert await batches_started(runtime, 1)
+        gone.cancel()  # its one caller leaves: terminated
+        await asyncio.sleep(0)
+        following = await batcher.infer(["next"])  # a worker is free: it forms at once
+        await batcher.stop()
+        return runtime, metrics, following
+
+    runtime, metrics, following = run(body())
+    assert runtime.terminated == [["gone"]]
+    assert following == [ItemResult("txen")]
+    assert metrics.batches == [(1, True), (1, False)]
 
 
 # -- the policy alone -----------------------------------------------------------------------

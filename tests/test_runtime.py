@@ -922,3 +922,58 @@ def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_grap
     assert not thread.is_alive()
     assert "terminate" in str(outcome["end"])
     assert runtime.predict(["12"]) == expected
+
+
+def test_terminate_ends_every_search_in_progress_even_after_one_of_them_ended(tmp_path):
+    """Two searches at once (a server's instances), both terminated: the first to end cleared
+    the runtime's one terminate flag before the other had read it (between two of its step
+    runs), and the other went on to the end of its search."""
+    import time
+
+    import torch
+
+    X, y = ["12", "345", "6789"] * 8, ["21", "543", "9876"] * 8
+    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_steps=3, max_output_length=4096)
+    model.set_params(early_stopping=False, device="cpu", random_state=0).fit(X, y)
+    with torch.no_grad():  # EOS never wins: every search runs to its 4,096 tokens
+        model.module_.decoder.output.bias[2] = -1e4
+    directory = model.export_onnx(tmp_path / "model")
+    runtime = serving.load(directory, device="cpu", intra_op_num_threads=1, decode_graph=False)
+    expected = runtime.predict(["12"])
+    stepping, parked, resume = threading.Event(), threading.Event(), threading.Event()
+    step = runtime.backend.step
+
+    def held_step(*args, **kwargs):  # "between" stops once between two runs, until resumed
+        result = step(*args, **kwargs)
+        if threading.current_thread().name == "between" and not parked.is_set():
+            parked.set()
+            resume.wait(timeout=30)
+        elif threading.current_thread().name == "running":
+            stepping.set()
+        return result
+
+    runtime.backend.step = held_step
+    outcome = {}
+
+    def search():
+        started = time.monotonic()
+        try:
+            runtime.predict_batch(["1234567890"] * 16)
+            outcome[threading.current_thread().name] = "finished"
+        except Exception as error:  # onnxruntime's: "Exiting due to terminate flag ..."
+            outcome[threading.current_thread().name] = str(error)
+        outcome[threading.current_thread().name + " s"] = time.monotonic() - started
+
+    threads = [threading.Thread(target=search, name=name) for name in ("between", "running")]
+    for thread in threads:
+        thread.start()
+    assert parked.wait(timeout=30) and stepping.wait(timeout=30)
+    runtime.terminate()
+    threads[1].join(timeout=30)  # "running" reads the flag at its next run and ends
+    resume.set()  # then "between" takes its next run
+    threads[0].join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert "terminate" in outcome["running"]
+    assert "terminate" in outcome["between"], outcome
+    runtime.backend.step = step
+    assert runtime.predict(["12"]) == expected  # the next call runs as usual
