@@ -13,7 +13,7 @@ import pytest
 from serving_doubles import ReverseRuntime
 from test_batcher import RecordingMetrics, run
 from test_runtime import SOURCES, TRANSFORMER_PARAMS, fit, load
-from test_server import MODEL, infer_body
+from test_server import MODEL, infer_body, one_item_requests_at_once
 
 from serving.batch_items import BatchError
 from serving.batch_policy import choose_admissions
@@ -390,18 +390,7 @@ def test_the_server_batches_continuously_and_answers_as_the_runtime(serve, runti
     server = serve(runtime, batching="continuous")
     assert isinstance(server.batcher, ContinuousBatcher)
     sources = SOURCES[:24]
-
-    async def body():
-        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
-
-            async def one(source):
-                response = await client.post(f"/v2/models/{MODEL}/infer", json=infer_body([source]))
-                assert response.status_code == 200, response.text
-                return response.json()["outputs"][0]["data"][0]
-
-            return await asyncio.gather(*(one(s) for s in sources))
-
-    assert asyncio.run(body()) == runtime.predict(sources)
+    assert one_item_requests_at_once(server, sources) == runtime.predict(sources)
     assert server.metric("skattn_batch_failures_total") == 0
     assert server.metric("skattn_batch_size_count") > 0
 

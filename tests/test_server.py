@@ -112,6 +112,23 @@ def wait_until(condition, timeout=10.0):
         time.sleep(0.005)
 
 
+def one_item_requests_at_once(server, sources) -> list:
+    """Post each source as a request of its own, all at once; the answers, in order (each
+    request must succeed)."""
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            async def one(source):
+                response = await client.post(f"/v2/models/{MODEL}/infer", json=infer_body([source]))
+                assert response.status_code == 200, response.text
+                return response.json()["outputs"][0]["data"][0]
+
+            return await asyncio.gather(*(one(s) for s in sources))
+
+    return asyncio.run(scenario())
+
+
 def infer_body(sources, **extra):
     body = {"inputs": [{"name": "source", "shape": [len(sources)], "datatype": "BYTES"}]}
     body["inputs"][0]["data"] = sources
@@ -807,17 +824,7 @@ def test_two_instances_serve_a_beam_model_as_its_runtime(serve, fitted_reversal,
     assert server.batcher.instances == 2
     sources = [str(n) for n in range(100, 160)]
 
-    async def scenario():
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-
-            async def one(source):
-                response = await client.post(f"/v2/models/{MODEL}/infer", json=infer_body([source]))
-                assert response.status_code == 200, response.text
-                return response.json()["outputs"][0]["data"][0]
-
-            return await asyncio.gather(*(one(s) for s in sources))
-
-    assert asyncio.run(scenario()) == runtime.predict(sources)
+    assert one_item_requests_at_once(server, sources) == runtime.predict(sources)
     assert server.metric("skattn_batch_failures_total") == 0
     assert server.metric("skattn_batch_size_sum", model=MODEL) == len(sources)
 
