@@ -24,11 +24,12 @@ graph, only when IO binding is on): never torch, scikit-learn, or the training s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -170,9 +171,7 @@ class Runtime:
         else:
             backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)
         self.backend = backend
-        # predict_batch calls in progress: terminate() is for them, and its flag is cleared
-        # when the last of them ends (not when another starts or ends before it)
-        self._calls = 0
+        self._calls = 0  # calls in progress that terminate() ends (_running)
         self._calls_lock = threading.Lock()
         if max_batch_size is None:
             max_batch_size = default_chunk_items(carry_width(sessions.encoder))
@@ -358,35 +357,44 @@ class Runtime:
             rows sum to 1. ``None`` unless ``with_attention``. Each ``"all"`` adds a leading
             axis (layers before heads).
         """
-        with self._calls_lock:
-            self._calls += 1
-        try:
-            with_attention = check_bool(with_attention, "with_attention")
-            sources = ordered_items(sources, "sources")
-            for text in sources:
-                self.check_source(text)
-            settings = self.search_settings(temperature)
-            selection = self.info.map_selection(layer, head)
-            token_lists = [tokenize(text, self.tokenizer) for text in sources]
+        with_attention = check_bool(with_attention, "with_attention")
+        sources = ordered_items(sources, "sources")
+        for text in sources:
+            self.check_source(text)
+        settings = self.search_settings(temperature)
+        selection = self.info.map_selection(layer, head)
+        token_lists = [tokenize(text, self.tokenizer) for text in sources]
+        with self._running():
             if selection is None or not with_attention:
                 return self.translator.translate(token_lists, settings, with_attention)
             return translate_with_maps(
                 self.translator, token_lists, settings, selection, self.attention_graph
             )
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """A call that :meth:`terminate` ends (``predict_batch``, ``log_likelihood``): the
+        runtime's one terminate flag is cleared when the last of them ends, not when another
+        starts or ends before it, so a terminate reaches every call in progress; the next
+        call (a continuous search too) runs as usual."""
+        with self._calls_lock:
+            self._calls += 1
+        try:
+            yield
         finally:
             with self._calls_lock:
                 self._calls -= 1
-                if not self._calls:  # the next call (log_likelihood, a continuous search too)
-                    self.backend.run_options.terminate = False  # runs as usual
+                if not self._calls:
+                    self.backend.run_options.terminate = False
 
     def terminate(self) -> None:
         """Stop the ``predict_batch`` in progress (called from another thread): its
         onnxruntime runs end at their next node, and it raises. The server's batcher calls it
         when every request of the batch has gone, so an abandoned search does not hold the
-        model; the runtime's next call runs as usual. With several threads in
-        ``predict_batch`` at once, it stops them all, and a call that starts before the last
-        of them has ended stops too (the server's batcher starts none meanwhile); with none,
-        it does nothing."""
+        model; the runtime's next call runs as usual. With several calls in progress
+        (``predict_batch`` or ``log_likelihood`` in other threads), it stops them all, and a
+        call that starts before the last of them has ended stops too (the server's batcher
+        starts none meanwhile); with none, it does nothing."""
         with self._calls_lock:
             if self._calls:
                 self.backend.run_options.terminate = True
@@ -429,8 +437,10 @@ class Runtime:
         source_tokens = [tokenize(text, self.tokenizer) for text in sources]
         output_tokens = as_outputs(outputs, "outputs", self.tokenizer, self.manifest.output_kind)
         check_output_lengths(output_tokens, MAX_OUTPUT_LENGTH, "outputs")
-        self.backend.run_options.terminate = False  # a terminate() was for a predict_batch
-        return self.translator.log_likelihoods(source_tokens, output_tokens, settings.temperature)
+        with self._running():
+            return self.translator.log_likelihoods(
+                source_tokens, output_tokens, settings.temperature
+            )
 
     def predict(self, sources: Sequence[str], temperature: float | None = None) -> list:
         """Translate ``sources``; see :meth:`predict_batch`."""

@@ -924,21 +924,64 @@ def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_grap
     assert runtime.predict(["12"]) == expected
 
 
+def endless_search_runtime(tmp_path):
+    """Step graphs of a tiny model whose ``EOS`` never wins: every search runs to its 4,096
+    tokens (seconds), time enough to terminate it."""
+    import torch
+
+    X, y = ["12", "345", "6789"] * 8, ["21", "543", "9876"] * 8
+    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_steps=3, max_output_length=4096)
+    model.set_params(early_stopping=False, device="cpu", random_state=0).fit(X, y)
+    with torch.no_grad():
+        model.module_.decoder.output.bias[2] = -1e4
+    directory = model.export_onnx(tmp_path / "model")
+    return serving.load(directory, device="cpu", intra_op_num_threads=1, decode_graph=False)
+
+
+def test_a_scoring_call_during_a_terminated_search_ends_too_and_leaves_the_flag_set(tmp_path):
+    """log_likelihood cleared the runtime's terminate flag when it started: a search
+    terminated just before it went on to its end."""
+    runtime = endless_search_runtime(tmp_path)
+    parked, resume = threading.Event(), threading.Event()
+    step = runtime.backend.step
+
+    def held_step(*args, **kwargs):  # the search stops once between two runs, until resumed
+        result = step(*args, **kwargs)
+        if threading.current_thread().name == "search" and not parked.is_set():
+            parked.set()
+            resume.wait(timeout=30)
+        return result
+
+    runtime.backend.step = held_step
+    outcome = {}
+
+    def search():
+        try:
+            runtime.predict_batch(["1234567890"] * 8)
+            outcome["search"] = "finished"
+        except Exception as error:  # onnxruntime's: "Exiting due to terminate flag ..."
+            outcome["search"] = str(error)
+
+    thread = threading.Thread(target=search, name="search")
+    thread.start()
+    assert parked.wait(timeout=30)
+    runtime.terminate()
+    with pytest.raises(Exception, match="terminate"):  # a call in progress: ended as well
+        runtime.log_likelihood(["12"], ["21"])
+    resume.set()
+    thread.join(timeout=60)
+    runtime.backend.step = step
+    assert not thread.is_alive() and "terminate" in outcome["search"], outcome
+    assert np.isfinite(runtime.log_likelihood(["12"], ["21"])).all()  # then as usual
+
+
 def test_terminate_ends_every_search_in_progress_even_after_one_of_them_ended(tmp_path):
     """Two searches at once (a server's instances), both terminated: the first to end cleared
     the runtime's one terminate flag before the other had read it (between two of its step
     runs), and the other went on to the end of its search."""
     import time
 
-    import torch
-
-    X, y = ["12", "345", "6789"] * 8, ["21", "543", "9876"] * 8
-    model = Seq2Seq(hidden_size=8, embedding_dim=8, max_steps=3, max_output_length=4096)
-    model.set_params(early_stopping=False, device="cpu", random_state=0).fit(X, y)
-    with torch.no_grad():  # EOS never wins: every search runs to its 4,096 tokens
-        model.module_.decoder.output.bias[2] = -1e4
-    directory = model.export_onnx(tmp_path / "model")
-    runtime = serving.load(directory, device="cpu", intra_op_num_threads=1, decode_graph=False)
+    runtime = endless_search_runtime(tmp_path)
     expected = runtime.predict(["12"])
     stepping, parked, resume = threading.Event(), threading.Event(), threading.Event()
     step = runtime.backend.step
