@@ -2,6 +2,7 @@
 a running server for the server-side tests."""
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -65,3 +66,15 @@ def serve():
             return stack.enter_context(server)
 
         yield start
+
+
+@pytest.fixture
+def keep_logging():
+    """``serving.__main__.main`` sends logs to stderr as JSON lines, through a handler on the
+    root logger that would outlive the test (and write to its closed capture); give the test
+    process its handlers back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -38,7 +38,7 @@ def test_the_command_line_serves_a_packaged_model_beside_a_model_dir(fake_root):
     assert args.model_dir == [(None, Path("x"))]
 
 
-def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys):
+def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys, keep_logging):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--model", "nope"])
     assert "is not a packaged model" in capsys.readouterr().err
@@ -102,7 +102,7 @@ def test_the_g2p_model_reaches_its_recorded_test_figures_on_a_sample(g2p_dir):
     assert 100 * phoneme_error_rate(references, predictions) <= figures["test_per"] + 2.0
 
 
-def test_two_models_under_one_name_are_refused_before_loading(fake_root, capsys):
+def test_two_models_under_one_name_are_refused_before_loading(fake_root, capsys, keep_logging):
     with pytest.raises(SystemExit):
         main(["--model", "rev", "--model", "rev"])
     assert "--model rev: another model is served under that name too" in capsys.readouterr().err

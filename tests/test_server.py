@@ -837,7 +837,7 @@ def test_several_instances_are_refused_for_a_runtime_with_io_binding():
     create_app({MODEL: runtime}, ServerSettings(instances=1))  # one at a time: served
 
 
-def test_cli_instances_share_the_intra_op_threads(tmp_path, monkeypatch, capsys):
+def test_cli_instances_share_the_intra_op_threads(tmp_path, monkeypatch, capsys, keep_logging):
     from serving import layout
 
     monkeypatch.setattr(layout, "usable_cores", lambda: 9)
@@ -1043,16 +1043,6 @@ def test_serving_never_imports_torch_or_sklearn():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
-@pytest.fixture
-def keep_logging():
-    """``main`` sends logs to stderr as JSON lines; give the test process its handlers back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 def test_cli_defaults_follow_the_design_and_bind_localhost():
     args = build_parser().parse_args(["--model-dir", "m"])
     assert (args.host, args.port, args.device) == ("127.0.0.1", 8000, "auto")
@@ -1076,7 +1066,7 @@ def test_every_server_setting_has_its_flag():
     assert args["retry_after_s"] == 3
 
 
-def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys):
+def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys, keep_logging):
     args = build_parser().parse_args(["--model-dir", "a=x/m1", "--model-dir", "y/m2"])
     assert args.model_dir == [("a", Path("x/m1")), (None, Path("y/m2"))]
     odd = tmp_path / "with=sign"
@@ -1120,7 +1110,7 @@ def test_cli_fails_fast_on_a_bad_model_dir(tmp_path, capsys, keep_logging):
 
 
 def test_cli_refuses_an_empty_host_or_dir_and_a_file_limit_without_room(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, keep_logging
 ):
     """An empty --host bound every interface with the Host check off; NAME= served the working
     directory; a file-descriptor limit without room for a connection ended in a traceback,
