@@ -27,10 +27,18 @@ def run(coroutine):
     return asyncio.run(bounded())
 
 
-async def wait_for_batches(runtime: ReverseRuntime, count: int) -> None:
-    """Wait until ``count`` batches have entered the runtime (they may be held at its gate)."""
+async def batches_started(runtime: ReverseRuntime, count: int, timeout: float = 5.0) -> bool:
+    """Whether ``count`` more batches enter the runtime (they may be held at its gate), each
+    within ``timeout`` seconds."""
     for _ in range(count):
-        await asyncio.to_thread(runtime.started.acquire)
+        if not await asyncio.to_thread(runtime.started.acquire, timeout=timeout):
+            return False
+    return True
+
+
+async def wait_for_batches(runtime: ReverseRuntime, count: int) -> None:
+    """Wait until ``count`` batches have entered the runtime; fail within :func:`run`'s bound."""
+    assert await batches_started(runtime, count, timeout=20), f"{count} batches never started"
 
 
 async def started(runtime: ReverseRuntime, **settings) -> Batcher:
@@ -540,14 +548,6 @@ def test_every_caller_gets_an_answer_even_if_the_scheduling_task_dies(instances)
 # -- instances: several batches at once --------------------------------------------------------
 
 
-async def batches_started(runtime: ReverseRuntime, count: int, timeout: float = 5.0) -> bool:
-    """Whether ``count`` more batches enter the runtime within ``timeout`` seconds."""
-    for _ in range(count):
-        if not await asyncio.to_thread(runtime.started.acquire, timeout=timeout):
-            return False
-    return True
-
-
 @pytest.mark.parametrize("instances", [1, 2, 3])
 def test_up_to_instances_batches_run_at_once_and_the_next_forms_when_one_ends(instances):
     async def body():
@@ -575,7 +575,7 @@ def test_stop_lets_every_running_batch_finish_and_drains_the_queue():
         runtime = ReverseRuntime(gated=True)
         batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
         requests = [asyncio.ensure_future(batcher.infer([f"item {i}"])) for i in range(3)]
-        assert await batches_started(runtime, 2)
+        await wait_for_batches(runtime, 2)
         stopping = asyncio.ensure_future(batcher.stop(drain=True))
         await asyncio.sleep(0.01)
         refused = None
@@ -603,7 +603,7 @@ def test_with_two_batches_running_terminate_waits_until_neither_has_a_caller():
         batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
         first = asyncio.ensure_future(batcher.infer(["first"]))
         second = asyncio.ensure_future(batcher.infer(["second"]))
-        assert await batches_started(runtime, 2)
+        await wait_for_batches(runtime, 2)
         first.cancel()
         await asyncio.sleep(0.01)
         after_first = runtime.terminations  # the second batch's caller still waits
@@ -653,7 +653,7 @@ def test_a_second_cancellation_of_the_scheduling_task_still_answers_the_waiting_
         runtime = ReverseRuntime(gated=True)
         batcher = await started(runtime, max_batch_size=1, max_delay_ms=0, instances=2)
         in_flight = [asyncio.ensure_future(batcher.infer([f"running {i}"])) for i in range(2)]
-        assert await batches_started(runtime, 2)
+        await wait_for_batches(runtime, 2)
         waiting = asyncio.ensure_future(batcher.infer(["waiting"]))
         await asyncio.sleep(0)
         batcher._task.cancel()
@@ -715,7 +715,7 @@ def test_no_batch_starts_while_a_terminated_one_has_not_ended():
             runtime, max_batch_size=1, max_delay_ms=0, instances=2, metrics=metrics
         )
         gone = asyncio.ensure_future(batcher.infer(["gone"]))
-        assert await batches_started(runtime, 1)
+        await wait_for_batches(runtime, 1)
         gone.cancel()  # its one caller leaves: terminated
         await asyncio.sleep(0)
         following = await batcher.infer(["next"])  # a worker is free: it forms at once
