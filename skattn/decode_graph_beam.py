@@ -28,15 +28,9 @@ stops costing its ``K`` rows, as in the NumPy search::
                      the (B,) results; Gather of the others' rows for the next segment
     trace     Loop   each item's tokens and attention rows, read back from its best id
 
-No step copies a beam's tokens or attention rows, which would cost ``output length x T`` per
-row per step (the square of the output length in all). As in the NumPy search's ``_History``,
-each step writes its new rows once, as the inner loop's scan outputs: ``parent (N,)``, the id of
-the row each new beam extends, ``token (N,)`` and ``attention (N, T)``. A segment appends them
-to the history (``hist_*``, one entry per row per step, entry 0 a root whose parent is itself),
-so a row's id is ``H + s N + j``: ``H`` entries before its segment, step ``s`` of the segment,
-row ``j``. An item keeps its best hypothesis as an id and a length, and the search ends with
-one walk from every item's id back to the root. Each segment's append copies the history
-once: after the first step of a batch of two or more, and at each step where some item stops.
+No step copies a beam's tokens or attention rows (the square of the output length in all): each
+step writes its new rows once, as the inner loop's scan outputs, and each segment appends them
+to a history that the search reads its results back from (:mod:`skattn.decode_graph_history`).
 """
 
 from __future__ import annotations
@@ -53,6 +47,12 @@ from skattn.decode_graph_greedy import (
     decoder_step,
     fill,
     state_types,
+)
+from skattn.decode_graph_history import (
+    HISTORY_TYPES,
+    append_history,
+    root_history,
+    trace_history,
 )
 from skattn.onnx_graph import GraphBuilder, value_info
 
@@ -80,7 +80,6 @@ def _keep_best(b, take, row, score, length, ins) -> list[str]:
 
 _BEST = ("best_score", "best_length", "best_id")
 _ITEM_NAMES = ("beam_lp", "n_finished", *_BEST)
-_HISTORY = ("hist_parent", "hist_token", "hist_attention")
 _OUTS = ("out_score", "out_length", "out_id")  # (B,) each item's best, written when it stops
 _TYPES = {
     "y_prev": (INT64, 1),
@@ -91,9 +90,7 @@ _TYPES = {
     "best_score": (DOUBLE, 1),
     "best_length": (INT64, 1),
     "best_id": (INT64, 1),
-    "hist_parent": (INT64, 1),
-    "hist_token": (INT64, 1),
-    "hist_attention": (FLOAT, 2),
+    **HISTORY_TYPES,
 }
 
 
@@ -306,59 +303,6 @@ def _write(b: GraphBuilder, outs: dict, at: str, results: list[str]) -> list[str
     ]
 
 
-def _append(b: GraphBuilder, history: dict, steps: dict, T: str) -> list[str]:
-    """The history with a segment's steps appended: ``parent``, ``token`` ``(S, N)`` and
-    ``attention (S, N, T)``, row-major, so that step ``s``'s row ``j`` lands at ``H + s N + j``."""
-    flat = b.op("Concat", b.const([-1], np.int64), T, axis=0)  # (-1, T)
-    return [
-        b.op("Concat", history["hist_parent"], b.reshape(steps["parent"], [-1]), axis=0),
-        b.op("Concat", history["hist_token"], b.reshape(steps["token"], [-1]), axis=0),
-        b.op("Concat", history["hist_attention"], b.reshape(steps["attention"], flat), axis=0),
-    ]
-
-
-def _trace(b: GraphBuilder, history: dict, ids: str, lengths: str, width: str) -> tuple[str, str]:
-    """Each item's hypothesis read back from the history: ``tokens (B, L)`` and ``attention
-    (B, L, T)`` of ``lengths (B,)`` tokens ending at ``ids (B,)``, 0 after the end, ``L`` =
-    ``width`` (a ``(1,)`` tensor, the steps taken).
-
-    A ``Loop`` of ``max(L, 1)`` walks from every id to its parent (the root stays the root,
-    its token 0 and its row 0): walk ``k`` reads position ``length - 1 - k`` of its item."""
-    body = GraphBuilder("beam/trace/")
-    own = body.loop_inputs(["at"])
-    graph = body.loop_body(
-        "beam_trace",
-        body.const(True),
-        {"at": (body.gather_rows(history["hist_parent"], own["at"]), (INT64, 1))},
-        {
-            "token": (body.gather_rows(history["hist_token"], own["at"]), (INT64, 1)),
-            "attention": (body.gather_rows(history["hist_attention"], own["at"]), (FLOAT, 2)),
-        },
-    )
-    walks = b.op("Max", width, b.const([1], np.int64))  # (1,)
-    _, token_walk, attention_walk = b.op(
-        "Loop", b.squeeze(walks, 0), b.const(True), ids, outputs=3, body=graph
-    )  # (W, B), (W, B, T)
-    # position p of item b is walk length_b - 1 - p, for p < length_b
-    position = b.unsqueeze(b.arange(width), 0)  # (1, L)
-    length = b.unsqueeze(lengths, 1)  # (B, 1)
-    inside = b.op("Less", position, length)  # (B, L)
-    walk = b.op(
-        "Max",
-        b.op("Sub", b.op("Sub", length, b.const(1, np.int64)), position),
-        b.const(0, np.int64),
-    )  # (B, L)
-    tokens = b.op("GatherElements", b.op("Transpose", token_walk, perm=[1, 0]), walk, axis=1)
-    tokens = b.where(inside, tokens, b.const(0, np.int64))
-    T = b.dim(attention_walk, 2)  # (1,)
-    walk3 = b.op("Expand", b.unsqueeze(walk, 2), b.op("Concat", b.op("Shape", walk), T, axis=0))
-    attention = b.op(
-        "GatherElements", b.op("Transpose", attention_walk, perm=[1, 0, 2]), walk3, axis=1
-    )  # (B, L, T)
-    attention = b.where(b.unsqueeze(inside, 2), attention, b.const(0.0, np.float32))
-    return tokens, attention
-
-
 def beam_search(
     b: GraphBuilder, decoder, manifest: Manifest, carry: dict[str, str]
 ) -> tuple[str, str, str, str]:
@@ -368,16 +312,15 @@ def beam_search(
     The outer ``Loop`` (segments) carries the items still searching, their rows and ``items``,
     their places in the batch, and the history; the results ``out_*`` are ``(B,)``, each item's
     written once, when it stops (or after the loop, for those still searching at
-    ``max_length``), and read back from the history at the end (:func:`_trace`).
+    ``max_length``), and read back from the history at the end (:func:`trace_history`).
     """
     K, alpha = manifest.beam_size, manifest.length_penalty
     states = list(manifest.state_names)
     B = b.dim("src", 0)  # (1,)
     T = b.dim("src", 1)  # (1,)
     carried = ["y_prev", *states, "memory", "keys", "mask", "row_ids", *_ITEM_NAMES]
-    carried += ["items", "done", *_HISTORY]
+    carried += ["items", "done", *HISTORY_TYPES]
     names = [*carried, *_OUTS]
-    one = b.const([1], np.int64)
     initial = {
         **_first_rows_layout(b, decoder, manifest, carry),
         "n_finished": fill(b, B, 0, np.int64),  # (B,)
@@ -386,9 +329,7 @@ def beam_search(
         "best_id": fill(b, B, 0, np.int64),  # (B,) the root: no tokens
         "items": b.arange(B),  # (B,)
         "done": b.const(0, np.int64),  # () steps taken
-        "hist_parent": fill(b, one, 0, np.int64),  # (1,) the root, its own parent
-        "hist_token": fill(b, one, 0, np.int64),
-        "hist_attention": fill(b, b.op("Concat", one, T, axis=0), 0.0, np.float32),  # (1, T)
+        **root_history(b, T),
         "out_score": fill(b, B, 0.0, np.float64),
         "out_length": fill(b, B, 0, np.int64),
         "out_id": fill(b, B, 0, np.int64),
@@ -410,7 +351,7 @@ def beam_search(
     kept.update({name: body.gather_rows(after[name], keep) for name in _ITEM_NAMES})
     kept["items"] = body.gather_rows(ins["items"], keep)
     kept["done"] = body.op("Add", ins["done"], body.squeeze(body.dim(after["token"], 0), 0))
-    kept.update(zip(_HISTORY, _append(body, ins, after, T), strict=True))
+    kept.update(append_history(body, ins, after, T))
     at = body.unsqueeze(body.gather_rows(ins["items"], stop), 1)  # (f, 1)
     written = _write(body, ins, at, [body.gather_rows(after[k], stop) for k in _BEST])
     kept.update(zip(_OUTS, written, strict=True))
@@ -451,6 +392,5 @@ def beam_search(
     row = b.op("Add", _first_rows(b, b.dim(final["items"], 0), per_item), live_slot)
     results = _keep_best(b, open_, row, live_score, steps, final)
     score, length, ids = _write(b, final, b.unsqueeze(final["items"], 1), results)
-    history = {name: final[name] for name in _HISTORY}
-    tokens, attention = _trace(b, history, ids, length, b.unsqueeze(steps, 0))
+    tokens, attention = trace_history(b, final, ids, length, b.unsqueeze(steps, 0))
     return tokens, length, attention, score
