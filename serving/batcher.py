@@ -359,12 +359,9 @@ class Batcher:
                 batch = await self._next_batch()
                 if batch is None:
                     break
-                if self.instances == 1:
-                    await self._run(batch)
-                else:
-                    task = asyncio.create_task(self._run(batch), name="skattn-batch")
-                    task.add_done_callback(self._batch_done)  # a bug wakes _next_batch
-                    running.add(task)
+                task = asyncio.create_task(self._run(batch), name="skattn-batch")
+                task.add_done_callback(self._batch_done)  # a bug wakes _next_batch
+                running.add(task)
             for task in [task for task in running if task.done()]:
                 task.result()  # a bug (_next_batch returned None for it) ends the batcher now
             for task in running:
