@@ -142,7 +142,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         average_checkpoints=args.average_checkpoints,
         label_smoothing=args.label_smoothing,
         max_epochs=args.max_epochs,
-        early_stopping=True,
+        early_stopping=args.early_stopping,
         early_stopping_metric=args.early_stopping_metric,
         validation_fraction=args.validation_fraction,
         n_iter_no_change=args.n_iter_no_change,
@@ -327,6 +327,22 @@ def distilled_pairs(args: argparse.Namespace, X: list[str], y: list[list[str]]) 
     return X_taught, y_taught, summary
 
 
+def read_pairs(path: Path, refused: set[str]) -> tuple[list[str], list[list[str]]]:
+    """``WORD<TAB>PHONEMES`` lines; a word of CMUdict's training, dev or test words is an
+    error (the test words are checked here: the extra words must never include them)."""
+    refused = refused | set(load_cmudict("test")[0])
+    X, y = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        word, _, phonemes = line.partition("\t")
+        if not word or not phonemes.split():
+            raise SystemExit(f"{path}:{number}: expected WORD<TAB>PHONEMES, got {line!r:.60}")
+        if word in refused:
+            raise SystemExit(f"{path}:{number}: {word} is a word of CMUdict's split")
+        X.append(word)
+        y.append(phonemes.split())
+    return X, y
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -363,6 +379,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="train on the pronunciations the ensemble of these saved models gives the words",
     )
     add("--distill-references", action="store_true", help="with --distill-from: keep CMUdict's")
+    add(
+        "--extra-pairs",
+        type=Path,
+        default=None,
+        help="train on these WORD<TAB>PHONEMES lines too (scripts/g2p_teacher_labels.py's "
+        "teacher-labelled words outside CMUdict)",
+    )
+    add(
+        "--early-stopping",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold out --validation-fraction and keep the best epoch (off: the last epoch)",
+    )
     add("--label-smoothing", type=float, default=0.0)
     add("--early-stopping-metric", choices=["loss", "exact_match"], default="exact_match")
     add("--max-epochs", type=int, default=100)
@@ -420,6 +449,11 @@ def main(argv: list[str] | None = None) -> dict:
     distilled = {}
     if args.distill_from:  # sequence-level distillation: the teacher's outputs are the targets
         X_train, y_train, distilled = distilled_pairs(args, X_train, y_train)
+    if args.extra_pairs is not None:  # words outside CMUdict, labelled by a teacher
+        X_extra, y_extra = read_pairs(args.extra_pairs, set(X_train) | set(data["dev"][0]))
+        X_train, y_train = list(X_train) + X_extra, list(y_train) + y_extra
+        distilled["extra_pairs"] = {"path": str(args.extra_pairs), "words": len(X_extra)}
+        print(f"{len(X_extra)} teacher-labelled words from {args.extra_pairs}")
     model, train_seconds, summary = train_or_load(args, X_train, y_train)
     results = {
         "config": {k: v for k, v in vars(args).items() if not isinstance(v, Path | list)},
