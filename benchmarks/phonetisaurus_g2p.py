@@ -40,6 +40,14 @@ def unavailable_reason() -> str | None:
     return f"the wheel lacks {missing}" if missing else None
 
 
+def require() -> None:
+    """Exit with :func:`unavailable_reason` when Phonetisaurus cannot run here (the scripts that
+    need it)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"Phonetisaurus is needed: {reason}")
+
+
 PROGRAMS = ("phonetisaurus-align", "estimate-ngram", "phonetisaurus-arpa2wfst")
 
 

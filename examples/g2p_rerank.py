@@ -49,9 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    reason = ps.unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"Phonetisaurus is needed: {reason}")
+    ps.require()
     if args.quick:
         data = load_splits(100, 2000, seed=0)
         data["test"] = subsample_words(*data["test"], 200, seed=0)

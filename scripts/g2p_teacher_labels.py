@@ -82,9 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    reason = ps.unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"Phonetisaurus is needed: {reason}")
+    ps.require()
     data = load_splits(args.dev_words, None, args.seed)
     split_words = {w for X, _ in data.values() for w in X}  # every word of the split, test too
     longest = max(len(w) for w in data["train"][0])
