@@ -327,10 +327,11 @@ def distilled_pairs(args: argparse.Namespace, X: list[str], y: list[list[str]]) 
     return X_taught, y_taught, summary
 
 
-def read_pairs(path: Path, refused: set[str]) -> tuple[list[str], list[list[str]]]:
-    """``WORD<TAB>PHONEMES`` lines; a word of CMUdict's training, dev or test words is an
-    error (the test words are checked here: the extra words must never include them)."""
-    refused = refused | set(load_cmudict("test")[0])
+def read_pairs(path: Path) -> tuple[list[str], list[list[str]]]:
+    """``WORD<TAB>PHONEMES`` lines; a word of CMUdict's standard split (its training words,
+    the dev words among them, or its test words) is an error, whatever subset a run trains on:
+    the extra words must never include a test word or relabel a transcribed one."""
+    refused = set(load_cmudict("train")[0]) | set(load_cmudict("test")[0])
     X, y = [], []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         word, _, phonemes = line.partition("\t")
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.distill_from:  # sequence-level distillation: the teacher's outputs are the targets
         X_train, y_train, distilled = distilled_pairs(args, X_train, y_train)
     if args.extra_pairs is not None:  # words outside CMUdict, labelled by a teacher
-        X_extra, y_extra = read_pairs(args.extra_pairs, set(X_train) | set(data["dev"][0]))
+        X_extra, y_extra = read_pairs(args.extra_pairs)
         X_train, y_train = list(X_train) + X_extra, list(y_train) + y_extra
         distilled["extra_pairs"] = {"path": str(args.extra_pairs), "words": len(X_extra)}
         print(f"{len(X_extra)} teacher-labelled words from {args.extra_pairs}")

@@ -39,21 +39,21 @@ def test_unlabeled_words_leave_out_the_split_and_come_most_frequent_first():
 def test_extra_pairs_are_read_and_words_of_the_split_refused(tmp_path):
     good = tmp_path / "good.tsv"
     good.write_text("ZZYZX\tZ IH Z IH K S\nQWERTY\tK W ER T IY\n")
-    assert g2p_cmudict.read_pairs(good, set()) == (
+    assert g2p_cmudict.read_pairs(good) == (
         ["ZZYZX", "QWERTY"],
         [["Z", "IH", "Z", "IH", "K", "S"], ["K", "W", "ER", "T", "IY"]],
     )
-    test_word = load_cmudict("test")[0][0]
-    for text, refused, message in [
-        (f"{test_word}\tA B\n", set(), "a word of CMUdict's split"),  # a test word: always
-        ("ZZYZX\tZ IH\n", {"ZZYZX"}, "a word of CMUdict's split"),  # a training word
-        ("ZZYZX\n", set(), "expected WORD<TAB>PHONEMES"),
-        ("ZZYZX\t \n", set(), "expected WORD<TAB>PHONEMES"),
+    test_word, training_word = load_cmudict("test")[0][0], load_cmudict("train")[0][-1]
+    for text, message in [
+        (f"ZZYZX\tZ IH\n{test_word}\tA B\n", "bad.tsv:2: .* a word of CMUdict's split"),
+        (f"{training_word}\tA B\n", "a word of CMUdict's split"),
+        ("ZZYZX\n", "expected WORD<TAB>PHONEMES"),
+        ("ZZYZX\t \n", "expected WORD<TAB>PHONEMES"),
     ]:
         bad = tmp_path / "bad.tsv"
         bad.write_text(text)
         with pytest.raises(SystemExit, match=message):
-            g2p_cmudict.read_pairs(bad, refused)
+            g2p_cmudict.read_pairs(bad)
 
 
 @pytest.mark.slow
