@@ -88,9 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     longest = max(len(w) for w in data["train"][0])
     if args.quick:  # after the split's words are known: none of them is labelled either way
         data = load_splits(args.dev_words, 2000, args.seed)
-    words, counts = unlabeled_words(split_words, longest)
-    if args.words is not None:
-        words, counts = words[: args.words], counts[: args.words]
+    words, _ = unlabeled_words(split_words, longest)
+    words = words[: args.words]  # all of them when --words is None
     print(f"{len(words):,} words outside CMUdict's split to label", flush=True)
 
     model = joblib.load(args.model)

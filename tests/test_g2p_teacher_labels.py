@@ -6,6 +6,7 @@ it, labels written, a student trained on them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,9 +67,12 @@ def test_quick_teacher_labels_train_a_student(tmp_path):
     pytest.importorskip("spellchecker")
 
     def run(script: Path, *args: str) -> None:
+        # one intra-op thread, as test_examples.run_example's quick runs: OpenMP threads of
+        # tiny models spin against other jobs on shared cores
         done = subprocess.run(
             [sys.executable, str(script), "--quick", *args],
             cwd=ROOT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
             capture_output=True,
             text=True,
             timeout=300,
