@@ -64,18 +64,19 @@ class AttentionGraph:
         return self.session.run(self.outputs, feeds)[0]
 
     def check(self, src: np.ndarray) -> None:
-        """Run once on ``src (1, T)`` and two output tokens; ``ArtifactError`` unless it answers
-        weights of shape ``(1, layers, heads, 2, T)``: graphs that load but cannot run with
-        the manifest's vocabularies fail at load, not in a request."""
-        tokens = np.full((1, 2), 4, dtype=np.int64)  # (1, 2): the first ordinary target id
+        """Run once on ``src (B, T)`` (no padding) and two output tokens; ``ArtifactError``
+        unless it answers weights of shape ``(B, layers, heads, 2, T)``: graphs that load but
+        cannot run with the manifest's vocabularies fail at load, not in a request."""
+        B, T = src.shape
+        tokens = np.full((B, 2), 4, dtype=np.int64)  # (B, 2): the first ordinary target id
         try:
-            weights = self(src, np.array([src.shape[1]]), tokens, 1.0)
+            weights = self(src, np.full(B, T, dtype=np.int64), tokens, 1.0)
         except Exception as error:  # onnxruntime's own exception types
             raise ArtifactError(
                 f"{self.path}: the graph does not run with the manifest's vocabularies "
                 f"({type(error).__name__}: {str(error)[:200]})"
             ) from None
-        expected = (1, self.layers, self.heads, 2, src.shape[1])
+        expected = (B, self.layers, self.heads, 2, T)
         if weights.shape != expected:
             raise ArtifactError(
                 f"{self.path}: answered weights of shape {weights.shape} instead of {expected}"

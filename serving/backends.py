@@ -62,6 +62,9 @@ class NumpyBackend:
         self.decoder_outputs = manifest.decoder_outputs()
         #: Every run's options: a runtime that terminates a search sets ``terminate`` on it.
         self.run_options = ort.RunOptions()
+        # A run's errors reach the caller as exceptions (the server logs them as JSON lines);
+        # onnxruntime would also print them on stderr as plain text, a stopped search's too.
+        self.run_options.log_severity_level = 4
 
     def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
         """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry, with

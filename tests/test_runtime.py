@@ -23,10 +23,16 @@ import onnxruntime as ort
 import pytest
 
 import serving
-from serving import sessions
+from serving import backends, sessions
 from serving.artifact import ArtifactError
 from serving.layout import default_chunk_items
-from serving.runtime import CPU_PROVIDER, CUDA_PROVIDER, session_options
+from serving.runtime import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    TRIAL_WIDTH,
+    session_options,
+    trial_sources,
+)
 from skattn import Seq2Seq
 from skattn.core.inference import STEP_LOGITS, Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
@@ -854,6 +860,57 @@ def test_a_source_vocabulary_larger_than_the_embedding_fails_at_load(copy_of):
         serving.load(copy_of)
 
 
+def test_a_manifest_string_that_is_not_valid_unicode_is_an_artifact_error(copy_of):
+    # json.loads accepts a lone surrogate escape; computing the binding then raised a bare
+    # UnicodeEncodeError that named no file.
+    manifest = json.loads((copy_of / "manifest.json").read_text())
+    source = [*manifest["source_vocabulary"], "\ud800"]
+    path = copy_of / "manifest.json"
+    path.write_text(json.dumps({**manifest, "source_vocabulary": source}))  # ASCII: "\\ud800"
+    with pytest.raises(ArtifactError, match=r"manifest\.json: holds a string that is not valid"):
+        serving.load(copy_of)
+
+
+@pytest.mark.parametrize(
+    ("n_source", "max_source_length"), [(5, 100), (30, 100), (36, 100), (37, 100), (200, 7)]
+)
+def test_the_load_trial_holds_every_source_id_in_short_rows_of_one_length(
+    n_source, max_source_length
+):
+    src = trial_sources(n_source, max_source_length)
+    width = min(TRIAL_WIDTH, max_source_length, n_source - 4)
+    assert src.shape == (math.ceil((n_source - 4) / width), width + 1)
+    assert (src[:, -1] == 2).all() and (src[:, :-1] >= 4).all()  # EOS last; no padding
+    assert set(src[:, :-1].ravel()) == set(range(4, n_source))
+    assert trial_sources(4, 10).tolist() == [[2]]  # no ordinary token: the EOS alone
+
+
+def test_a_large_vocabulary_loads_with_a_trial_linear_in_its_size(tmp_path, monkeypatch):
+    # The trial encoded one source of every token: a Transformer encoder's self-attention over
+    # it grew with the square of the vocabulary (26.8 s and 9 GB to load 8,000 tokens).
+    words = [f"w{i}" for i in range(3000)]
+    X = [" ".join(words[i : i + 5]) for i in range(0, len(words), 5)]
+    estimator = Seq2Seq(
+        encoder="transformer", decoder="transformer", hidden_size=16,
+        num_heads=2, tokenizer="space", max_steps=1, early_stopping=False, device="cpu",
+        random_state=0,
+    ).fit(X, ["a b"] * len(X))  # fmt: skip
+    estimator.export_onnx(tmp_path / "m")
+    encoded = []
+    encode = backends.NumpyBackend.encode
+
+    def recording(self, src, src_lengths):
+        encoded.append(src.copy())
+        return encode(self, src, src_lengths)
+
+    monkeypatch.setattr(backends.NumpyBackend, "encode", recording)
+    runtime = load(tmp_path / "m")
+    (trial,) = encoded
+    assert trial.shape[1] == TRIAL_WIDTH + 1
+    assert set(trial.ravel()) == set(range(4, 3004)) | {2}
+    assert runtime.predict(["w1 w2"]) == estimator.predict(["w1 w2"])
+
+
 def test_a_format_1_target_vocabulary_unlike_the_decoder_is_named(copy_of):
     as_format_1(copy_of)
     manifest = json.loads((copy_of / "manifest.json").read_text())
@@ -888,10 +945,12 @@ def test_predict_batch_takes_with_attention_as_a_bool_only(runtime, value):
 
 
 @pytest.mark.parametrize("decode_graph", [True, False])
-def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_graph, tmp_path):
+def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_graph, tmp_path, capfd):
     """A search went on to its end whoever waited for it: a model that never ends held the
     server's worker (and its shutdown) for the whole search. terminate() ends the runs of the
-    predict_batch in progress, which raises; the next predict_batch runs as usual."""
+    predict_batch in progress, which raises; the next predict_batch runs as usual. And
+    onnxruntime prints nothing on stderr (it printed a plain-text error line, which broke the
+    server's JSON-lines log on every client that left mid-search)."""
     import time
 
     import torch
@@ -917,11 +976,13 @@ def test_terminate_ends_the_search_in_progress_and_the_next_one_runs(decode_grap
     thread.start()
     deadline = time.monotonic() + 60
     while thread.is_alive() and time.monotonic() < deadline:  # until the search has started
+        time.sleep(0.2)  # inside decode.onnx's loops by then, where the log line came from
         runtime.terminate()
         thread.join(timeout=0.05)
     assert not thread.is_alive()
     assert "terminate" in str(outcome["end"])
     assert runtime.predict(["12"]) == expected
+    assert "onnxruntime" not in capfd.readouterr().err
 
 
 def endless_search_runtime(tmp_path):

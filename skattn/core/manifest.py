@@ -288,6 +288,14 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: Any, where: str = MANIFEST_FILE) -> Manifest:
         """Validate a parsed manifest (see :meth:`from_json`)."""
+        try:  # JSON parses a lone surrogate escape ("\ud800"), which no UTF-8 text holds
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ArtifactError(
+                f"{where}: holds a string that is not valid Unicode (an unpaired surrogate)"
+            ) from None
+        except (TypeError, ValueError, RecursionError):
+            pass  # not JSON's types, or a cycle: the checks below name what is wrong
         reader = _Reader(data, where)
         version = reader.integer("format_version", 1)
         if version > FORMAT_VERSION:
