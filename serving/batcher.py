@@ -459,8 +459,11 @@ class Batcher:
                 group, sources, temperature, with_attention, maps
             )
         except Exception as exc:  # (cancelled: _run_batch answers the whole batch)
-            self._record(len(group), started, failed=True)
-            if all(item.future.cancelled() for item in group):  # terminated: no one waits
+            # terminated on purpose, since no one waits (clients gone, or a shutdown's deadline):
+            # not a failure of the model (the requests counter has the disconnects)
+            terminated = all(item.future.cancelled() for item in group)
+            self._record(len(group), started, failed=not terminated)
+            if terminated:
                 return
             if len(group) > 1:
                 logger.warning(

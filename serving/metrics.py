@@ -7,7 +7,8 @@ Every series carries a ``model`` label, so that one server can host several mode
     skattn_batch_size{model}                    items per onnxruntime batch
     skattn_queue_wait_seconds{model}            time an item waits before its batch starts
     skattn_inference_seconds{model}             time one batch spends in the runtime
-    skattn_batch_failures_total{model}          batches whose runtime call raised
+    skattn_batch_failures_total{model}          batches whose runtime call raised (not
+                                                those stopped because no one waits)
     skattn_queue_depth{model}                   items waiting for a batch
 
 Requests for a model the server does not have count under ``model=""``, ``outcome="not_found"``
