@@ -37,6 +37,7 @@ from skattn.core.text import (
     as_outputs,
     as_token_lists,
     check_output_lengths,
+    check_references,
     detokenize,
     ordered_items,
 )
@@ -241,8 +242,9 @@ class NBestReranker(BaseEstimator):
         X, y = ordered_items(X, "X"), ordered_items(y, "y", "reference")
         if len(X) != len(y) or not len(X):
             raise ValueError(f"X and y must be non-empty and of one length: {len(X)}, {len(y)}")
+        tokenizer, output_kind = self._facts()
+        check_references(y, "y", output_kind)  # else no candidate matched: weight_ 0, silently
         candidates, model, external = self._candidates(X)
-        tokenizer, _ = self._facts()
         self.fit_scores_ = {}
         for weight in self.weights:
             for exponent in self.length_exponents:
@@ -258,7 +260,8 @@ class NBestReranker(BaseEstimator):
 
     def score(self, X: Sequence, y: Sequence) -> float:
         """Exact match of :meth:`predict` against ``y`` (any of an item's references counts)."""
-        tokenizer, _ = self._facts()
+        tokenizer, output_kind = self._facts()
+        check_references(y, "y", output_kind)
         return exact_match(y, self.predict(X), tokenizer=tokenizer)
 
     def predict(self, X: Sequence) -> list:

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from skattn.core.text import as_outputs
+from skattn.core.text import check_references
 from skattn.metrics import (
     corpus_bleu,
     exact_match,
@@ -134,8 +134,7 @@ class SequenceScorer:
         sign = 1.0 if self.greater_is_better else -1.0
         kwargs = dict(self.kwargs)
         tokenizer, kind = output_facts(_final_estimator(estimator))
-        if kind == "tokens":  # strings refused by name
-            as_outputs(y, "y", tokenizer or "char", "tokens")
+        check_references(y, "y", kind)  # strings refused by name for a token-list model
         if "tokenizer" not in kwargs and tokenizer is not None and _takes_tokenizer(self.metric):
             kwargs["tokenizer"] = tokenizer
         return sign * self.metric(y, estimator.predict(X), **kwargs)  # the metric checks y

@@ -120,6 +120,15 @@ def test_a_model_fitted_on_token_lists_refuses_outputs_given_as_strings(tmp_path
     reranker = NBestReranker(tokens_model, lambda sources: [[("K AE T", 0.0)] for _ in sources])
     with pytest.raises(ValueError, match="nbest's output for source 0 holds strings"):
         reranker.fit(["cat"], [["K", "AE", "T"]])
+    # References given as strings matched no candidate: fit chose weight 0 and score read 0.0
+    reranker = NBestReranker(
+        tokens_model, lambda sources: [[(["K", "AE", "T"], 0.0)] for _ in sources]
+    )
+    reranker.fit(["cat"], [["K", "AE", "T"]])
+    assert reranker.score(["cat"], [[["K", "AE", "T"], ["K", "AH", "T"]]]) == 1.0
+    for call in (reranker.fit, reranker.score):
+        with pytest.raises(ValueError, match="y holds strings, but the model was fitted"):
+            call(["cat"], ["K AE T"])
 
 
 def reversal_nbest(wrong_score: float, right_score: float, as_tokens: bool = False):

@@ -249,3 +249,15 @@ def test_scorers_refuse_string_outputs_for_a_model_fitted_on_token_lists():
     assert SCORERS["exact_match"](model, ["ab"], [["AA", "BB"]]) == 1.0
     with pytest.raises(ValueError, match="y holds strings, but the model was fitted on token"):
         SCORERS["exact_match"](model, ["ab"], ["AA BB"])
+
+
+def test_scorers_take_several_references_for_a_model_fitted_on_token_lists():
+    """The metrics' "any of the pronunciations" form (a list of token lists an item, as
+    group_pronunciations gives) was refused for a token-list model, and taken for a str one."""
+    model = _FittedLookup({"ab": ["AA", "BB"], "cd": ["CC"]}, "char").fit(["ab"], [["AA"]])
+    model.output_kind_ = "tokens"
+    X, y = ["ab", "cd"], [[["AA", "BX"], ["AA", "BB"]], [["CC", "DD"]]]
+    assert SCORERS["exact_match"](model, X, y) == exact_match(y, model.predict(X)) == 0.5
+    assert SCORERS["neg_token_error_rate"](model, X, y) == -token_error_rate(y, model.predict(X))
+    with pytest.raises(ValueError, match="y holds strings, but the model was fitted on token"):
+        SCORERS["exact_match"](model, X, [[["AA", "BB"]], "CC"])

@@ -37,6 +37,7 @@ __all__ = [
     "as_token_lists",
     "as_token_pairs",
     "check_output_lengths",
+    "check_references",
     "check_tokenizer",
     "check_utf8",
     "detokenize",
@@ -390,11 +391,25 @@ def as_outputs(items: Any, name: str, tokenizer: str, output_kind: str) -> list[
     the model can never produce, so it would score ``-inf`` without a word)."""
     token_lists, kind = as_token_lists(items, name, tokenizer)
     if kind == "str" and output_kind == "tokens":
-        raise ValueError(
-            f"{name} holds strings, but the model was fitted on token lists (its predictions "
-            f"are token lists): give each output as a list of tokens"
-        )
+        raise _strings_for_token_lists(name)
     return token_lists
+
+
+def check_references(items: Any, name: str, output_kind: str) -> None:
+    """References to score a model's outputs against, as a metric reads them (each item one
+    reference, or a list of token lists: several): a model fitted on token lists refuses an
+    item that is a string (see :func:`as_outputs`); the metric checks the rest."""
+    if output_kind == "tokens" and any(
+        isinstance(item, str) for item in ordered_items(items, name, "reference")
+    ):
+        raise _strings_for_token_lists(name)
+
+
+def _strings_for_token_lists(name: str) -> ValueError:
+    return ValueError(
+        f"{name} holds strings, but the model was fitted on token lists (its predictions are "
+        f"token lists): give each output as a list of tokens"
+    )
 
 
 def check_utf8(text: str, name: str, index: int | None = None) -> None:
