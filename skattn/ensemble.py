@@ -171,9 +171,14 @@ class Seq2SeqEnsemble(BaseEstimator):
                 seed = int(rng.randint(np.iinfo(np.int32).max))
                 if not isinstance(member, FrozenEstimator):
                     member.set_params(random_state=seed)
-        n_jobs = min(effective_n_jobs(self.n_jobs), len(members))  # no more workers than members
-        fitted = Parallel(n_jobs=n_jobs)(delayed(_fit_member)(m, X, y) for m in members)
-        return self._adopt(fitted)
+        # Frozen members stay in this process: through a worker they came back as copies, a
+        # pickle held each twice, and later changes to the user's model never reached them.
+        training = [i for i, m in enumerate(members) if not isinstance(m, FrozenEstimator)]
+        n_jobs = min(effective_n_jobs(self.n_jobs), max(1, len(training)))  # a worker a member
+        fitted = Parallel(n_jobs=n_jobs)(delayed(_fit_member)(members[i], X, y) for i in training)
+        for i, member in zip(training, fitted, strict=True):
+            members[i] = member
+        return self._adopt(members)
 
     @classmethod
     def from_fitted(cls, models: Sequence[Seq2Seq], **params) -> Seq2SeqEnsemble:

@@ -227,6 +227,10 @@ def test_frozen_members_survive_clone_and_refit(members, ensemble):
     refit = clone(ensemble).fit(["x"], ["y"])  # frozen: the data is not read
     assert all(a is b for a, b in zip(refit.estimators_, members, strict=True))
     assert clone(ensemble).get_params()["estimators"] == ensemble.estimators
+    # n_jobs=2 sent them through worker processes, and kept the copies that came back: a
+    # pickle held each member twice, and a later change to a model never reached the ensemble
+    refit = clone(ensemble).set_params(n_jobs=2).fit(["x"], ["y"])
+    assert all(a is b for a, b in zip(refit.estimators_, members, strict=True))
 
 
 def test_joblib_round_trip(ensemble, tmp_path):
