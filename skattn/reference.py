@@ -40,8 +40,10 @@ def masked_softmax(
         \qquad M = \max_{k: m_k} e_k,
 
     and :math:`\alpha = 0` for a row with no real position. The maximum is subtracted before
-    dividing by ``tau``, so no temperature or score range overflows; a non-finite score counts
-    as a masked position.
+    dividing by ``tau``, so no temperature or score range overflows. A score of ``-inf`` counts
+    as a masked position; a real score of ``+inf`` or NaN (weights that diverged) leaves the
+    softmax undefined, and its row is zeros, as :func:`skattn.attention.masked_softmax` gives
+    (one such score never puts NaN into the rest of a batch).
 
     Parameters
     ----------
@@ -61,7 +63,8 @@ def masked_softmax(
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     z = np.asarray(scores, dtype=np.float64)  # (..., T)
     m = np.ones(z.shape, dtype=bool) if mask is None else np.broadcast_to(mask, z.shape)
-    m = m & np.isfinite(z)  # a score of -inf (or +inf, NaN) is never attended: as if masked
+    undefined = (m & (np.isnan(z) | (z == np.inf))).any(axis=-1, keepdims=True)  # (..., 1)
+    m = m & np.isfinite(z) & ~undefined  # -inf never attended; +inf or NaN: a row of zeros
     z_max = np.where(m, z, -np.inf).max(axis=-1, keepdims=True)  # (..., 1), -inf: none real
     z_max = np.where(np.isfinite(z_max), z_max, 0.0)
     # Shift first, then scale: (z - max) / tau <= 0 never overflows to +inf, whatever tau or

@@ -476,6 +476,19 @@ def test_masked_softmax_drops_terms_below_the_exponent_floor():
     assert torch.all(torch.isfinite(scores.grad)) and torch.all(scores.grad[0, 1:3] == 0)
 
 
+def test_real_scores_of_inf_or_nan_give_what_the_reference_gives():
+    """The reference read a real +inf or NaN score as masked (normalising over the others)
+    where the module gave a row of zeros: the oracle and the module disagreed on what diverged
+    weights give. Both give zeros now (the softmax is undefined there); -inf is never attended."""
+    rows = [[1.0, math.inf, 0.0], [1.0, math.nan, 0.0], [1.0, -math.inf, 0.0], [0.5, 2.0, 1.0]]
+    scores = np.array(rows)
+    expected = R.masked_softmax(scores)
+    np.testing.assert_array_equal(expected[:2], 0.0)
+    np.testing.assert_allclose(expected[2], [math.e / (math.e + 1), 0.0, 1 / (math.e + 1)])
+    actual = masked_softmax(torch.tensor(scores))
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("size", [0, -3, 2.5, True])
 def test_local_p_refuses_an_attention_size_that_is_not_a_positive_int(size):
     """Only the additive scorer checked attention_size: local-p's position predictor took 0 as

@@ -44,7 +44,9 @@ def masked_softmax(
     The maximum is taken over real positions and subtracted before dividing by ``tau``
     (:func:`tempered_scores`), so no temperature, however small, overflows. A padded position
     gets exactly 0, a row with no real position gives zeros (never NaN), and the gradient of
-    such a row is zero as well.
+    such a row is zero as well. A real score of ``-inf`` is never attended; one of ``+inf`` or
+    NaN (weights that diverged) leaves the softmax undefined, and its row is zeros too, as in
+    :func:`skattn.reference.masked_softmax`.
 
     Parameters
     ----------
@@ -60,7 +62,8 @@ def masked_softmax(
     Returns
     -------
     Tensor
-        Weights with the shape of ``scores``; each row sums to 1, or to 0 when fully masked.
+        Weights with the shape of ``scores``; each row sums to 1, or to 0 when fully masked
+        (or undefined: a real score of ``+inf`` or NaN).
         float32 for float16 or bfloat16 scores under ``torch.autocast`` (the products of
         mixed-precision training).
 
