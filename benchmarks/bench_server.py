@@ -132,14 +132,24 @@ class LevelResult:
         )
 
 
+#: Defaults of the flags that ``--quick`` changes (it changes only the defaults).
+DEFAULTS = dict(
+    models=["g2p", "reversal"], concurrency=[1, 8, 64, 256], duration=5.0, warmup=1.0,
+    server_warmup=3.0,
+)  # fmt: skip
+QUICK_DEFAULTS = dict(
+    models=["reversal"], concurrency=[1, 8, 64], duration=2.0, warmup=1.0, server_warmup=1.0
+)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--models", nargs="+", choices=("g2p", "reversal"), default=["g2p", "reversal"]
-    )
+    parser.add_argument("--models", nargs="+", choices=("g2p", "reversal"),
+                        help="default: both (--quick: reversal)")  # fmt: skip
     parser.add_argument("--model-dir", type=Path, help="an artifact to serve instead of --models")
     parser.add_argument("--g2p-steps", type=int, default=600, help="training steps of g2p")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--concurrency", type=int, nargs="+",
+                        help="default: 1 8 64 256 (--quick: 1 8 64)")  # fmt: skip
     parser.add_argument("--clients", nargs="+", choices=("python", "wrk"),
                         default=["python", "wrk"])  # fmt: skip
     parser.add_argument("--mixes", nargs="+", choices=tuple(MIXES), default=list(MIXES))
@@ -152,11 +162,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-pin", action="store_true", help="share the cores, do not pin")
     parser.add_argument("--quick", action="store_true",
-                        help="reversal only, concurrency 1 8 64, 2 s per level")  # fmt: skip
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    parser.add_argument("--server-warmup", type=float, default=3.0,
-                        help="seconds of unmeasured load on each new server")  # fmt: skip
+                        help="other defaults: reversal only, concurrency 1 8 64, 2 s per level, "
+                        "1 s of server warm-up (flags given win)")  # fmt: skip
+    parser.add_argument("--duration", type=float, help="seconds per level (default 5)")
+    parser.add_argument("--warmup", type=float, help="seconds before measuring (default 1)")
+    parser.add_argument(
+        "--server-warmup", type=float, help="unmeasured load on each new server (default 3 s)"
+    )
     parser.add_argument("--max-batch-size", type=int, default=64, help="of the batching server")
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
@@ -170,6 +182,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="windows per level and mode, the modes' order flipped each time; "
                         "ratios from the medians")  # fmt: skip
     args = parser.parse_args(argv)
+    for name, value in (QUICK_DEFAULTS if args.quick else DEFAULTS).items():
+        if getattr(args, name) is None:  # --quick sets defaults; a flag given wins
+            setattr(args, name, value)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if min(args.concurrency) < 1:
@@ -179,9 +194,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag, value in (("--warmup", args.warmup), ("--server-warmup", args.server_warmup)):
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"{flag} must be a finite number >= 0, got {value}")
-    if args.quick:
-        args.models, args.concurrency, args.duration, args.warmup = ["reversal"], [1, 8, 64], 2, 1
-        args.server_warmup = 1.0
     if "wrk" in args.clients and not wrk_available():
         print("wrk is not installed: the Python client only", file=sys.stderr)
         args.clients = [c for c in args.clients if c != "wrk"]

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import httpx
@@ -131,10 +132,16 @@ def run_mode(mode, model_dir, sources, expected, args, scratch) -> dict:
                 start_py_spy(pid, args, scratch / f"{mode}-{kind}.txt", kind == "gil")
                 for kind in ("all", "gil")
             ]
-        before, client_before = metrics(url), os.times()
+        # /metrics read when the measured window starts, after the warm-up's load (read before
+        # it, the batch columns counted the warm-up too: 1.5x the window's requests at 1 s)
+        before: dict[str, float] = {}
+        snapshot = threading.Timer(args.warmup, lambda: before.update(metrics(url)))
+        client_before = os.times()
+        snapshot.start()
         window = run_level(
             args.client, url, pid, sources, expected, args.concurrency, args
         )  # fmt: skip
+        snapshot.join()
         client_after, after = os.times(), metrics(url)
         for spy in spies:
             try:

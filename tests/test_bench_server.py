@@ -44,6 +44,23 @@ def test_repeats_must_be_positive(capsys):
     assert bench_server.parse_args(["--repeats", "3"]).repeats == 3
 
 
+def test_quick_changes_defaults_and_the_flags_given_win():
+    """--quick overwrote --models, --concurrency, --duration and --warmup given with it."""
+    given = ["--quick", "--models", "g2p", "--concurrency", "256", "--duration", "10"]
+    args = bench_server.parse_args([*given, "--warmup", "3", "--server-warmup", "0"])
+    assert (args.models, args.concurrency, args.duration) == (["g2p"], [256], 10.0)
+    assert (args.warmup, args.server_warmup) == (3.0, 0.0)
+    quick, full = bench_server.parse_args(["--quick"]), bench_server.parse_args([])
+    assert (quick.models, quick.concurrency, quick.duration) == (["reversal"], [1, 8, 64], 2.0)
+    assert (full.models, full.concurrency, full.duration) == (
+        ["g2p", "reversal"],
+        [1, 8, 64, 256],
+        5.0,
+    )
+    with pytest.raises(SystemExit):
+        bench_server.parse_args(["--quick", "--duration", "0"])  # checked after the defaults
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [

@@ -185,7 +185,7 @@ def test_split_by_word_bad_size(dev_size):
 
 
 def test_split_by_word_mismatched_lengths():
-    with pytest.raises(ValueError, match="y"):
+    with pytest.raises(ValueError, match="y must have as many items as X, got 1 and 2"):
         split_by_word(["a", "b"], [1])
 
 

@@ -68,5 +68,5 @@ def test_a_rate_within_2_to_the_minus_17_of_1_keeps_one_unit_in_65536():
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, float("nan"), "0.5", True])
 def test_refuses_a_rate_outside_0_to_1(p):
-    with pytest.raises(ValueError, match="p"):
+    with pytest.raises(ValueError, match=r"p must be a finite float in \[0\.0, 1\.0\)"):
         Dropout(p)

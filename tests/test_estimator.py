@@ -680,7 +680,7 @@ def test_bad_data_at_predict_raises_value_error(fitted_reversal):
 @pytest.mark.parametrize(
     "change",
     [
-        {"num_heads": 3},  # the model refuses it: hidden 16 is not a multiple of 3 heads
+        {"num_heads": 3},  # the model refuses it: the additive scorer has a single head
         pytest.param(
             {"device": "cuda"},
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"),

@@ -74,9 +74,9 @@ def test_n_best_lists_encode_each_source_once_and_score_alike_in_worker_threads(
 
 def test_log_likelihood_refuses_what_it_cannot_score(model):
     assert model.log_likelihood(["abc"], ["cbq"])[0] == -np.inf  # "q": not a target token
-    with pytest.raises(ValueError, match="same length|2 .* 1|length"):
+    with pytest.raises(ValueError, match="X and y must have the same length, got 2 and 1"):
         model.log_likelihood(["abc", "ab"], ["cba"])
-    with pytest.raises(ValueError, match="fitted|fit"):
+    with pytest.raises(ValueError, match="This Seq2Seq instance is not fitted yet"):
         Seq2Seq().log_likelihood(["abc"], ["cba"])
 
 
