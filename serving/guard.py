@@ -42,14 +42,15 @@ class RequestGuard:
     ----------
     app : ASGI app
     allowed_hosts : iterable of str, optional
-        Host names (no ports) a request's ``Host`` may name; None: any.
+        Host names (no ports) a request's ``Host`` may name; None, or ``"*"`` among them: any.
     """
 
     def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str] | None = None) -> None:
         self.app = app
-        self.allowed_hosts = (
-            None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
-        )
+        hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+        # "*" is any host wherever the list comes from (a Ray Serve argument, ServerSettings in
+        # Python), not only from --allowed-host: read as a name, it refused every request
+        self.allowed_hosts = None if hosts is None or "*" in hosts else hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -107,6 +107,9 @@ class ServerReplica:
     log_level : {"debug", "info", "warning", "error"}, default="info"
         The server's own logs (the ``serving`` loggers: one JSON line per inference request at
         info), to the replica's stderr, which Ray keeps in the replica's log file.
+    device : {"cpu", "cuda"}, default="cpu"
+        ``"cuda"`` only for a replica that reserved a GPU (``num_gpus``): Ray makes no GPU
+        invisible to a replica that reserved none, so ``"auto"`` would take one unreserved.
     """
 
     def __init__(
@@ -115,12 +118,14 @@ class ServerReplica:
         settings: Mapping | None = None,
         threads: int = 1,
         log_level: str = "info",
+        device: str = "cpu",
     ) -> None:
         configure_logging(log_level, "serving")
         self.settings = ServerSettings(**(settings or {}))
         self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
             name: load(
                 path,
+                device=device,
                 intra_op_num_threads=threads,
                 max_batch_size=self.settings.max_batch_size,
                 name=name,
@@ -170,18 +175,43 @@ def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+#: ``build``'s own arguments; the others it takes are ``ServerSettings`` fields.
+BUILD_ARGS = (
+    "model_dir", "model_name", "num_replicas", "num_cpus", "num_gpus", "device",
+    "max_ongoing_requests", "min_replicas", "max_replicas", "target_ongoing_requests",
+    "log_level", "access_log",
+)  # fmt: skip
+
+
 def build(args: Mapping[str, Any]) -> serve.Application:
     """The Ray Serve application of ``serve run serving.ray_deployment:build key=value ...``.
 
     ``args`` (strings from the command line, or values from Python): ``model_dir`` (required;
     comma-separated for several), ``model_name``, ``num_replicas`` (default 1), ``num_cpus``
-    (per replica, default 1), ``max_ongoing_requests`` (per replica, default 256: the batcher
-    needs concurrent requests to form batches), ``min_replicas`` / ``max_replicas`` /
-    ``target_ongoing_requests`` (autoscaling), ``log_level`` (default ``info``: the server's
-    own logs, one line per inference request as ``python -m serving`` writes them, and Ray
-    Serve's logger in the replica), ``access_log`` (Ray's own line per HTTP request, default
-    false), and any ``ServerSettings`` field by name.
+    (per replica, default 1), ``num_gpus`` (per replica, default 0; a replica with one runs on
+    CUDA), ``device`` (``cpu``, or ``cuda`` with ``num_gpus``; default: ``cuda`` when
+    ``num_gpus`` is given, else ``cpu``), ``max_ongoing_requests`` (per replica, default 256:
+    the batcher needs concurrent requests to form batches), ``min_replicas`` /
+    ``max_replicas`` / ``target_ongoing_requests`` (autoscaling, in place of
+    ``num_replicas``), ``log_level`` (default ``info``: the server's own logs, one line per
+    inference request as ``python -m serving`` writes them, and Ray Serve's logger in the
+    replica), ``access_log`` (Ray's own line per HTTP request, default false), and any
+    ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
+    Ray's ingress may listen on any interface). Any other key is a ``ValueError``: a
+    misspelled setting would have been dropped without a word.
     """
+    unknown = sorted(set(args) - set(BUILD_ARGS) - set(ServerSettings.__dataclass_fields__))
+    if unknown:
+        raise ValueError(
+            f"unknown argument {unknown[0]!r}: build takes {', '.join(BUILD_ARGS)} and the "
+            f"server settings {', '.join(ServerSettings.__dataclass_fields__)}"
+        )
+    autoscaling = ("min_replicas", "target_ongoing_requests")
+    if "max_replicas" not in args and any(key in args for key in autoscaling):
+        given = next(key for key in autoscaling if key in args)
+        raise ValueError(f"{given} is an autoscaling setting: give max_replicas too")
+    if "max_replicas" in args and "num_replicas" in args:
+        raise ValueError("num_replicas fixes the replicas; max_replicas autoscales: not both")
     if not args.get("model_dir"):
         raise ValueError(
             "model_dir is required: serve run serving.ray_deployment:build model_dir=DIR"
@@ -209,8 +239,24 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     log_level = str(args.get("log_level", "info")).lower()
     if log_level not in LOG_LEVELS:
         raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+    num_gpus = _number(args, "num_gpus", float, 0.0)
+    if not (math.isfinite(num_gpus) and num_gpus >= 0):
+        raise ValueError(f"num_gpus must be a finite number of GPUs >= 0, got {num_gpus!r}")
+    device = str(args.get("device", "auto")).lower()
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        device = "cuda" if num_gpus > 0 else "cpu"
+    if device == "cuda" and num_gpus == 0:
+        raise ValueError(
+            "device=cuda needs num_gpus (a GPU reserved for each replica): Ray hides no GPU "
+            "from a replica that reserved none, so it would share one unreserved"
+        )
+    actor_options: dict[str, Any] = {"num_cpus": num_cpus}
+    if num_gpus > 0:
+        actor_options["num_gpus"] = num_gpus
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": num_cpus},
+        "ray_actor_options": actor_options,
         "max_ongoing_requests": _number(args, "max_ongoing_requests", int, 256),
         "health_check_period_s": 2,
         "logging_config": {
@@ -228,4 +274,4 @@ def build(args: Mapping[str, Any]) -> serve.Application:
         options["num_replicas"] = _number(args, "num_replicas", int, 1)
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
     threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
-    return deployment.bind(model_dirs, settings, threads, log_level)
+    return deployment.bind(model_dirs, settings, threads, log_level, device)

@@ -124,6 +124,15 @@ def test_health_and_readiness_come_from_a_running_replica(replicas):
         ({"model_dir": "a", "num_cpus": "inf"}, "num_cpus"),
         ({"model_dir": "a", "num_cpus": "nan"}, "num_cpus"),
         ({"model_dir": "a", "instances": "0"}, "instances"),
+        # dropped without a word before: a misspelled setting, autoscaling settings without
+        # max_replicas, num_replicas beside it
+        ({"model_dir": "a", "max_batch_sizee": "8"}, "unknown argument 'max_batch_sizee'"),
+        ({"model_dir": "a", "intra_op_threads": "4"}, "unknown argument 'intra_op_threads'"),
+        ({"model_dir": "a", "min_replicas": "2"}, "min_replicas is an autoscaling setting"),
+        ({"model_dir": "a", "num_replicas": "3", "max_replicas": "4"}, "not both"),
+        ({"model_dir": "a", "device": "cuda"}, "device=cuda needs num_gpus"),
+        ({"model_dir": "a", "device": "tpu"}, "device must be"),
+        ({"model_dir": "a", "num_gpus": "-1"}, "num_gpus"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -145,6 +154,17 @@ def test_builder_sets_replicas_or_autoscaling():
     assert (config.min_replicas, config.max_replicas) == (1, 4)
 
 
+def test_a_replica_runs_on_cuda_only_with_a_gpu_reserved():
+    """Ray hides no GPU from a replica that reserved none: device "auto" would have taken
+    one unreserved on a GPU node."""
+    default = build({"model_dir": "/m/reverse"})._bound_deployment
+    assert default.init_args[-1] == "cpu" and "num_gpus" not in default.ray_actor_options
+    gpu = build({"model_dir": "/m/reverse", "num_gpus": "1"})._bound_deployment
+    assert gpu.init_args[-1] == "cuda" and gpu.ray_actor_options["num_gpus"] == 1.0
+    cpu = build({"model_dir": "/m/reverse", "num_gpus": "1", "device": "cpu"})
+    assert cpu._bound_deployment.init_args[-1] == "cpu"
+
+
 def test_a_replicas_instances_share_its_cpus():
     def threads(**args):
         return build({"model_dir": "/m/reverse", **args})._bound_deployment.init_args[2]
@@ -160,11 +180,11 @@ def test_builder_sets_the_replicas_logging():
     default = build({"model_dir": "/m/reverse"})._bound_deployment
     config = default.logging_config
     assert (config["log_level"], config["enable_access_log"]) == ("INFO", False)
-    assert default.init_args[-1] == "info"  # the server's own loggers in each replica
+    assert default.init_args[3] == "info"  # the server's own loggers in each replica
     custom = build({"model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"})
     config = custom._bound_deployment.logging_config
     assert (config["log_level"], config["enable_access_log"]) == ("WARNING", True)
-    assert custom._bound_deployment.init_args[-1] == "warning"
+    assert custom._bound_deployment.init_args[3] == "warning"
 
 
 def test_a_replica_logs_the_server_as_json_lines_at_its_level(capsys):
