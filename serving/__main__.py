@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import ipaddress
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,13 +44,26 @@ def allowed_hosts(given: Sequence[str] | None, bind: str) -> tuple[str, ...] | N
     the server), else any (None)."""
     if given:
         return None if "*" in given else tuple(given)
-    try:
-        loopback = ipaddress.ip_address(bind).is_loopback
-    except ValueError:
-        loopback = bind == "localhost"
-    if not loopback:
+    if not _loopback(bind):
         return None
     return tuple(dict.fromkeys([*LOOPBACK_HOSTS, host_name(bind)]))  # 127.0.0.2 too
+
+
+def _loopback(bind: str) -> bool:
+    """Whether ``bind`` is a loopback address, or a name whose every address is one (as the
+    server will bind it: ``LOCALHOST`` and ``127.1`` too, which a comparison with "localhost"
+    and a parse of the dotted quad missed, leaving the Host check off on the loopback)."""
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(bind, None)}
+    except (OSError, UnicodeError):  # not a name this machine resolves: uvicorn will say so
+        return False
+    return bool(addresses) and all(
+        ipaddress.ip_address(address.partition("%")[0]).is_loopback for address in addresses
+    )
 
 
 def _model_dir(value: str) -> tuple[str | None, Path]:

@@ -102,12 +102,24 @@ def test_the_cli_allows_loopback_names_on_a_loopback_bind_only():
     # another loopback address the server binds names itself in its requests' Host
     assert allowed_hosts(None, "127.0.0.2") == (*LOOPBACK_HOSTS, "127.0.0.2")
     assert allowed_hosts(None, "localhost") == LOOPBACK_HOSTS
+    # names of the loopback in other spellings: the check was off for them
+    assert allowed_hosts(None, "LOCALHOST") == LOOPBACK_HOSTS
+    assert allowed_hosts(None, "127.1") == (*LOOPBACK_HOSTS, "127.1")
     assert [host_name(h) for h in ("A.b:80", "[::1]:8000", "::1", "x")] == [
         "a.b",
         "::1",
         "::1",
         "x",
     ]
+
+
+def test_a_star_among_the_settings_hosts_allows_any_host():
+    """Only the command line read "*" as any host: ServerSettings (Python, Ray Serve's
+    arguments) compared it as a name, and every request got 400."""
+    with RunningServer(ReverseRuntime(), ServerSettings(allowed_hosts=("*",))) as running:
+        for host in ("evil.example", "127.0.0.1"):
+            response = httpx.get(running.url + "/v2/health/live", headers={"Host": host})
+            assert response.status_code == 200, host
 
 
 def test_allowed_hosts_are_validated():
