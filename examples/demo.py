@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         "against any other busy process, over 10x slower)",
     )
     args = parser.parse_args(argv)
+    if args.threads < 1:  # before part 1 runs, not in part 2's fit
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.out is None:  # a smoke run must not overwrite the README's figure
         args.out = Path(tempfile.mkdtemp(prefix="skattn-demo-")) if args.quick else Path("docs")
 

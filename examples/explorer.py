@@ -29,7 +29,8 @@ import httpx
 import uvicorn
 
 import serving
-from serving.app import create_app
+from serving.__main__ import allowed_hosts
+from serving.app import ServerSettings, create_app
 from serving.explorer import mount_explorer
 from serving.layout import default_intra_op_threads
 from skattn import Seq2Seq
@@ -96,9 +97,11 @@ def load_runtimes(model_dirs: Mapping[str, Path], device: str = "auto") -> dict[
     }
 
 
-def build_app(runtimes: Mapping[str, object]):
-    """The server of ``python -m serving`` for several models, with the explorer at ``/``."""
-    app = create_app(runtimes)
+def build_app(runtimes: Mapping[str, object], host: str = "127.0.0.1"):
+    """The server of ``python -m serving`` for several models, with the explorer at ``/``,
+    bound to ``host``: on a loopback address, requests naming another ``Host`` get 400, as
+    there (a DNS-rebinding page cannot reach it)."""
+    app = create_app(runtimes, ServerSettings(allowed_hosts=allowed_hosts(None, host)))
     mount_explorer(app, runtimes)  # a no-op if create_app mounted it already
     return app
 
@@ -212,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"note: no exported model in {args.g2p_dir} (no manifest.json); skipped")
 
         runtimes = load_runtimes(model_dirs, device=args.device)
-        app = build_app(runtimes)
+        app = build_app(runtimes, args.host)
         if args.quick or args.screenshot:
             server, thread, url = serve_in_thread(app, args.host)
             try:

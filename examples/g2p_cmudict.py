@@ -419,9 +419,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--save", type=Path, default=None, help="joblib.dump the fitted estimator here")
     args = parser.parse_args(argv)
-    for name in ("dev_words", "hidden_size", "batch_size", "beam_size", "max_epochs"):
-        if getattr(args, name) < 1:
+    for name in (
+        "dev_words", "hidden_size", "batch_size", "beam_size", "max_epochs", "num_layers",
+        "train_words", "threads",
+    ):  # fmt: skip
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("seed", "model_seed"):  # a random state
+        if getattr(args, name) is not None and not 0 <= getattr(args, name) < 2**32:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 2**32)")
     if args.decoder == "transformer" and args.encoder != "transformer":
         parser.error("--decoder transformer needs --encoder transformer")
     if args.distill_from and args.ensemble:

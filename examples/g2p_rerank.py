@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run on a few words")
     parser.add_argument("--nbest", type=int, default=10, help="Phonetisaurus' candidates a word")
-    parser.add_argument("--model", default=MODEL, help="a packaged model's name")
+    parser.add_argument(
+        "--model", default=MODEL, choices=serving.packaged_models(), help="a packaged model"
+    )
     args = parser.parse_args(argv)
     if args.nbest < 1:
         parser.error("--nbest must be >= 1")

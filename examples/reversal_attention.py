@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         help="where the PNG goes (default: docs/, or a fresh temporary folder with --quick)",
     )
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.out is None:  # a smoke run must not overwrite the README's figure
         args.out = Path(tempfile.mkdtemp(prefix="skattn-reversal-")) if args.quick else Path("docs")
     steps = 20 if args.quick else args.steps

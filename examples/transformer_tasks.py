@@ -18,6 +18,7 @@ run stops at ``--max-time``.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from skattn import Seq2Seq
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-time", type=float, default=480.0, help="seconds per run")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.max_time) and args.max_time > 0):
+        parser.error(f"--max-time must be a finite number of seconds > 0, got {args.max_time}")
     print("| run | exact match | training (s) | epochs | steps | best epoch |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.only or list(RUNS):

@@ -32,6 +32,7 @@ import grid_search  # noqa: E402
 import reversal_attention  # noqa: E402
 import serve_and_query  # noqa: E402
 import temperature_local  # noqa: E402
+import transformer_tasks  # noqa: E402
 
 
 def run_example(
@@ -244,6 +245,30 @@ def test_g2p_budget_must_be_a_finite_number(minutes, capsys):
         g2p_cmudict.parse_args(["--max-minutes", minutes])
     assert refused.value.code == 2
     assert "--max-minutes must be a finite number >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "message"),
+    [
+        (reversal_attention.main, ["--steps", "0"], "--steps must be >= 1"),
+        (demo.main, ["--threads", "0"], "--threads must be >= 1"),
+        (transformer_tasks.main, ["--max-time", "nan"], "--max-time must be a finite number"),
+        (transformer_tasks.main, ["--max-time", "0"], "--max-time must be a finite number"),
+        (g2p_cmudict.parse_args, ["--threads", "0"], "--threads must be >= 1"),
+        (g2p_cmudict.parse_args, ["--num-layers", "0"], "--num-layers must be >= 1"),
+        (g2p_cmudict.parse_args, ["--train-words", "0"], "--train-words must be >= 1"),
+        (g2p_cmudict.parse_args, ["--seed", "-1"], r"--seed must be in \[0, 2\*\*32\)"),
+        (g2p_cmudict.parse_args, ["--model-seed", str(2**32)], "--model-seed must be in"),
+    ],
+)
+def test_bad_example_flags_are_refused_by_name_before_any_work(main, argv, message, capsys):
+    """They ended in a traceback naming an estimator parameter (n_samples, n_threads,
+    max_time, random_state), demo's only after its first part had run."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    err = capsys.readouterr()
+    assert re.search(message, err.err) and "==" not in err.out  # demo printed no part
 
 
 def test_g2p_length_penalty_reaches_the_model_and_the_ensemble(fitted_reversal, tmp_path):
