@@ -70,6 +70,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class AbandonedBatchError(Exception):
+    """Raised in the worker thread for a batch no one waits for any more (not a failure)."""
+
+
 class Batcher:
     """Batch the items of concurrent requests into ``runtime.predict_batch`` calls.
 
@@ -497,13 +501,23 @@ class Batcher:
         while self._terminating:
             await asyncio.wait(self._terminating)
             self._terminating = {call for call in self._terminating if not call.done()}
-        call = asyncio.get_running_loop().run_in_executor(self._executor, self._predict, *args)
+        call = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._predict_if_awaited, group, *args
+        )
         self._in_calls[call] = group
         try:
             return await call
         finally:
             del self._in_calls[call]
             self._terminating.discard(call)
+
+    def _predict_if_awaited(self, group: list[QueuedItem], *args) -> tuple:
+        """:meth:`_predict`, unless every caller of ``group`` left while the call waited for a
+        thread (behind another model's batch on a shared one): ``terminate`` reaches calls in
+        progress only, so a batch abandoned in that queue ran in full for no one."""
+        if all(item.future.cancelled() for item in group):  # (a stale read only runs it)
+            raise AbandonedBatchError("every caller of the batch left before it started")
+        return self._predict(*args)
 
     def _predict(
         self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps

@@ -845,6 +845,38 @@ def test_a_batch_no_one_waits_for_is_terminated_and_the_next_one_runs():
     assert all(not failed for _, failed in metrics.batches)
 
 
+def test_a_batch_abandoned_while_it_waited_for_a_shared_thread_never_runs():
+    """Two models on one inference thread: a batch queued behind the other model's, whose
+    callers all left meanwhile, ran in full when the thread came free (terminate reaches calls
+    in progress only)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def body():
+        executor = ThreadPoolExecutor(1)
+        busy, idle = ReverseRuntime(gated=True), ReverseRuntime()
+        metrics = RecordingMetrics()
+        first = await started(busy, max_delay_ms=0, executor=executor)
+        second = await started(idle, max_delay_ms=0, executor=executor, metrics=metrics)
+        holding = asyncio.ensure_future(first.infer(["hold"]))
+        await wait_for_batches(busy, 1)  # the one thread is taken
+        gone = asyncio.ensure_future(second.infer(["gone"]))
+        await asyncio.sleep(0.05)  # its batch formed, and waits for the thread
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        busy.release()
+        held = await holding
+        following = await second.infer(["next"])  # the next batch runs as usual
+        await first.stop()
+        await second.stop()
+        executor.shutdown()
+        return idle, metrics, held, following
+
+    idle, metrics, held, following = run(body())
+    assert held == [ItemResult("dloh")] and following == [ItemResult("txen")]
+    assert [call[0] for call in idle.calls] == [["next"]]  # "gone" never reached the runtime
+    assert metrics.batches == [(1, False), (1, False)]  # and is not counted as a failure
+
+
 def test_a_batch_someone_still_waits_for_is_not_terminated():
     async def body():
         runtime = TerminableRuntime()
