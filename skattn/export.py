@@ -37,10 +37,14 @@ unlike the tracing ones, or the export raises.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -60,6 +64,7 @@ from skattn.core.manifest import (
     MAX_SOURCE_LENGTH,
     QUANTIZATIONS,
     SEARCH_KEY,
+    STAGING_PREFIX,
     Manifest,
 )
 from skattn.core.text import tokenize
@@ -92,13 +97,58 @@ _DEFAULT_MAX_SOURCE_LENGTH = 1024
 STEP_CELLS_EXPANDED_FROM = {"greedy": 128, "beam": 0}
 
 
+@contextlib.contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` (where the OS has one): exports to one path move
+    their files in one after the other, so the last is whole, never a mix of two."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_artifact(directory: Path, graphs: list, manifest: Manifest) -> None:
+    """Write the graphs and the manifest (its checksums those of the bytes written) into a
+    staging folder, then move them into ``directory``: an export that fails (an error, a full
+    disk, Ctrl-C) leaves the previous artifact there as it was, and concurrent exports to one
+    path leave the last one whole. While the files move in, a reader finds no manifest (no
+    artifact), never a manifest beside another export's graphs."""
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+    try:
+        for graph, name in graphs:
+            onnx.save_model(graph, staging / name)
+        manifest = manifest.with_files(staging)
+        (staging / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+        names = [name for _, name in graphs]
+        with _exclusive(directory):
+            (directory / MANIFEST_FILE).unlink(missing_ok=True)  # first out, last in
+            for name in {*GRAPH_FILES, DECODE_FILE, ATTENTION_FILE} - set(names):
+                (directory / name).unlink(missing_ok=True)  # a previous artifact's
+            for name in names:
+                os.replace(staging / name, directory / name)
+            os.replace(staging / MANIFEST_FILE, directory / MANIFEST_FILE)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _prepare_directory(path: str | os.PathLike) -> Path:
     directory = Path(path)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
     directory.mkdir(parents=True, exist_ok=True)
     ours = {MANIFEST_FILE, *GRAPH_FILES, DECODE_FILE, ATTENTION_FILE}
-    others = sorted(p.name for p in directory.iterdir() if p.name not in ours)
+    others = sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.name not in ours and not p.name.startswith(STAGING_PREFIX)  # another export's
+    )
     if others:
         raise ValueError(
             f"path {directory} holds files that are not part of an artifact ({others[:3]}); "
@@ -216,17 +266,15 @@ def export_module(
         # once on the float search. Not checked against it: int8 answers are close, not equal.
         ranges = decode_ranges(decode, manifest)
         graphs = [(quantize_model(graph, ranges, quantize), name) for graph, name in graphs]
-    (directory / MANIFEST_FILE).unlink(missing_ok=True)  # no valid-looking half-written artifact
-    (directory / ATTENTION_FILE).unlink(missing_ok=True)  # a previous artifact's
+    finished = []
     for graph, name in graphs:
         graph, _ = guard_empty_inputs(graph)  # fused cells must not see an empty batch
         props = {BINDING_KEY: manifest.binding}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())
         onnx.helper.set_model_props(graph, props)
-        onnx.save_model(graph, directory / name)
-    manifest = manifest.with_files(directory)
-    (directory / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+        finished.append((graph, name))
+    _write_artifact(directory, finished, manifest)
     return directory
 
 

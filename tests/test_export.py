@@ -6,6 +6,8 @@ lengths other than the traced ones, longer than any the module was traced or tra
 """
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -247,6 +249,66 @@ def test_reexport_overwrites_a_previous_artifact(tmp_path):
     export(make_module(seed=1), tmp_path / "model")
     assert sha256_file(tmp_path / "model" / "encoder.onnx") != first
     read_artifact(tmp_path / "model")  # checksums match the new files
+
+
+def test_a_failed_reexport_leaves_the_previous_artifact_as_it_was(tmp_path, monkeypatch):
+    """The export deleted the manifest and overwrote graphs in place before the last one was
+    written: an error (a full disk, Ctrl-C) there lost the working artifact."""
+    export(make_module(seed=0), tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
+    save = onnx.save_model
+    calls = []
+
+    def failing(graph, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return save(graph, path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save_model", failing)
+    with pytest.raises(OSError, match="No space left"):
+        export(make_module(seed=1), tmp_path / "model")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
+    read_artifact(tmp_path / "model")
+    export(make_module(seed=1), tmp_path / "model")  # and a re-export then succeeds
+    assert sha256_file(tmp_path / "model" / "encoder.onnx") != sha256_file_of(before)
+
+
+def sha256_file_of(files: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(files["encoder.onnx"]).hexdigest()
+
+
+@pytest.mark.slow  # two processes each import torch: about 10 s
+def test_concurrent_exports_to_one_path_leave_one_whole_artifact(tmp_path):
+    """Two exports at once mixed their files (each moved its graphs in, then wrote checksums of
+    whatever was there): both returned, and the folder did not load. (torch.onnx's export is
+    one at a time in a process: these are two processes.)"""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch; sys.path.insert(0, sys.argv[3]); import test_export as t; "
+        "t.export(t.make_module(seed=int(sys.argv[1])), sys.argv[2])"
+    )
+    tests = str(Path(__file__).parent)
+    digests = []
+    for seed in (0, 1):  # each model's graphs, exported alone
+        export(make_module(seed=seed), tmp_path / f"alone{seed}")
+        digests.append(sha256_file(tmp_path / f"alone{seed}" / "encoder.onnx"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for trial in range(2):
+        target = tmp_path / f"shared{trial}"
+        runs = [
+            subprocess.Popen([sys.executable, "-c", script, str(seed), str(target), tests], env=env)
+            for seed in (0, 1)
+        ]
+        assert [run.wait(timeout=300) for run in runs] == [0, 0]
+        read_artifact(target)  # checksums and bindings of one export
+        assert sha256_file(target / "encoder.onnx") in digests
+        assert [p.name for p in target.iterdir() if p.name.startswith(".")] == []
 
 
 def test_export_refuses_a_directory_with_other_files(tmp_path):

@@ -63,6 +63,7 @@ __all__ = [
     "OPTIONAL_GRAPH_FILES",
     "QUANTIZATIONS",
     "SEARCH_KEY",
+    "STAGING_PREFIX",
     "ArtifactError",
     "Manifest",
     "binding_digest",
@@ -73,6 +74,8 @@ FORMAT_VERSION = 2
 #: The encoder's outputs that the decoder step reads, each ``(B, T, ...)``: the source axis 1.
 MEMORY_NAMES = ("memory", "keys", "mask")
 MANIFEST_FILE = "manifest.json"
+#: The hidden folders an export stages its files in, inside the artifact's: never part of it.
+STAGING_PREFIX = ".skattn-export-"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE)
