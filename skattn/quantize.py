@@ -62,6 +62,8 @@ from skattn.core.manifest import (
     ENCODER_FILE,
     MANIFEST_FILE,
     QUANTIZATIONS,
+    STAGING_PREFIX,
+    ArtifactError,
     Manifest,
 )
 from skattn.decode_graph import build_decode_graph
@@ -301,8 +303,8 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """Copy the artifact directory ``source`` to ``destination`` with every graph quantized
     (:func:`quantize_model`, with the ranges :func:`decode_ranges` measures on its
     ``decode.onnx``, built for the purpose where the artifact has none) and the manifest
-    saying so; other files (a packaged model's
-    ``RECIPE.md``, ``LICENSE``) are copied as they are. Returns ``destination``.
+    saying so; other files and folders (a packaged model's ``RECIPE.md``, ``LICENSE``) are
+    copied as they are. Returns ``destination``.
 
     Raises
     ------
@@ -325,18 +327,21 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     destination.mkdir(parents=True)
     try:
         if DECODE_FILE in manifest.files:
-            decode = onnx.load(source / DECODE_FILE)
+            decode = _load_graph(source / DECODE_FILE)
         else:  # the search graph, for measuring the ranges only, from the parts as exported
             encoder, decoder = (
-                without_guards(onnx.load(source / name)) for name in (ENCODER_FILE, DECODER_FILE)
+                without_guards(_load_graph(source / name)) for name in (ENCODER_FILE, DECODER_FILE)
             )
             decode = build_decode_graph(encoder, decoder, manifest)
         ranges = decode_ranges(decode, manifest)
         for path in source.iterdir():
             if path.name in manifest.files:
-                graph = quantize_model(onnx.load(path), ranges, quantization)
+                graph = quantize_model(_load_graph(path), ranges, quantization)
                 onnx.save_model(graph, destination / path.name)
-            elif path.is_file() and path.name != MANIFEST_FILE and path.suffix != ".onnx":
+            elif path.is_dir():  # (it dropped them before; an export's staging folder stays)
+                if not path.name.startswith(STAGING_PREFIX):
+                    shutil.copytree(path, destination / path.name, symlinks=True)
+            elif path.name != MANIFEST_FILE and path.suffix != ".onnx":
                 # (a graph the manifest does not list would be listed unquantized by with_files)
                 shutil.copy2(path, destination / path.name)
         quantized = dataclasses.replace(manifest, quantization=quantization)
@@ -346,6 +351,18 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
         shutil.rmtree(destination, ignore_errors=True)
         raise
     return destination
+
+
+def _load_graph(path: Path) -> onnx.ModelProto:
+    """``onnx.load``, with a graph that does not parse (truncated, its checksum then written
+    over the damage) an ``ArtifactError`` naming it: protobuf's ``DecodeError`` is no
+    ``ValueError``, and the command line printed a traceback."""
+    try:
+        return onnx.load(path)
+    except OSError:
+        raise
+    except Exception as error:  # protobuf's DecodeError, onnx's own
+        raise ArtifactError(f"{path}: not a readable ONNX graph ({error})") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -652,6 +652,36 @@ def test_a_graph_the_manifest_does_not_list_is_not_carried_into_the_int8_artifac
     assert "decode.onnx" not in json.loads((quantized / "manifest.json").read_text())["files"]
 
 
+def test_folders_of_the_artifact_are_copied_and_a_graph_that_does_not_parse_is_named(
+    int8_artifacts, tmp_path, capsys
+):
+    """A folder beside the graphs was dropped without a word; a truncated graph whose checksum
+    was written over the damage ended the command in protobuf's traceback."""
+    import shutil
+
+    from skattn.core.manifest import sha256_file
+
+    floats = shutil.copytree(int8_artifacts[3][0], tmp_path / "floats")
+    (floats / "figures").mkdir()
+    (floats / "figures" / "a.txt").write_text("kept")
+    (floats / ".skattn-export-stale").mkdir()  # an export's staging folder: not the artifact's
+    quantized = quantize_artifact(floats, tmp_path / "int8")
+    assert (quantized / "figures" / "a.txt").read_text() == "kept"
+    assert not (quantized / ".skattn-export-stale").exists()
+    encoder = floats / "encoder.onnx"
+    encoder.write_bytes(encoder.read_bytes()[:1000])
+    manifest = json.loads((floats / "manifest.json").read_text())
+    manifest["files"]["encoder.onnx"] = sha256_file(encoder)
+    (floats / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"encoder\.onnx: not a readable ONNX graph"):
+        quantize_artifact(floats, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists()
+    with pytest.raises(SystemExit) as exited:
+        main([str(floats), str(tmp_path / "broken")])
+    assert exited.value.code == 2
+    assert "not a readable ONNX graph" in capsys.readouterr().err
+
+
 def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, tmp_path):
     floats, int8 = int8_artifacts[1]
     with pytest.raises(ValueError, match="quantize must be None or one of"):
