@@ -127,8 +127,9 @@ def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) 
         "## How it was made",
         "",
         f"{record['members']} model(s) trained by `examples/g2p_cmudict.py` with "
-        f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and its defaults "
-        f"({config['decoder'].capitalize()} decoder, {config['scorer']} attention, "
+        f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and the settings the "
+        f"saved members ended with ({config['decoder'].capitalize()} decoder, "
+        f"{config['scorer']} attention, "
         f"{config['encoder']} encoder, bi-{config['cell'].upper()} "
         f"{config['hidden_size']}{layers}, embedding {config['embedding_dim']}, dropout "
         f"{config['dropout']}, batch {config['batch_size']}, Adam {config['learning_rate']} on a "

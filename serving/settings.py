@@ -53,8 +53,8 @@ class ServerSettings:
     allowed_hosts : tuple of str, optional
         The host names (no port) a request's ``Host`` header may name; others get 400 (a
         DNS-rebinding defence). None (the default here) or ``"*"`` among them allows any;
-        ``python -m serving`` allows only ``localhost``, ``127.0.0.1`` and ``::1`` when it binds
-        a loopback address.
+        ``python -m serving`` allows only ``localhost``, ``127.0.0.1``, ``::1`` and the address
+        itself when it binds a loopback address.
     retry_after_s : int, default=1
         The ``Retry-After`` a client gets with a 503.
     eager_batching : bool, default=True
