@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import io
 import logging
 from pathlib import Path
@@ -190,8 +191,17 @@ def open_graph(
     inputs: list[str],
     outputs: list[str],
 ) -> ort.InferenceSession:
-    """Open one graph; check its signature and that it was exported with ``manifest``."""
-    session = open_session(str(path), options, providers, str(path))
+    """Open one graph; check its signature and that it was exported with ``manifest``.
+
+    onnxruntime gets the bytes checked against the manifest's SHA-256 (read once: a file
+    swapped between the check and the load is refused), and no folder to read external data
+    from (``options``, :func:`open_artifact`): weights in a file beside a graph are covered by
+    no checksum, so a graph that refers to one is refused."""
+    data = path.read_bytes()
+    expected = manifest.files.get(path.name)
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ArtifactError(f"{path}: changed since its checksum was checked; load it again")
+    session = open_session(data, options, providers, str(path))
     actual_in = [i.name for i in session.get_inputs()]
     actual_out = [o.name for o in session.get_outputs()]
     if actual_in != inputs or actual_out != outputs:
@@ -220,6 +230,11 @@ def open_artifact(
     """Open the graphs a runtime runs (:func:`open_graph` each); raise ArtifactError where one
     does not match the manifest (names, or a decoder that scores another vocabulary size)."""
     manifest = artifact.manifest
+    # Graphs load from bytes: external data would be read from this folder, which cannot
+    # exist (a regular file's name as a folder), so a graph with any is refused.
+    options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(artifact.manifest_path)
+    )
 
     def graph(path, inputs: list[str], outputs: list[str]) -> ort.InferenceSession:
         return open_graph(path, options, providers, manifest, inputs, outputs)

@@ -860,6 +860,39 @@ def test_a_source_vocabulary_larger_than_the_embedding_fails_at_load(copy_of):
         serving.load(copy_of)
 
 
+def test_weights_in_a_file_beside_a_graph_are_refused(copy_of):
+    """A graph whose weights live in an external-data file loaded it from beside the graph,
+    where no checksum covers it: the weights could be swapped with no error."""
+    graph = onnx.load(copy_of / "encoder.onnx")
+    weight = max(graph.graph.initializer, key=lambda t: len(t.raw_data))
+    values = onnx.numpy_helper.to_array(weight)
+    weight.ClearField("raw_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", values.nbytes)):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(graph, copy_of / "encoder.onnx")
+    (copy_of / "weights.bin").write_bytes(values.tobytes())
+    files = json.loads((copy_of / "manifest.json").read_text())["files"]
+    files["encoder.onnx"] = sha256_file(copy_of / "encoder.onnx")
+    rewrite_manifest(copy_of, files=files)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx: onnxruntime cannot load.*xternal"):
+        serving.load(copy_of)
+
+
+def test_a_graph_swapped_after_its_checksum_was_checked_is_refused(copy_of, monkeypatch):
+    """The checksum was read from one open of the file and onnxruntime read another."""
+    read_bytes = type(copy_of).read_bytes
+
+    def swapped(path):
+        data = read_bytes(path)
+        return data + b"\0" if path.name == "decoder_step.onnx" else data
+
+    monkeypatch.setattr(type(copy_of), "read_bytes", swapped)
+    with pytest.raises(ArtifactError, match=r"decoder_step\.onnx: changed since its checksum"):
+        serving.load(copy_of)
+
+
 def test_a_manifest_string_that_is_not_valid_unicode_is_an_artifact_error(copy_of):
     # json.loads accepts a lone surrogate escape; computing the binding then raised a bare
     # UnicodeEncodeError that named no file.
