@@ -273,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long an idle kept-alive connection stays open (default: %(default)s)",
     )
     parser.add_argument(
+        "--send-timeout-s",
+        type=float,
+        default=connections.send_timeout_s,
+        help="longest a connection's answers may wait unread (its client reads nothing) "
+        "before it is aborted (default: %(default)s)",
+    )
+    parser.add_argument(
         "--device",
         type=_device,
         default="auto",
@@ -343,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_connections=args.max_connections,
             health_connections=args.health_connections,
             keep_alive_s=args.keep_alive_s,
+            send_timeout_s=args.send_timeout_s,
             retry_after_s=args.retry_after_s,
         )
         limits = fit_to_file_limit(limits)  # before any model loads: a limit too low is an error

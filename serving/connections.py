@@ -10,9 +10,18 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   sent nothing is closed silently);
 - a **header size limit**: past ``max_header_bytes`` of request line and headers, 431 and
   close, whether the headers are still arriving or came in one read;
+- a **send timeout**: a connection whose answers wait unread (its client stopped reading,
+  so the socket's buffer is full and writing paused) for ``send_timeout_s`` is aborted, with
+  what it had queued; such a connection held its slot and the memory of its answers for as
+  long as the client kept it open;
+- a **pipelining bound**: more than :data:`MAX_PIPELINED` requests queued behind the one in
+  progress on one connection aborts it (uvicorn's httptools protocol queued every request of
+  each read, so one client sending requests back to back grew the server by a gigabyte in
+  five seconds);
 - a **connection bound**: beyond ``max_connections`` open connections, a new one closes the
   longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
-  connections when it runs out); when every connection is busy, up to
+  connections when it runs out), else the one whose answers have waited unread the longest;
+  when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server; beyond those, a new connection
   gets 503 and is closed at once. Both 503s carry ``Retry-After`` (``retry_after_s``).
@@ -64,6 +73,10 @@ HEALTH_PREFIX = "/v2/health/"
 #: before the next request on it; beyond this it is closed.
 DISCARD_BYTES = 1 << 20
 
+#: The most requests one connection may have queued behind the one in progress (HTTP/1.1
+#: pipelining: clients that use it send a few); beyond it the connection is aborted.
+MAX_PIPELINED = 64
+
 # File descriptors the process needs besides its connections: the listening socket, epoll,
 # the model files onnxruntime maps, logs, the interpreter's own.
 RESERVED_FILES = 64
@@ -89,6 +102,9 @@ class ConnectionLimits:
         Connections admitted beyond ``max_connections`` when none is idle, for health checks.
     keep_alive_s : float, default=5.0
         How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    send_timeout_s : float, default=30.0
+        The longest a connection's answers may wait unread (its writes paused: the client
+        reads nothing) before it is aborted.
     retry_after_s : int, default=1
         The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
         passes its ``--retry-after-s``, the same as the queue's 503 carries).
@@ -99,11 +115,13 @@ class ConnectionLimits:
     max_connections: int = 512
     health_connections: int = 8
     keep_alive_s: float = 5.0
+    send_timeout_s: float = 30.0
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
         check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_real(self.send_timeout_s, "send_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_int(self.max_header_bytes, "max_header_bytes", 1024)
         check_int(self.max_connections, "max_connections")
         check_int(self.health_connections, "health_connections", 0)
@@ -158,6 +176,8 @@ class _GuardedProtocol:
         self._began = False  # httptools: a request's first bytes came, its end did not
         self._health_only = False
         self._last_active = time.monotonic()
+        self._stalled_since: float | None = None  # writes paused: its answers wait unread
+        self._send_timer: asyncio.TimerHandle | None = None
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -176,7 +196,34 @@ class _GuardedProtocol:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: the client is not reading its answers."""
+        super().pause_writing()
+        self._stalled_since = time.monotonic()
+        self._cancel_send_timer()
+        self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled_since = None
+        self._cancel_send_timer()
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        if self._stalled_since is not None:  # closing too: close() waits to send what it can't
+            logger.info(
+                "connection aborted: its answers waited unread",
+                extra={"send_timeout_s": self.limits.send_timeout_s},
+            )
+            self.transport.abort()
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what its HTTP parser refuses, in the server's JSON."""
@@ -202,6 +249,11 @@ class _GuardedProtocol:
         if self._awaiting_headers:
             self._header_bytes += len(data)
         super().data_received(data)
+        if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools' queued requests
+            logger.info("connection aborted: too many pipelined requests")
+            self._cancel_header_timer()
+            self.transport.abort()
+            return
         if self.cycle is not before and self.cycle is not None:  # its headers are complete
             self._headers_complete(self.cycle.scope)
         elif discarding and not self._body_unread():  # the dropped body ended in this chunk
@@ -333,16 +385,28 @@ class _GuardedProtocol:
         return answered and not (self._awaiting_headers and self._header_bytes)
 
     def _close_an_idle_connection(self) -> bool:
-        idle = [
+        """Close the longest-idle connection, else abort the one whose answers have waited
+        unread the longest (a client that stopped reading); False when there is neither."""
+        others = [
             other
             for other in self.connections
-            if other is not self and isinstance(other, _GuardedProtocol) and other._idle()
+            if other is not self and isinstance(other, _GuardedProtocol)
         ]
-        if not idle:
+        idle = [other for other in others if other._idle()]
+        stalled = [other for other in others if other._stalled_since is not None]
+        if idle:
+            oldest = min(idle, key=lambda other: other._last_active)
+            oldest._cancel_header_timer()
+            if oldest._stalled_since is None:
+                oldest.transport.close()
+            else:  # answered, but its answer waits unread: close() would hold it till sent
+                oldest.transport.abort()
+        elif stalled:
+            oldest = min(stalled, key=lambda other: other._stalled_since)
+            oldest._cancel_header_timer()
+            oldest.transport.abort()
+        else:
             return False
-        oldest = min(idle, key=lambda other: other._last_active)
-        oldest._cancel_header_timer()
-        oldest.transport.close()
         self.connections.discard(oldest)  # connection_lost follows on the next loop turn
         return True
 

@@ -295,6 +295,84 @@ def test_at_max_connections_an_idle_connection_makes_room(serve):
             sock.close()
 
 
+def stalled_reader(server, requests: int = 2):
+    """A client that asks ``requests`` times, pipelined, for attention maps of 256 sources (an
+    answer of about a megabyte, more than the buffers take without pausing) and never reads:
+    the server's writes pause, and with two or more requests the next answer waits to be
+    written (a request in progress, not an idle connection)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect(("127.0.0.1", server.port))
+    outputs = [{"name": "prediction"}, {"name": "attention"}]
+    body = json.dumps(infer_body(["0123456789" * 3] * 256, outputs=outputs)).encode()
+    head = b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall((head + b"Content-Length: %d\r\n\r\n" % len(body) + body) * requests)
+    return sock
+
+
+def open_connections(server) -> int:
+    return len(server.server.server_state.connections)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_connection_whose_answers_wait_unread_is_aborted_after_the_send_timeout(serve, http_impl):
+    """No timeout covered a client that stops reading: its answers, waiting to be sent, held
+    the connection (and their memory) for as long as the client kept it open."""
+    server = serve(limits=ConnectionLimits(send_timeout_s=0.5), http_impl=http_impl)
+    sock = stalled_reader(server, requests=1)  # answered, its answer unread: not freed either
+    try:
+        time.sleep(0.3)
+        assert open_connections(server) == 1  # its answers wait
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and open_connections(server) > 0:
+            time.sleep(0.1)
+        assert open_connections(server) == 0  # aborted: the server holds nothing for it
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/v2/health/ready").status_code == 200
+    finally:
+        sock.close()
+
+
+def test_at_max_connections_a_client_that_reads_nothing_makes_room(serve):
+    """Connections whose answers waited unread were neither idle nor closable: enough of them
+    (520 by default, a few kilobytes each) turned every other client away with 503."""
+    server = serve(limits=ConnectionLimits(max_connections=3, health_connections=0))
+    stalled = [stalled_reader(server, requests=6) for _ in range(3)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(
+        connection.flow.write_paused for connection in server.server.server_state.connections
+    ):  # every answer waits unread, and another waits to be written
+        time.sleep(0.05)
+    assert open_connections(server) == 3
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            assert client.post(INFER.decode(), json=infer_body(["abc"])).status_code == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_connection_that_pipelines_without_bound_is_aborted_and_a_few_are_served(serve):
+    """uvicorn queued every request of each read: one client sending requests back to back
+    grew the server by a gigabyte in five seconds."""
+    from serving.connections import MAX_PIPELINED
+
+    server = serve()
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(server) as sock:  # a few deep, as clients that pipeline send them: all served
+        sock.sendall(request * 8)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200 ") < 8:
+            answers += sock.recv(65536)
+    with connect(server) as sock:
+        sock.sendall(request * (4 * MAX_PIPELINED))
+        answer, _ = read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 200 ") <= MAX_PIPELINED + 2  # aborted, the rest dropped
+    with httpx.Client(base_url=server.url) as client:
+        assert client.get("/v2/health/ready").status_code == 200
+
+
 def test_a_connection_part_way_through_its_headers_is_not_idle(serve):
     server = serve(limits=ConnectionLimits(max_connections=2, health_connections=1))
     body = b'{"inputs":[{"name":"source","shape":[1],"datatype":"BYTES","data":["abc"]}]}'
@@ -419,10 +497,11 @@ def test_the_cli_maps_every_limit_to_a_flag():
     args = build_parser().parse_args(
         ["--model-dir", "m", "--header-timeout-s", "2", "--body-timeout-s", "3",
          "--max-header-bytes", "4096", "--max-connections", "9", "--health-connections", "2",
-         "--keep-alive-s", "1.5"]
+         "--keep-alive-s", "1.5", "--send-timeout-s", "4"]
     )  # fmt: skip
     assert (args.header_timeout_s, args.body_timeout_s, args.max_header_bytes) == (2, 3, 4096)
     assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
+    assert args.send_timeout_s == 4
 
 
 def test_the_readme_lists_every_limit_and_timeout_with_its_default():
