@@ -276,8 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--send-timeout-s",
         type=float,
         default=connections.send_timeout_s,
-        help="longest a connection's answers may wait unread (its client reads nothing) "
-        "before it is aborted (default: %(default)s)",
+        help="longest a connection's answer may drain nothing (its client reads nothing) "
+        "before it is aborted; a client reading slowly keeps it (default: %(default)s)",
     )
     parser.add_argument(
         "--device",

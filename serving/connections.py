@@ -10,17 +10,19 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   sent nothing is closed silently);
 - a **header size limit**: past ``max_header_bytes`` of request line and headers, 431 and
   close, whether the headers are still arriving or came in one read;
-- a **send timeout**: a connection whose answers wait unread (its client stopped reading,
-  so the socket's buffer is full and writing paused) for ``send_timeout_s`` is aborted, with
-  what it had queued; such a connection held its slot and the memory of its answers for as
-  long as the client kept it open;
+- a **send timeout**: a connection whose answer stops draining (its client reads nothing,
+  so the buffers are full and writing paused) for ``send_timeout_s`` is aborted, with what it
+  had queued, as nginx's ``send_timeout`` (a client that reads slowly keeps its connection);
+  such a connection held its slot and the memory of its answers for as long as the client
+  kept it open;
 - a **pipelining bound**: more than :data:`MAX_PIPELINED` requests queued behind the one in
   progress on one connection aborts it (uvicorn's httptools protocol queued every request of
   each read, so one client sending requests back to back grew the server by a gigabyte in
   five seconds);
 - a **connection bound**: beyond ``max_connections`` open connections, a new one closes the
   longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
-  connections when it runs out), else the one whose answers have waited unread the longest;
+  connections when it runs out), else the one whose answer has drained nothing for longest
+  (at least :data:`STALL_EVICT_S`);
   when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server; beyond those, a new connection
@@ -46,6 +48,7 @@ import asyncio
 import http
 import logging
 import resource
+import struct
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -77,6 +80,19 @@ DISCARD_BYTES = 1 << 20
 #: pipelining: clients that use it send a few); beyond it the connection is aborted.
 MAX_PIPELINED = 64
 
+try:  # the kernel's unsent bytes of a socket (Linux: SIOCOUTQ)
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):
+    fcntl = None  # type: ignore[assignment]
+    _OUTQ = None
+
+#: How long a connection's answer must have drained nothing before it may be evicted for a new
+#: connection (or ``send_timeout_s``, if shorter): a client that reads keeps its answer.
+STALL_EVICT_S = 1.0
+
 # File descriptors the process needs besides its connections: the listening socket, epoll,
 # the model files onnxruntime maps, logs, the interpreter's own.
 RESERVED_FILES = 64
@@ -103,8 +119,8 @@ class ConnectionLimits:
     keep_alive_s : float, default=5.0
         How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
     send_timeout_s : float, default=30.0
-        The longest a connection's answers may wait unread (its writes paused: the client
-        reads nothing) before it is aborted.
+        The longest a connection's answer may drain nothing (its writes paused, the client
+        reading nothing) before it is aborted; a client that reads, however slowly, keeps it.
     retry_after_s : int, default=1
         The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
         passes its ``--retry-after-s``, the same as the queue's 503 carries).
@@ -176,8 +192,11 @@ class _GuardedProtocol:
         self._began = False  # httptools: a request's first bytes came, its end did not
         self._health_only = False
         self._last_active = time.monotonic()
-        self._stalled_since: float | None = None  # writes paused: its answers wait unread
+        self._paused = False  # writes paused: its answer waits in the buffers
+        self._buffered = 0  # the write buffer's size when it last drained some
+        self._drained_at = 0.0  # when it last drained some (or writing paused)
         self._send_timer: asyncio.TimerHandle | None = None
+        self._running: Any = None  # httptools: the cycle in progress (self.cycle is the newest)
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -197,28 +216,75 @@ class _GuardedProtocol:
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_send_timer()
+        # uvicorn tells only self.cycle, the newest request, that the client has gone: with
+        # requests pipelined, the one in progress ran on for no one (its batch never withdrawn)
+        # and its answer went to a closed transport
+        queued = [cycle for cycle, _ in getattr(self, "pipeline", ())]
+        for cycle in (self._running, *queued):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        if queued:
+            self.pipeline.clear()
         super().connection_lost(exc)
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools' (h11 has none)
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def pause_writing(self) -> None:
-        """The transport's buffer is full: the client is not reading its answers."""
+        """The buffers are full: the send timeout runs while the answer drains nothing."""
         super().pause_writing()
-        self._stalled_since = time.monotonic()
-        self._cancel_send_timer()
-        self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timeout)
+        self._paused = True
+        self._buffered = self._pending_bytes()
+        self._drained_at = time.monotonic()
+        self._arm_send_timer()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._stalled_since = None
+        self._paused = False
         self._cancel_send_timer()
 
-    def _send_timeout(self) -> None:
+    def _pending_bytes(self) -> int:
+        """What the answer has still to deliver: the transport's buffer and the kernel's send
+        queue (which takes megabytes on a fast link and drains as the client reads, while the
+        transport's buffer moves into it only in large steps)."""
+        size = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and _OUTQ is not None:
+            try:
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0]
+            except (OSError, ValueError):  # closed, or not a TCP socket
+                pass
+        return size
+
+    def _undrained_s(self) -> float:
+        """Seconds since the paused answer last drained some (0 when not paused)."""
+        if not self._paused:
+            return 0.0
+        size = self._pending_bytes()
+        if size < self._buffered:  # the client read some: progress
+            self._buffered, self._drained_at = size, time.monotonic()
+        return time.monotonic() - self._drained_at
+
+    def _arm_send_timer(self) -> None:
+        self._cancel_send_timer()
+        left = self.limits.send_timeout_s - self._undrained_s()
+        self._send_timer = self.loop.call_later(min(max(left, 0.0), 1.0), self._check_send)
+
+    def _check_send(self) -> None:
+        """Every second while paused: abort once the answer drained nothing for the timeout."""
         self._send_timer = None
-        if self._stalled_since is not None:  # closing too: close() waits to send what it can't
-            logger.info(
-                "connection aborted: its answers waited unread",
-                extra={"send_timeout_s": self.limits.send_timeout_s},
-            )
-            self.transport.abort()
+        if not self._paused:
+            return
+        if self._undrained_s() < self.limits.send_timeout_s:
+            self._arm_send_timer()
+            return
+        logger.info(
+            "connection aborted: its answer drained nothing",
+            extra={"send_timeout_s": self.limits.send_timeout_s},
+        )
+        self.transport.abort()  # (close() would wait to send what it cannot)
 
     def _cancel_send_timer(self) -> None:
         if self._send_timer is not None:
@@ -252,7 +318,7 @@ class _GuardedProtocol:
         if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools' queued requests
             logger.info("connection aborted: too many pipelined requests")
             self._cancel_header_timer()
-            self.transport.abort()
+            self.transport.abort()  # connection_lost tells the request in progress
             return
         if self.cycle is not before and self.cycle is not None:  # its headers are complete
             self._headers_complete(self.cycle.scope)
@@ -385,24 +451,24 @@ class _GuardedProtocol:
         return answered and not (self._awaiting_headers and self._header_bytes)
 
     def _close_an_idle_connection(self) -> bool:
-        """Close the longest-idle connection, else abort the one whose answers have waited
-        unread the longest (a client that stopped reading); False when there is neither."""
+        """Close the longest-idle connection (one whose answer is all sent first), else abort
+        the one whose answer has drained nothing for longest (at least :data:`STALL_EVICT_S`:
+        a client that stopped reading); False when there is neither. A client still reading
+        an answer in progress, at whatever pace, is left alone."""
         others = [
             other
             for other in self.connections
             if other is not self and isinstance(other, _GuardedProtocol)
         ]
         idle = [other for other in others if other._idle()]
-        stalled = [other for other in others if other._stalled_since is not None]
-        if idle:
-            oldest = min(idle, key=lambda other: other._last_active)
+        limit = min(STALL_EVICT_S, self.limits.send_timeout_s)
+        stalled = [other for other in others if other._undrained_s() >= limit]
+        if idle:  # (one whose answer still drains finishes it, or the send timeout ends it)
+            oldest = min(idle, key=lambda other: (other._paused, other._last_active))
             oldest._cancel_header_timer()
-            if oldest._stalled_since is None:
-                oldest.transport.close()
-            else:  # answered, but its answer waits unread: close() would hold it till sent
-                oldest.transport.abort()
+            oldest.transport.close()
         elif stalled:
-            oldest = min(stalled, key=lambda other: other._stalled_since)
+            oldest = max(stalled, key=lambda other: other._undrained_s())
             oldest._cancel_header_timer()
             oldest.transport.abort()
         else:

@@ -345,12 +345,72 @@ def test_at_max_connections_a_client_that_reads_nothing_makes_room(serve):
     ):  # every answer waits unread, and another waits to be written
         time.sleep(0.05)
     assert open_connections(server) == 3
+    time.sleep(2.5)  # their answers drained nothing for over a second (checked each second)
     try:
         with httpx.Client(base_url=server.url) as client:
             assert client.post(INFER.decode(), json=infer_body(["abc"])).status_code == 200
     finally:
         for sock in stalled:
             sock.close()
+
+
+@pytest.mark.slow
+def test_a_client_that_reads_slowly_keeps_its_answer_past_the_send_timeout(serve):
+    """The timeout ran while writing was paused, not while nothing drained: a client reading
+    a 5 MB answer steadily (here about 1.3 MB/s, paused for over a second) lost it at the
+    timeout (at 4.0 of 5.2 MB)."""
+    server = serve(limits=ConnectionLimits(send_timeout_s=0.3))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", server.port))
+    with sock:
+        outputs = [{"name": "prediction"}, {"name": "attention"}]
+        body = json.dumps(infer_body(["0123456789" * 3] * 256, outputs=outputs)).encode()
+        head = b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < _length(data):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(data)} bytes"
+            data += chunk
+            time.sleep(0.05)
+    assert data.startswith(b"HTTP/1.1 200 ") and len(data) > 4_000_000
+
+
+def _length(response: bytes) -> int:
+    head, _, _ = response.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    return len(head) + 4 + length
+
+
+def test_a_pipelining_abort_tells_the_request_in_progress_its_client_left(serve):
+    """uvicorn told only the newest (queued) request: the one in progress ran on for no one,
+    and its answer went to a closed transport (an ERROR traceback)."""
+    from serving.connections import MAX_PIPELINED
+
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime)
+    body = json.dumps(infer_body(["abc"])).encode()
+    infer = (
+        b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    with connect(server) as sock:
+        sock.sendall(infer)
+        assert runtime.started.acquire(timeout=10)  # in progress, held at the gate
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" * (MAX_PIPELINED + 8))
+        answer, _ = read_until_closed(sock)
+    assert answer == b""  # aborted
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not server.metric(
+        "skattn_requests_total", model=MODEL, outcome="disconnected"
+    ):
+        time.sleep(0.05)
+    assert server.metric("skattn_requests_total", model=MODEL, outcome="disconnected") == 1
 
 
 def test_a_connection_that_pipelines_without_bound_is_aborted_and_a_few_are_served(serve):
