@@ -154,6 +154,7 @@ class Batcher:
         # terminate that have not ended yet.
         self._in_calls: dict[asyncio.Future, list[QueuedItem]] = {}
         self._terminating: set[asyncio.Future] = set()
+        self._terminated: set[asyncio.Future] = set()  # calls terminate() ended (not failed)
         self._submits = 0  # submit() calls so far
         # The rotation's clock: a request's items are stamped with it when queued, and again
         # when the request takes its turn (_rotate), which puts them behind those queued then.
@@ -346,6 +347,7 @@ class Batcher:
             if callable(terminate):
                 terminate()
                 self._terminating.update(self._in_calls)  # no call starts before they end
+                self._terminated.update(self._in_calls)
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -463,11 +465,17 @@ class Batcher:
                 group, sources, temperature, with_attention, maps
             )
         except Exception as exc:  # (cancelled: _run_batch answers the whole batch)
-            # terminated on purpose, since no one waits (clients gone, or a shutdown's deadline):
-            # not a failure of the model (the requests counter has the disconnects)
-            terminated = all(item.future.cancelled() for item in group)
-            self._record(len(group), started, failed=not terminated)
-            if terminated:
+            # stopped on purpose since no one waits (clients gone, a shutdown's deadline), or
+            # never started for that: not a failure of the model (the requests counter has the
+            # disconnects); a failure whose callers left meanwhile still counts, and is logged
+            abandoned = isinstance(exc, AbandonedBatchError)
+            self._record(len(group), started, failed=not abandoned)
+            if all(item.future.cancelled() for item in group):  # no one waits for an answer
+                if not abandoned:
+                    logger.warning(
+                        "batch failed after its callers left",
+                        extra={"batch_size": len(group), "error": repr(exc)},
+                    )
                 return
             if len(group) > 1:
                 logger.warning(
@@ -507,9 +515,14 @@ class Batcher:
         self._in_calls[call] = group
         try:
             return await call
+        except Exception as exc:
+            if call in self._terminated:  # terminate() ended it: no one waited
+                raise AbandonedBatchError("terminated: no one waits for this batch") from exc
+            raise
         finally:
             del self._in_calls[call]
             self._terminating.discard(call)
+            self._terminated.discard(call)
 
     def _predict_if_awaited(self, group: list[QueuedItem], *args) -> tuple:
         """:meth:`_predict`, unless every caller of ``group`` left while the call waited for a

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from serving_doubles import ReverseRuntime, reverse_attention
+from serving_doubles import FAIL_MARKER, ReverseRuntime, reverse_attention
 
 from serving.batcher import (
     Batcher,
@@ -875,6 +875,28 @@ def test_a_batch_abandoned_while_it_waited_for_a_shared_thread_never_runs():
     assert held == [ItemResult("dloh")] and following == [ItemResult("txen")]
     assert [call[0] for call in idle.calls] == [["next"]]  # "gone" never reached the runtime
     assert metrics.batches == [(1, False), (1, False)]  # and is not counted as a failure
+
+
+def test_a_failure_after_every_caller_left_still_counts_as_a_failure():
+    """Only a batch terminate() ended, or one that never started, is not a failure: a model
+    that fails slowly (out of memory on a large batch) after its clients timed out is."""
+
+    async def body():
+        runtime = ReverseRuntime(gated=True)  # no terminate(): nothing ends it early
+        metrics = RecordingMetrics()
+        batcher = await started(runtime, max_delay_ms=0, metrics=metrics)
+        gone = asyncio.ensure_future(batcher.infer([f"a{FAIL_MARKER}"]))
+        await wait_for_batches(runtime, 1)
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        runtime.release()  # it fails, with no one waiting
+        following = await batcher.infer(["next"])
+        await batcher.stop()
+        return metrics, following
+
+    metrics, following = run(body())
+    assert following == [ItemResult("txen")]
+    assert metrics.batches == [(1, True), (1, False)]
 
 
 def test_a_batch_someone_still_waits_for_is_not_terminated():
