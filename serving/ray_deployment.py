@@ -107,9 +107,10 @@ class ServerReplica:
     log_level : {"debug", "info", "warning", "error"}, default="info"
         The server's own logs (the ``serving`` loggers: one JSON line per inference request at
         info), to the replica's stderr, which Ray keeps in the replica's log file.
-    device : {"cpu", "cuda"}, default="cpu"
-        ``"cuda"`` only for a replica that reserved a GPU (``num_gpus``): Ray makes no GPU
-        invisible to a replica that reserved none, so ``"auto"`` would take one unreserved.
+    device : {"cpu", "cuda", "auto"}, default="cpu"
+        ``"cuda"`` or ``"auto"`` only for a replica that reserved a GPU (``num_gpus``): Ray
+        makes no GPU invisible to a replica that reserved none, so ``"auto"`` would take one
+        unreserved.
     """
 
     def __init__(
@@ -189,9 +190,10 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     ``args`` (strings from the command line, or values from Python): ``model_dir`` (required;
     comma-separated for several), ``model_name``, ``num_replicas`` (default 1), ``num_cpus``
     (per replica, default 1), ``num_gpus`` (per replica, default 0; a replica with one runs on
-    CUDA), ``device`` (``cpu``, or ``cuda`` with ``num_gpus``; default: ``cuda`` when
-    ``num_gpus`` is given, else ``cpu``), ``max_ongoing_requests`` (per replica, default 256:
-    the batcher needs concurrent requests to form batches), ``min_replicas`` /
+    CUDA, an int8 artifact on the CPU), ``device`` (``cpu``, or ``cuda`` with ``num_gpus``;
+    default: ``serving.load``'s ``auto`` when ``num_gpus`` is given, else ``cpu``),
+    ``max_ongoing_requests`` (per replica, default 256: the batcher needs concurrent requests
+    to form batches), ``min_replicas`` /
     ``max_replicas`` / ``target_ongoing_requests`` (autoscaling, in place of
     ``num_replicas``), ``log_level`` (default ``info``: the server's own logs, one line per
     inference request as ``python -m serving`` writes them, and Ray Serve's logger in the
@@ -245,8 +247,8 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     device = str(args.get("device", "auto")).lower()
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
-    if device == "auto":
-        device = "cuda" if num_gpus > 0 else "cpu"
+    if device == "auto" and num_gpus == 0:
+        device = "cpu"  # (with a GPU, "auto": serving.load takes it, but not for int8 graphs)
     if device == "cuda" and num_gpus == 0:
         raise ValueError(
             "device=cuda needs num_gpus (a GPU reserved for each replica): Ray hides no GPU "
