@@ -98,44 +98,83 @@ STEP_CELLS_EXPANDED_FROM = {"greedy": 128, "beam": 0}
 
 
 @contextlib.contextmanager
-def _exclusive(directory: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``directory`` (where the OS has one): exports to one path move
-    their files in one after the other, so the last is whole, never a mix of two."""
+def _locked(path: Path, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on the folder ``path`` while in the block; yields whether it was
+    taken (``blocking=False``: not when another process holds it). Where the OS has no
+    ``flock`` (not POSIX) nothing is locked: concurrent exports to one path are then the
+    caller's to avoid."""
     try:
         import fcntl
-    except ImportError:  # not POSIX
-        yield
+    except ImportError:
+        yield True
         return
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)  # releases the lock
 
 
+#: Every file an artifact may hold, its manifest last: the order a swap moves them out.
+_ARTIFACT_FILES = (*GRAPH_FILES, DECODE_FILE, ATTENTION_FILE, MANIFEST_FILE)
+
+
 def _write_artifact(directory: Path, graphs: list, manifest: Manifest) -> None:
     """Write the graphs and the manifest (its checksums those of the bytes written) into a
-    staging folder, then move them into ``directory``: an export that fails (an error, a full
-    disk, Ctrl-C) leaves the previous artifact there as it was, and concurrent exports to one
-    path leave the last one whole. While the files move in, a reader finds no manifest (no
-    artifact), never a manifest beside another export's graphs."""
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
-    try:
+    staging folder, then swap them in: an export that fails or is interrupted (an error, a
+    full disk, Ctrl-C), before or during the swap, leaves the previous artifact there as it
+    was, and concurrent exports to one path leave the last one whole. During the swap a
+    reader finds no manifest (no artifact), never a manifest beside another export's graphs.
+    Staging folders that a killed export left (no process holds their lock) are removed."""
+    with contextlib.ExitStack() as stack:
+        with _locked(directory):  # no other export removes it before it is locked
+            _remove_stale_staging(directory)
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+            stack.enter_context(_locked(staging))  # while it stands, it is not stale
+        stack.callback(shutil.rmtree, staging, ignore_errors=True)  # before its lock goes
         for graph, name in graphs:
             onnx.save_model(graph, staging / name)
         manifest = manifest.with_files(staging)
         (staging / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-        names = [name for _, name in graphs]
-        with _exclusive(directory):
-            (directory / MANIFEST_FILE).unlink(missing_ok=True)  # first out, last in
-            for name in {*GRAPH_FILES, DECODE_FILE, ATTENTION_FILE} - set(names):
-                (directory / name).unlink(missing_ok=True)  # a previous artifact's
-            for name in names:
-                os.replace(staging / name, directory / name)
-            os.replace(staging / MANIFEST_FILE, directory / MANIFEST_FILE)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with _locked(directory):
+            _swap(directory, staging, [*(name for _, name in graphs), MANIFEST_FILE])
+
+
+def _swap(directory: Path, staging: Path, names: list[str]) -> None:
+    """Move the previous artifact's files into ``staging/previous`` (its manifest first), then
+    ``names`` in from ``staging``; on any exception, the previous files go back."""
+    previous = staging / "previous"
+    previous.mkdir()
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in reversed(_ARTIFACT_FILES):  # the manifest first out
+            if (directory / name).exists():
+                os.replace(directory / name, previous / name)
+                moved_out.append(name)
+        for name in names:
+            os.replace(staging / name, directory / name)
+            moved_in.append(name)
+    except BaseException:
+        for name in moved_in:
+            (directory / name).unlink(missing_ok=True)
+        for name in reversed(moved_out):  # the manifest last back in
+            os.replace(previous / name, directory / name)
+        raise
+
+
+def _remove_stale_staging(directory: Path) -> None:
+    """Remove the staging folders in ``directory`` that no export holds (a killed one's)."""
+    for path in directory.iterdir():
+        if path.name.startswith(STAGING_PREFIX) and path.is_dir():
+            with _locked(path, blocking=False) as free:
+                if free:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _prepare_directory(path: str | os.PathLike) -> Path:

@@ -251,28 +251,51 @@ def test_reexport_overwrites_a_previous_artifact(tmp_path):
     read_artifact(tmp_path / "model")  # checksums match the new files
 
 
-def test_a_failed_reexport_leaves_the_previous_artifact_as_it_was(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("stage", "call", "error"),
+    [
+        ("save", 2, OSError(28, "No space left on device")),  # writing the second graph
+        ("replace", 2, KeyboardInterrupt()),  # the swap: moving the previous files out
+        ("replace", 6, KeyboardInterrupt()),  # the swap: moving the new ones in
+    ],
+)
+def test_a_failed_reexport_leaves_the_previous_artifact_as_it_was(
+    stage, call, error, tmp_path, monkeypatch
+):
     """The export deleted the manifest and overwrote graphs in place before the last one was
     written: an error (a full disk, Ctrl-C) there lost the working artifact."""
+    import skattn.export
+
     export(make_module(seed=0), tmp_path / "model")
     before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
-    save = onnx.save_model
+    target = (onnx, "save_model") if stage == "save" else (skattn.export.os, "replace")
+    original = getattr(*target)
     calls = []
 
-    def failing(graph, path, *args, **kwargs):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        return save(graph, path, *args, **kwargs)
+    def failing(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == call:
+            raise error
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(onnx, "save_model", failing)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr(*target, failing)
+    with pytest.raises(type(error)):
         export(make_module(seed=1), tmp_path / "model")
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
     read_artifact(tmp_path / "model")
     export(make_module(seed=1), tmp_path / "model")  # and a re-export then succeeds
     assert sha256_file(tmp_path / "model" / "encoder.onnx") != sha256_file_of(before)
+
+
+def test_a_staging_folder_a_killed_export_left_is_removed_by_the_next(tmp_path):
+    stale = tmp_path / "model" / ".skattn-export-killed"
+    stale.mkdir(parents=True)
+    (stale / "encoder.onnx").write_bytes(b"half")
+    export(make_module(), tmp_path / "model")
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "decode.onnx", "decoder_step.onnx", "encoder.onnx", "manifest.json",
+    ]  # fmt: skip
 
 
 def sha256_file_of(files: dict) -> str:
