@@ -174,6 +174,9 @@ class Seq2SeqEnsemble(BaseEstimator):
         # Frozen members stay in this process: through a worker they came back as copies, a
         # pickle held each twice, and later changes to the user's model never reached them.
         training = [i for i, m in enumerate(members) if not isinstance(m, FrozenEstimator)]
+        for member in members:  # a frozen member unfitted: NotFittedError, before any training
+            if isinstance(member, FrozenEstimator):
+                member.fit(X, y)  # (reads nothing: it checks that the model is fitted)
         n_jobs = min(effective_n_jobs(self.n_jobs), max(1, len(training)))  # a worker a member
         fitted = Parallel(n_jobs=n_jobs)(delayed(_fit_member)(members[i], X, y) for i in training)
         for i, member in zip(training, fitted, strict=True):

@@ -231,6 +231,12 @@ def test_frozen_members_survive_clone_and_refit(members, ensemble):
     # pickle held each member twice, and a later change to a model never reached the ensemble
     refit = clone(ensemble).set_params(n_jobs=2).fit(["x"], ["y"])
     assert all(a is b for a, b in zip(refit.estimators_, members, strict=True))
+    from sklearn.exceptions import NotFittedError
+    from sklearn.frozen import FrozenEstimator
+
+    unfitted = Seq2SeqEnsemble([FrozenEstimator(Seq2Seq()), member(max_steps=1)])
+    with pytest.raises(NotFittedError):  # before the other member trains
+        unfitted.fit(X_TRAIN, Y_TRAIN)
 
 
 def test_joblib_round_trip(ensemble, tmp_path):
