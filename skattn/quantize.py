@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper
+from onnx.external_data_helper import uses_external_data
 
 from skattn.calibrate import Finder, activation_ranges, decode_feeds, product_key
 from skattn.core.artifact import read_artifact
@@ -338,11 +339,13 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
             if path.name in manifest.files:
                 graph = quantize_model(_load_graph(path), ranges, quantization)
                 onnx.save_model(graph, destination / path.name)
-            elif path.is_dir():  # (it dropped them before; an export's staging folder stays)
-                if not path.name.startswith(STAGING_PREFIX):
+            elif path.is_dir():  # not an export's staging folder, nor the copy itself
+                inside = destination.resolve().is_relative_to(path.resolve())
+                if not path.name.startswith(STAGING_PREFIX) and not inside:
                     shutil.copytree(path, destination / path.name, symlinks=True)
-            elif path.name != MANIFEST_FILE and path.suffix != ".onnx":
-                # (a graph the manifest does not list would be listed unquantized by with_files)
+            elif path.is_file() and path.name != MANIFEST_FILE and path.suffix != ".onnx":
+                # (a graph the manifest does not list would be listed unquantized by with_files;
+                # what is neither a file nor a folder, a FIFO, a dangling link, stays behind)
                 shutil.copy2(path, destination / path.name)
         quantized = dataclasses.replace(manifest, quantization=quantization)
         quantized = quantized.with_files(destination)
@@ -358,11 +361,15 @@ def _load_graph(path: Path) -> onnx.ModelProto:
     over the damage) an ``ArtifactError`` naming it: protobuf's ``DecodeError`` is no
     ``ValueError``, and the command line printed a traceback."""
     try:
-        return onnx.load(path)
+        graph = onnx.load(path, load_external_data=False)
     except OSError:
         raise
     except Exception as error:  # protobuf's DecodeError, onnx's own
         raise ArtifactError(f"{path}: not a readable ONNX graph ({error})") from None
+    tensors = (t for g in subgraphs(graph.graph) for t in g.initializer)
+    if any(uses_external_data(tensor) for tensor in tensors):  # as serving.load refuses it
+        raise ArtifactError(f"{path}: weights in an external-data file, which no checksum covers")
+    return graph
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ error of 7-bit weights and 8-bit activations.
 
 import functools
 import json
+import os
 
 import numpy as np
 import onnx
@@ -665,9 +666,15 @@ def test_folders_of_the_artifact_are_copied_and_a_graph_that_does_not_parse_is_n
     (floats / "figures").mkdir()
     (floats / "figures" / "a.txt").write_text("kept")
     (floats / ".skattn-export-stale").mkdir()  # an export's staging folder: not the artifact's
+    os.mkfifo(floats / "pipe")  # neither a file nor a folder: left behind, as before
+    (floats / "dangling").symlink_to(tmp_path / "nowhere")
     quantized = quantize_artifact(floats, tmp_path / "int8")
     assert (quantized / "figures" / "a.txt").read_text() == "kept"
     assert not (quantized / ".skattn-export-stale").exists()
+    assert not (quantized / "pipe").exists() and not (quantized / "dangling").is_symlink()
+    inside = quantize_artifact(floats, floats / "int8")  # the copy is not copied into itself
+    assert sorted(p.name for p in inside.iterdir() if p.is_dir()) == ["figures"]
+    shutil.rmtree(inside)
     encoder = floats / "encoder.onnx"
     encoder.write_bytes(encoder.read_bytes()[:1000])
     manifest = json.loads((floats / "manifest.json").read_text())
@@ -680,6 +687,31 @@ def test_folders_of_the_artifact_are_copied_and_a_graph_that_does_not_parse_is_n
         main([str(floats), str(tmp_path / "broken")])
     assert exited.value.code == 2
     assert "not a readable ONNX graph" in capsys.readouterr().err
+
+
+def test_a_graph_whose_weights_lie_in_an_external_file_is_refused(int8_artifacts, tmp_path):
+    """onnx.load read them in, and the int8 copy carried weights no checksum had covered,
+    from a float artifact that serving.load refuses."""
+    import shutil
+
+    from skattn.core.manifest import sha256_file
+
+    floats = shutil.copytree(int8_artifacts[3][0], tmp_path / "floats")
+    graph = onnx.load(floats / "encoder.onnx")
+    weight = max(graph.graph.initializer, key=lambda t: len(t.raw_data))
+    values = onnx.numpy_helper.to_array(weight)
+    weight.ClearField("raw_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", values.nbytes)):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(graph, floats / "encoder.onnx")
+    (floats / "weights.bin").write_bytes(values.tobytes())
+    manifest = json.loads((floats / "manifest.json").read_text())
+    manifest["files"]["encoder.onnx"] = sha256_file(floats / "encoder.onnx")
+    (floats / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"encoder\.onnx: weights in an external-data file"):
+        quantize_artifact(floats, tmp_path / "int8")
 
 
 def test_bad_quantization_requests_are_refused(int8_artifacts, fitted_reversal, tmp_path):
