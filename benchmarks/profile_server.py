@@ -78,7 +78,9 @@ def metrics(url: str) -> dict[str, float]:
     """The server's series: ``{name: value}``, histograms as ``name_sum`` / ``name_count``,
     and ``batch_ones``: the batches of one item (the batch-size histogram's first bucket)."""
     values: dict[str, float] = collections.defaultdict(float)
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    response = httpx.get(f"{url}/metrics", timeout=30)
+    response.raise_for_status()  # a 503 (connections full) must not read as no batches
+    for line in response.text.splitlines():
         if match := METRICS.match(line):
             name, part, labels, value = match.groups()
             values[f"{name}_{part}" if part else name] += float(value)
@@ -135,13 +137,26 @@ def run_mode(mode, model_dir, sources, expected, args, scratch) -> dict:
         # /metrics read when the measured window starts, after the warm-up's load (read before
         # it, the batch columns counted the warm-up too: 1.5x the window's requests at 1 s)
         before: dict[str, float] = {}
-        snapshot = threading.Timer(args.warmup, lambda: before.update(metrics(url)))
+        failed: list[BaseException] = []
+
+        def snapshot() -> None:
+            try:
+                before.update(metrics(url))
+            except Exception as error:  # re-raised below, in this thread
+                failed.append(error)
+
+        timer = threading.Timer(args.warmup, snapshot)
         client_before = os.times()
-        snapshot.start()
-        window = run_level(
-            args.client, url, pid, sources, expected, args.concurrency, args
-        )  # fmt: skip
-        snapshot.join()
+        timer.start()
+        try:
+            window = run_level(
+                args.client, url, pid, sources, expected, args.concurrency, args
+            )  # fmt: skip
+        finally:
+            timer.cancel()
+            timer.join()
+        if failed or not before:  # else the batch columns would count the warm-up again
+            raise RuntimeError(f"/metrics could not be read as the window started: {failed}")
         client_after, after = os.times(), metrics(url)
         for spy in spies:
             try:

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import profile_server  # noqa: E402
@@ -38,14 +40,23 @@ def test_stacks_are_counted_per_thread_by_leaf_function(tmp_path):
 def test_metrics_sum_the_series_and_count_batches_of_one(monkeypatch):
     class Response:
         text = METRICS
+        status = 200
 
-    monkeypatch.setattr(profile_server.httpx, "get", lambda url: Response)
+        @classmethod
+        def raise_for_status(cls):
+            if cls.status != 200:
+                raise RuntimeError(f"status {cls.status}")
+
+    monkeypatch.setattr(profile_server.httpx, "get", lambda url, timeout: Response)
     values = profile_server.metrics("http://127.0.0.1:1")
     assert values["skattn_batch_size_count"] == 10.0
     assert values["skattn_batch_size_sum"] == 25.0
     assert values["batch_ones"] == 7.0
     assert values["skattn_inference_seconds_sum"] == 0.5
     assert values["skattn_requests_total"] == 25.0
+    Response.status = 503  # connections full: an error, not a server with no batches
+    with pytest.raises(RuntimeError, match="503"):
+        profile_server.metrics("http://127.0.0.1:1")
 
 
 def test_each_mode_starts_its_own_server(monkeypatch, tmp_path):
