@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -97,12 +99,18 @@ _DEFAULT_MAX_SOURCE_LENGTH = 1024
 STEP_CELLS_EXPANDED_FROM = {"greedy": 128, "beam": 0}
 
 
+logger = logging.getLogger(__name__)
+
+#: ``flock`` errors of file systems that have no such locks (NFS, Lustre, some FUSE mounts).
+_NO_FLOCK = (errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP)
+
+
 @contextlib.contextmanager
 def _locked(path: Path, blocking: bool = True) -> Iterator[bool]:
     """An exclusive ``flock`` on the folder ``path`` while in the block; yields whether it was
-    taken (``blocking=False``: not when another process holds it). Where the OS has no
-    ``flock`` (not POSIX) nothing is locked: concurrent exports to one path are then the
-    caller's to avoid."""
+    taken (``blocking=False``: not when another process holds it). Where there is no ``flock``
+    (not POSIX, or a file system without it) nothing is locked, and concurrent exports to one
+    path are the caller's to avoid."""
     try:
         import fcntl
     except ImportError:
@@ -115,6 +123,10 @@ def _locked(path: Path, blocking: bool = True) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
+        except OSError as error:
+            if error.errno not in _NO_FLOCK:
+                raise
+            logger.warning("no flock on %s (%s): exporting without a lock", path, error)
         yield True
     finally:
         os.close(fd)  # releases the lock
@@ -130,13 +142,14 @@ def _write_artifact(directory: Path, graphs: list, manifest: Manifest) -> None:
     full disk, Ctrl-C), before or during the swap, leaves the previous artifact there as it
     was, and concurrent exports to one path leave the last one whole. During the swap a
     reader finds no manifest (no artifact), never a manifest beside another export's graphs.
-    Staging folders that a killed export left (no process holds their lock) are removed."""
+    An export killed during its swap (SIGKILL, the OOM killer) leaves the previous files in
+    its staging folder: the next export to the path puts them back first."""
     with contextlib.ExitStack() as stack:
         with _locked(directory):  # no other export removes it before it is locked
-            _remove_stale_staging(directory)
+            _recover_stale_staging(directory)
             staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
             stack.enter_context(_locked(staging))  # while it stands, it is not stale
-        stack.callback(shutil.rmtree, staging, ignore_errors=True)  # before its lock goes
+        stack.callback(_discard_staging, directory, staging)  # before its lock goes
         for graph, name in graphs:
             onnx.save_model(graph, staging / name)
         manifest = manifest.with_files(staging)
@@ -150,31 +163,59 @@ def _swap(directory: Path, staging: Path, names: list[str]) -> None:
     ``names`` in from ``staging``; on any exception, the previous files go back."""
     previous = staging / "previous"
     previous.mkdir()
-    moved_out: list[str] = []
-    moved_in: list[str] = []
     try:
         for name in reversed(_ARTIFACT_FILES):  # the manifest first out
             if (directory / name).exists():
                 os.replace(directory / name, previous / name)
-                moved_out.append(name)
         for name in names:
             os.replace(staging / name, directory / name)
-            moved_in.append(name)
     except BaseException:
-        for name in moved_in:
-            (directory / name).unlink(missing_ok=True)
-        for name in reversed(moved_out):  # the manifest last back in
-            os.replace(previous / name, directory / name)
+        _restore(directory, previous)  # (what it cannot restore, the next export will)
         raise
 
 
-def _remove_stale_staging(directory: Path) -> None:
-    """Remove the staging folders in ``directory`` that no export holds (a killed one's)."""
+def _restore(directory: Path, previous: Path) -> None:
+    """Put the previous artifact back from ``previous`` (a swap cut short): the new files out,
+    the previous ones in, the manifest last; each file as far as it goes."""
+    if not (previous / MANIFEST_FILE).exists():
+        return  # nothing moved out yet (or no previous artifact)
+    try:  # the previous artifact's own files: the others in the folder are the new export's
+        listed = set(json.loads((previous / MANIFEST_FILE).read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = set(_ARTIFACT_FILES)  # unreadable: remove none
+    for name in _ARTIFACT_FILES:
+        with contextlib.suppress(OSError):
+            if (previous / name).exists():
+                os.replace(previous / name, directory / name)
+            elif name not in listed and name != MANIFEST_FILE:
+                (directory / name).unlink(missing_ok=True)
+
+
+def _discard_staging(directory: Path, staging: Path) -> None:
+    """Remove the staging folder, unless it holds a previous artifact that could not be put
+    back (the target has no manifest): the next export restores it from there."""
+    if (staging / "previous" / MANIFEST_FILE).exists() and not (directory / MANIFEST_FILE).exists():
+        logger.warning("the previous artifact is in %s: the next export restores it", staging)
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _recover_stale_staging(directory: Path) -> None:
+    """The staging folders in ``directory`` that no export holds (a killed one's): put back
+    the previous artifact a swap cut short left in one (when the target has no manifest), then
+    remove them. Another user's folder (not ours to open) is left alone."""
     for path in directory.iterdir():
-        if path.name.startswith(STAGING_PREFIX) and path.is_dir():
+        if not (path.name.startswith(STAGING_PREFIX) and path.is_dir()):
+            continue
+        try:
             with _locked(path, blocking=False) as free:
-                if free:
-                    shutil.rmtree(path, ignore_errors=True)
+                if not free:
+                    continue  # a live export's
+                if not (directory / MANIFEST_FILE).exists():
+                    _restore(directory, path / "previous")
+                shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 def _prepare_directory(path: str | os.PathLike) -> Path:

@@ -288,6 +288,75 @@ def test_a_failed_reexport_leaves_the_previous_artifact_as_it_was(
     assert sha256_file(tmp_path / "model" / "encoder.onnx") != sha256_file_of(before)
 
 
+def _failing_after(target, call: int, error: BaseException, monkeypatch, also: int = 0):
+    """Make ``target`` (module, name) raise ``error`` at its ``call``-th call (and ``also``-th)."""
+    original = getattr(*target)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        if len(calls) in (call, also):
+            raise error
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(*target, failing)
+
+
+def test_a_previous_artifact_a_cut_swap_could_not_put_back_is_restored_by_the_next_export(
+    tmp_path, monkeypatch
+):
+    """A second Ctrl-C during the roll-back (or a kill during the swap) left the previous
+    files in the staging folder, which was then deleted with them."""
+    import skattn.export
+
+    export(make_module(seed=0), tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
+    # the swap's 6th rename (moving the new files in) and the first restore both interrupted
+    _failing_after((skattn.export.os, "replace"), 6, KeyboardInterrupt(), monkeypatch, also=7)
+    with pytest.raises(KeyboardInterrupt):
+        export(make_module(seed=1), tmp_path / "model")
+    monkeypatch.undo()
+    assert not (tmp_path / "model" / "manifest.json").exists()  # cut short
+    # the next export puts the previous artifact back before anything, even if it then fails
+    _failing_after((onnx, "save_model"), 1, OSError(28, "No space left"), monkeypatch)
+    with pytest.raises(OSError):
+        export(make_module(seed=2), tmp_path / "model")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
+
+
+def test_an_export_where_flock_is_not_supported_goes_on_unlocked(tmp_path, monkeypatch):
+    """NFS and Lustre answer flock with ENOLCK or ENOSYS: every export failed."""
+    import errno
+    import fcntl
+
+    def unsupported(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    export(make_module(), tmp_path / "model")
+    read_artifact(tmp_path / "model")
+
+
+def test_another_users_staging_folder_is_left_alone(tmp_path, monkeypatch):
+    """Opening a staging folder another user made (mode 0700) failed every export."""
+    import skattn.export
+
+    other = tmp_path / "model" / ".skattn-export-other"
+    other.mkdir(parents=True)
+    opened = skattn.export.os.open
+
+    def refusing(path, *args, **kwargs):
+        if Path(path) == other:
+            raise PermissionError(13, "Permission denied")
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(skattn.export.os, "open", refusing)
+    export(make_module(), tmp_path / "model")
+    read_artifact(tmp_path / "model")
+    assert other.exists()
+
+
 def test_a_staging_folder_a_killed_export_left_is_removed_by_the_next(tmp_path):
     stale = tmp_path / "model" / ".skattn-export-killed"
     stale.mkdir(parents=True)
