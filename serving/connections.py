@@ -22,7 +22,7 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
 - a **connection bound**: beyond ``max_connections`` open connections, a new one closes the
   longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
   connections when it runs out), else the one whose answer has drained nothing for longest
-  (at least :data:`STALL_EVICT_S`);
+  (at least :data:`STALL_EVICT_S`, 5 s);
   when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server; beyond those, a new connection
@@ -89,9 +89,10 @@ except (ImportError, AttributeError):
     fcntl = None  # type: ignore[assignment]
     _OUTQ = None
 
-#: How long a connection's answer must have drained nothing before it may be evicted for a new
-#: connection (or ``send_timeout_s``, if shorter): a client that reads keeps its answer.
-STALL_EVICT_S = 1.0
+#: How long a connection's answer must have drained nothing, as TCP's acknowledgements show
+#: it (or ``send_timeout_s``, if shorter), before it may be evicted for a new connection: a
+#: slow reader's window reopens in steps, and at 10 kB/s a step took 5 s on the loopback.
+STALL_EVICT_S = 5.0
 
 # File descriptors the process needs besides its connections: the listening socket, epoll,
 # the model files onnxruntime maps, logs, the interpreter's own.
@@ -452,9 +453,9 @@ class _GuardedProtocol:
 
     def _close_an_idle_connection(self) -> bool:
         """Close the longest-idle connection (one whose answer is all sent first), else abort
-        the one whose answer has drained nothing for longest (at least :data:`STALL_EVICT_S`:
-        a client that stopped reading); False when there is neither. A client still reading
-        an answer in progress, at whatever pace, is left alone."""
+        the one whose answer has drained nothing for longest, at least :data:`STALL_EVICT_S`
+        as TCP's acknowledgements show it (a client that stopped reading, or reads slower than
+        about a receive window in that time); False when there is neither."""
         others = [
             other
             for other in self.connections
