@@ -694,22 +694,10 @@ def test_a_graph_whose_weights_lie_in_an_external_file_is_refused(int8_artifacts
     from a float artifact that serving.load refuses."""
     import shutil
 
-    from skattn.core.manifest import sha256_file
+    from tampering import weights_to_an_external_file
 
     floats = shutil.copytree(int8_artifacts[3][0], tmp_path / "floats")
-    graph = onnx.load(floats / "encoder.onnx")
-    weight = max(graph.graph.initializer, key=lambda t: len(t.raw_data))
-    values = onnx.numpy_helper.to_array(weight)
-    weight.ClearField("raw_data")
-    weight.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", values.nbytes)):
-        entry = weight.external_data.add()
-        entry.key, entry.value = key, str(value)
-    onnx.save(graph, floats / "encoder.onnx")
-    (floats / "weights.bin").write_bytes(values.tobytes())
-    manifest = json.loads((floats / "manifest.json").read_text())
-    manifest["files"]["encoder.onnx"] = sha256_file(floats / "encoder.onnx")
-    (floats / "manifest.json").write_text(json.dumps(manifest))
+    weights_to_an_external_file(floats)
     with pytest.raises(ValueError, match=r"encoder\.onnx: weights in an external-data file"):
         quantize_artifact(floats, tmp_path / "int8")
 

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from tampering import weights_to_an_external_file
 
 import serving
 from serving import backends, sessions
@@ -863,19 +864,7 @@ def test_a_source_vocabulary_larger_than_the_embedding_fails_at_load(copy_of):
 def test_weights_in_a_file_beside_a_graph_are_refused(copy_of):
     """A graph whose weights live in an external-data file loaded it from beside the graph,
     where no checksum covers it: the weights could be swapped with no error."""
-    graph = onnx.load(copy_of / "encoder.onnx")
-    weight = max(graph.graph.initializer, key=lambda t: len(t.raw_data))
-    values = onnx.numpy_helper.to_array(weight)
-    weight.ClearField("raw_data")
-    weight.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", values.nbytes)):
-        entry = weight.external_data.add()
-        entry.key, entry.value = key, str(value)
-    onnx.save(graph, copy_of / "encoder.onnx")
-    (copy_of / "weights.bin").write_bytes(values.tobytes())
-    files = json.loads((copy_of / "manifest.json").read_text())["files"]
-    files["encoder.onnx"] = sha256_file(copy_of / "encoder.onnx")
-    rewrite_manifest(copy_of, files=files)
+    weights_to_an_external_file(copy_of)
     with pytest.raises(ArtifactError, match=r"encoder\.onnx: onnxruntime cannot load.*xternal"):
         serving.load(copy_of)
 
