@@ -223,12 +223,11 @@ def _prepare_directory(path: str | os.PathLike) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
     directory.mkdir(parents=True, exist_ok=True)
-    ours = {MANIFEST_FILE, *GRAPH_FILES, DECODE_FILE, ATTENTION_FILE}
     others = sorted(
         p.name
         for p in directory.iterdir()
-        if p.name not in ours and not p.name.startswith(STAGING_PREFIX)  # another export's
-    )
+        if p.name not in _ARTIFACT_FILES and not p.name.startswith(STAGING_PREFIX)
+    )  # (a staging folder: another export's)
     if others:
         raise ValueError(
             f"path {directory} holds files that are not part of an artifact ({others[:3]}); "
