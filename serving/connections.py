@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import operator
 import resource
 import struct
 import time
@@ -462,18 +463,17 @@ class _GuardedProtocol:
             if other is not self and isinstance(other, _GuardedProtocol)
         ]
         idle = [other for other in others if other._idle()]
-        limit = min(STALL_EVICT_S, self.limits.send_timeout_s)
-        stalled = [other for other in others if other._undrained_s() >= limit]
         if idle:  # (one whose answer still drains finishes it, or the send timeout ends it)
             oldest = min(idle, key=lambda other: (other._paused, other._last_active))
             oldest._cancel_header_timer()
             oldest.transport.close()
-        elif stalled:
-            oldest = max(stalled, key=lambda other: other._undrained_s())
+        else:  # each paused answer's drain read once (a system call each)
+            drains = ((other._undrained_s(), other) for other in others)
+            undrained, oldest = max(drains, key=operator.itemgetter(0), default=(0.0, None))
+            if oldest is None or undrained < min(STALL_EVICT_S, self.limits.send_timeout_s):
+                return False
             oldest._cancel_header_timer()
             oldest.transport.abort()
-        else:
-            return False
         self.connections.discard(oldest)  # connection_lost follows on the next loop turn
         return True
 
