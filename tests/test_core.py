@@ -5,6 +5,7 @@ the source token ``T - 1 - i`` (then EOS) with one-hot attention on it. Its answ
 so the Translator's chunking, ordering, formatting and attention rows can be checked exactly.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -185,6 +186,37 @@ def test_manifest_values_are_checked_naming_the_file(key, value, message):
     data = {**manifest().to_dict(), key: value}
     with pytest.raises(ArtifactError, match=rf"where\.json.*{message}"):
         Manifest.from_dict(data, "where.json")
+
+
+def _with_target_token(token: str, ensure_ascii: bool) -> str:
+    data = manifest().to_dict()
+    data["target_vocabulary"] = [*data["target_vocabulary"], token]
+    with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate has no binding
+        data["binding"] = manifest(target_vocabulary=tuple(data["target_vocabulary"])).binding
+    return json.dumps(data, ensure_ascii=ensure_ascii)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _with_target_token("\ud800", ensure_ascii=True),  # the escape "\\ud800"
+        _with_target_token("\udfff", ensure_ascii=True).replace("\\udfff", "\\uDFFF"),
+        _with_target_token("x", ensure_ascii=False).replace('"x"', '"\ud800"'),  # the text's own
+    ],
+    ids=["escape", "upper-case escape", "in the text"],
+)
+def test_a_manifest_text_with_a_lone_surrogate_is_an_artifact_error(text):
+    with pytest.raises(ArtifactError, match=r"where\.json: holds a string that is not valid"):
+        Manifest.from_json(text, "where.json")
+
+
+@pytest.mark.parametrize(
+    "token", ["\U0001f600", "\\ud800"], ids=["a surrogate pair", "an escaped backslash"]
+)
+def test_a_manifest_text_with_surrogate_pairs_or_backslashes_reads(token):
+    for ensure_ascii in (True, False):  # as "\\ud83d\\ude00" and as the character
+        text = _with_target_token(token, ensure_ascii)
+        assert Manifest.from_json(text).target_vocabulary[-1] == token
 
 
 def test_a_format_1_manifest_reads_without_model_or_binding():
