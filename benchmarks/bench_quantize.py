@@ -1,20 +1,21 @@
-"""float32 against int8 artifacts (``export_onnx(quantize="int8")``), side by side on the CPU.
+"""float32 against int8 and float16-weight artifacts (``export_onnx(quantize=...)``), side by
+side on the CPU.
 
-Each model is exported twice, as float32 and with its weight products in int8
-(:mod:`skattn.quantize`), and both are loaded with ``serving.load(dir, "cpu")``'s default
-layout (the runtime's width-sized chunks, one worker per usable core). Rounds alternate the two
-artifacts' order over the same inputs; the table gives each one's median items/s, the spread of
-its rounds, the int8 / float32 ratio of the medians, the accuracy of each, how many answers the
-two share, and the artifacts' sizes.
+Each model is exported three times: as float32, with its weight products in int8
+(:mod:`skattn.quantize`), and with its weights stored in float16 and computed in float32
+(:mod:`skattn.float16_weights`); all are loaded with ``serving.load(dir, "cpu")``'s default
+layout (the runtime's width-sized chunks, one worker per usable core). Rounds rotate the
+artifacts' order over the same inputs; the table gives each one's median items/s, its ratio to
+float32's median (and each round's), the accuracy of each, how many answers each shares with
+float32, and the artifacts' sizes.
 
 Models: the small reversal model (``bench_runtime_chunks``', trained here briefly), scored by
 exact match; with ``--g2p PATH`` (a fitted G2P ``Seq2Seq`` or ensemble saved with joblib, e.g.
 ``benchmarks/results/g2p/member0cc.joblib``), that model on the CMUdict test words, scored by
 PER and WER (a word is right when it matches any of its pronunciations); each greedy and with
-beam 5. ``--packaged`` adds the two packaged G2P artifacts as they ship (``cmudict-g2p``, the
-one-layer ensemble in float32 without ``decode.onnx``, and ``cmudict-g2p-int8``, the two-layer
-ensemble in int8 with it: since 2026-12-04 two models, so their speeds and scores side by side,
-not how often they agree), at their beam.
+beam 5. ``--packaged`` adds the two packaged G2P artifacts as they ship, the same two-layer
+ensemble twice (``cmudict-g2p``, float16 weights without ``decode.onnx``, and
+``cmudict-g2p-int8``, int8 products with it), at their beam.
 
     python benchmarks/bench_quantize.py --g2p benchmarks/results/g2p/member0cc.joblib
     python benchmarks/bench_quantize.py --quick     # seconds: the small model, greedy
@@ -35,7 +36,7 @@ import serving
 from skattn.datasets import group_pronunciations, load_cmudict
 from skattn.metrics import exact_match, phoneme_error_rate, word_error_rate
 
-KINDS = ("float32", "int8")
+KINDS = ("float32", "int8", "float16")
 
 
 def directory_megabytes(directory: Path) -> float:
@@ -70,36 +71,39 @@ def g2p_task(path: Path, n_words: int):
 
 
 def compare(name: str, beam_size: int, directories: dict, sources, score, args) -> dict:
-    """The two artifacts of ``directories`` (kind -> directory) over ``sources``, rounds
-    alternating; one row."""
+    """The artifacts of ``directories`` (kind -> directory, float32 first) over ``sources``,
+    each round in another order; one row."""
+    kinds = list(directories)
     runtimes = {kind: serving.load(d, "cpu") for kind, d in directories.items()}
     for runtime in runtimes.values():
         runtime.predict(sources[:8])  # warm up the sessions
-    rates = {kind: [] for kind in KINDS}
+    rates = {kind: [] for kind in kinds}
     answers = {}
     for round_ in range(args.repeats):
-        for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
+        shift = round_ % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
             start = time.perf_counter()
             answers[kind] = runtimes[kind].predict(sources)
             rates[kind].append(len(sources) / (time.perf_counter() - start))
-    shared = sum(a == b for a, b in zip(*answers.values(), strict=True)) / len(sources)
-    medians = {kind: statistics.median(rates[kind]) for kind in KINDS}
-    int8 = runtimes["int8"]
+    base = kinds[0]
+    medians = {kind: statistics.median(rates[kind]) for kind in kinds}
+    first = runtimes[base]
     row = {
         "model": name,
         "beam_size": beam_size,
         "items": len(sources),
-        "layout": f"chunks of {int8.translator.max_batch_size}, {int8.workers} at a time, "
-        f"decode.onnx: {int8.decode_graph}",
-        "shared_answers": shared,
-        "ratio": medians["int8"] / medians["float32"],
-        "round_ratios": [i / f for f, i in zip(rates["float32"], rates["int8"], strict=True)],
+        "layout": f"chunks of {first.translator.max_batch_size}, {first.workers} at a time, "
+        f"decode.onnx: {first.decode_graph}",
     }
-    for kind in KINDS:
+    for kind in kinds:
         row[kind] = {
             "items_per_second": medians[kind],
             "spread": (max(rates[kind]) - min(rates[kind])) / medians[kind],
             "megabytes": directory_megabytes(directories[kind]),
+            "ratio": medians[kind] / medians[base],
+            "round_ratios": [k / b for b, k in zip(rates[base], rates[kind], strict=True)],
+            "shared_answers": sum(a == b for a, b in zip(answers[kind], answers[base], strict=True))
+            / len(sources),
             **score(answers[kind]),
         }
     print_row(row)
@@ -124,10 +128,10 @@ def measure(name: str, task, args) -> list[dict]:
 
 
 def packaged(args) -> dict:
-    """The two packaged G2P artifacts as they ship (``cmudict-g2p`` and ``-int8``: since
-    2026-12-04 two models, the one-layer ensemble and the two-layer one)."""
+    """The two packaged G2P artifacts as they ship (``cmudict-g2p``, float16 weights, and
+    ``cmudict-g2p-int8``), at their beam."""
     directories = {
-        "float32": serving.packaged_model_dir("cmudict-g2p"),
+        "float16": serving.packaged_model_dir("cmudict-g2p"),
         "int8": serving.packaged_model_dir("cmudict-g2p-int8"),
     }
     _, words, score = g2p_task(None, args.g2p_words)
@@ -142,21 +146,17 @@ def format_scores(result: dict) -> str:
 
 
 def print_row(row: dict) -> None:
-    if not hasattr(print_row, "header"):
-        print_row.header = True
+    """One line per artifact kind: items/s, its ratio to the first kind's (the median, then
+    each round's), its score, the answers it shares with the first kind, its size."""
+    print(f"{row['model']} beam {row['beam_size']}, {row['items']} items ({row['layout']})")
+    for kind in (k for k in row if isinstance(row[k], dict)):
+        r = row[kind]
+        rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
         print(
-            f"{'model':9} {'beam':>4} {'float32/s':>10} {'int8/s':>8} {'int8/float':>10} "
-            f"{'rounds':>22}  {'float32 score':>22} {'int8 score':>22} {'same':>6} {'MB':>11}"
+            f"  {kind:8} {r['items_per_second']:9.0f}/s {r['ratio']:6.2f}x ({rounds})  "
+            f"{format_scores(r):>22}  same {r['shared_answers']:6.1%}  {r['megabytes']:5.1f} MB",
+            flush=True,
         )
-    f, i = row["float32"], row["int8"]
-    rounds = " ".join(f"{r:.2f}" for r in row["round_ratios"])
-    sizes = f"{f['megabytes']:.1f}/{i['megabytes']:.1f}"
-    print(
-        f"{row['model']:9} {row['beam_size']:4d} {f['items_per_second']:10.0f} "
-        f"{i['items_per_second']:8.0f} {row['ratio']:9.2f}x {rounds:>22}  "
-        f"{format_scores(f):>22} {format_scores(i):>22} {row['shared_answers']:6.1%} {sizes:>11}",
-        flush=True,
-    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:

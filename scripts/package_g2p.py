@@ -12,8 +12,10 @@ it what a user needs to trust it: ``RECIPE.md`` (how it was trained and chosen),
 The artifact searches with the beam its figures were measured at (the results' ``beam_size``).
 
 With ``--quantize int8`` the artifact's weight products are int8 (``export_onnx(quantize=
-"int8")``, for onnxruntime on the CPU: ``serving/models/cmudict-g2p-int8``), and its figures
-are measured here on the int8 artifact itself (test and dev words, through ``serving.load``).
+"int8")``, for onnxruntime on the CPU: ``serving/models/cmudict-g2p-int8``); with
+``--quantize float16`` its weights are stored in float16 and computed in float32 (half the
+bytes, any device: ``serving/models/cmudict-g2p``). Either way its figures are measured here on
+the artifact itself (test and dev words, through ``serving.load``).
 
 The package budget is about 15 MB (``--max-mb``). An artifact holds each member's weights in
 its step graphs and again in ``decode.onnx``; when the whole is over the budget,
@@ -49,6 +51,21 @@ def cmudict_license() -> str:
     )
 
 
+#: What RECIPE.md says of a quantized export.
+QUANTIZED = {
+    "int8": 'Exported with `quantize="int8"`: the weight products in int8 '
+    "(`skattn.quantize`, each product's input range measured once at export), for "
+    "onnxruntime on the CPU only. Its answers are close to the float32 model's, not "
+    "equal to them, and never depend on the words batched beside them; the figures "
+    "below are this artifact's own.",
+    "float16": 'Exported with `quantize="float16"`: the weights stored in float16 and cast '
+    "to float32 as onnxruntime opens the graphs (`skattn.float16_weights`), so the model "
+    "takes half the bytes and computes in float32, on the CPU or CUDA. Each weight is "
+    "rounded to float16, so its answers are close to the float32 model's, not always "
+    "equal to them; the figures below are this artifact's own.",
+}
+
+
 def directory_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.iterdir()) / 2**20
 
@@ -81,8 +98,8 @@ def figures(results: dict, members: list) -> dict:
 
 
 def measured_figures(record: dict, artifact: Path, dev_words: int, seed: int) -> dict:
-    """``record`` with the test and dev PER / WER of ``artifact`` itself, as served (the
-    int8 artifact's answers are close to the float model's, not equal to them)."""
+    """``record`` with the test and dev PER / WER of ``artifact`` itself, as served (a
+    quantized artifact's answers are close to the float model's, not always equal to them)."""
     import sys
 
     import serving
@@ -145,18 +162,7 @@ def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) 
         "and exported with `export_onnx`."
         if record["members"] > 1
         else "Exported with `export_onnx`.",
-        *(
-            [
-                "",
-                'Exported with `quantize="int8"`: the weight products in int8 '
-                "(`skattn.quantize`, each product's input range measured once at export), for "
-                "onnxruntime on the CPU only. Its answers are close to the float32 model's, not "
-                "equal to them, and never depend on the words batched beside them; the figures "
-                "below are this artifact's own.",
-            ]
-            if args.quantize
-            else []
-        ),
+        *(["", QUANTIZED[args.quantize]] if args.quantize else []),
         "",
         f"Training: {record['train_seconds'] / 60:.1f} minutes in all (epochs per member: "
         f"{record['member_epochs']}), {member.n_threads_} CPU thread(s) each.",
@@ -212,9 +218,14 @@ def main(argv: list[str] | None = None) -> Path:
         help="drop decode.onnx above this size, MB (default: %(default)s)",
     )
     parser.add_argument("--note", default="", help="more of how it was made, for RECIPE.md")
-    parser.add_argument("--quantize", choices=["int8"], default=None, help="int8 weight products")
-    parser.add_argument("--dev-words", type=int, default=3000, help="as the members' run (int8)")
-    parser.add_argument("--seed", type=int, default=0, help="as the members' run (int8)")
+    parser.add_argument(
+        "--quantize",
+        choices=sorted(QUANTIZED),
+        default=None,
+        help="int8 weight products, or float16 weights (half the bytes)",
+    )
+    parser.add_argument("--dev-words", type=int, default=3000, help="as the members' run")
+    parser.add_argument("--seed", type=int, default=0, help="as the members' run")
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     members = [joblib.load(path) for path in args.model]

@@ -26,7 +26,7 @@ import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, check_binding, check_search
 from skattn.core.checks import MAX_THREADS, check_int, parse_device, usable_cores
-from skattn.core.manifest import DECODER_FILE, Manifest
+from skattn.core.manifest import CPU_ONLY_QUANTIZATIONS, DECODER_FILE, Manifest
 
 __all__ = [
     "CPU_PROVIDER",
@@ -85,10 +85,10 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
     device : {"auto", "cpu", "cuda", "cuda:N"}
         ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider (and the
         graphs are not quantized).
-    quantization : {"none", "int8"}
+    quantization : {"none", "int8", "float16"}
         The artifact's (its manifest's). The int8 graphs are built for onnxruntime's CPU
         kernels (``MatMulIntegerToFloat``; never checked on CUDA): ``"auto"`` then means the
-        CPU, and CUDA is refused.
+        CPU, and CUDA is refused. float16 weights run in float32 on any device.
 
     Returns
     -------
@@ -97,7 +97,7 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
     """
     kind, index = parse_device(device)
     available = ort.get_available_providers()
-    if quantization != "none" and kind != "cpu":
+    if quantization in CPU_ONLY_QUANTIZATIONS and kind != "cpu":
         if kind == "auto":
             return "cpu", 0
         raise ValueError(

@@ -509,11 +509,14 @@ class Seq2Seq(PortableModule, BaseEstimator):
         Parameters
         ----------
         path : str or path-like
-        quantize : {None, "int8"}, default=None
+        quantize : {None, "int8", "float16"}, default=None
             ``"int8"``: the weight products in int8 for onnxruntime on the CPU only
             (:mod:`skattn.quantize`, each product's input range measured once here, so batch
             composition never changes an answer): about 1.26x the float32 graphs' speed on wide
             models (the bi-GRU 256 G2P member), none on small ones (hidden 64).
+            ``"float16"``: the weights stored in float16 and computed in float32
+            (:mod:`skattn.float16_weights`): half the bytes on disk, the same speed, any
+            device; answers close to float32's, not always equal.
         max_source_length : int, optional
             The longest source, in tokens, that the runtime and the server accept: they refuse
             longer ones (ValueError; HTTP 400) where ``predict`` translates them. Default:

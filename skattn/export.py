@@ -71,6 +71,7 @@ from skattn.core.manifest import (
 )
 from skattn.core.text import tokenize
 from skattn.decode_graph import build_decode_graph, verify_decode_graph
+from skattn.float16_weights import float16_weights
 from skattn.quantize import decode_ranges, quantize_model
 from skattn.recurrent_graph import expand_recurrent, guard_empty_inputs
 from skattn.tracing import (
@@ -272,12 +273,15 @@ def export_module(
         The default attention temperature (a call may pass another).
     max_source_length, max_output_length : int
         Limits in tokens (EOS not counted).
-    quantize : {None, "int8"}, default=None
+    quantize : {None, "int8", "float16"}, default=None
         ``"int8"``: every graph's weight products in int8, for onnxruntime on the CPU
         (:mod:`skattn.quantize`). The graphs with their recurrent cells written as products
         are checked against torch, and ``decode.onnx`` against the NumPy search, in float32;
         then every graph's weight products are replaced alike (the int8 graphs themselves are
         not compared with anything: their answers are close to the float ones, not equal).
+        ``"float16"``: the float32 graphs, checked as without ``quantize``, then each weight
+        stored in float16 and cast back as the graph opens (:mod:`skattn.float16_weights`):
+        half the bytes, float32 arithmetic on any device, answers close to float32's.
 
     Returns
     -------
@@ -327,7 +331,7 @@ def export_module(
         manifest.decoder_outputs(),
     )
     # The GRU / LSTM nodes as products (all of them for int8), checked against torch below.
-    if quantize is not None:
+    if quantize == "int8":
         encoder, decoder = (expand_recurrent(graph)[0] for graph in (encoder, decoder))
     else:
         search = "greedy" if manifest.beam_size == 1 else "beam"
@@ -340,7 +344,7 @@ def export_module(
         verified = example_source(VERIFY_LENGTHS, len(source_vocabulary), seed=1)
         attention = build_attention_graph(model, manifest, to_onnx, (src, src_lengths), verified)
         graphs.append((attention, ATTENTION_FILE))
-    if quantize is not None:
+    if quantize == "int8":
         # The verified float graphs, each product replaced alike, its input range measured
         # once on the float search. Not checked against it: int8 answers are close, not equal.
         ranges = decode_ranges(decode, manifest)
@@ -348,6 +352,8 @@ def export_module(
     finished = []
     for graph, name in graphs:
         graph, _ = guard_empty_inputs(graph)  # fused cells must not see an empty batch
+        if quantize == "float16":  # the verified graphs' weights, where they finally lie
+            graph = float16_weights(graph)
         props = {BINDING_KEY: manifest.binding}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())
@@ -402,7 +408,7 @@ def export_onnx(
         A fitted estimator (an ensemble exports its ``EnsembleModule`` as one model).
     path : path
         Directory to write (created if needed; may hold only a previous artifact).
-    quantize : {None, "int8"}, default=None
+    quantize : {None, "int8", "float16"}, default=None
         See :func:`export_module`.
     max_source_length : int, optional
         The longest source, in tokens, that the runtime and the server accept (at most

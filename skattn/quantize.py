@@ -68,6 +68,7 @@ from skattn.core.manifest import (
     Manifest,
 )
 from skattn.decode_graph import build_decode_graph
+from skattn.float16_weights import float16_weights
 from skattn.onnx_graph import (
     GraphRewriter,
     drop_unused_initializers,
@@ -282,7 +283,8 @@ def quantize_model(
     model: onnx.ModelProto, ranges: dict[str, float], quantization: str = "int8"
 ) -> onnx.ModelProto:
     """Passes 1 and 3: the recurrent cells expanded, then every weight product with a range in
-    ``ranges`` in int8; each weight then held by the body that alone reads it.
+    ``ranges`` in int8; each weight then held by the body that alone reads it. ``"float16"``:
+    :func:`skattn.float16_weights.float16_weights` (``ranges`` unused).
 
     Raises
     ------
@@ -291,6 +293,8 @@ def quantize_model(
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    if quantization == "float16":
+        return float16_weights(model)
     expanded, _ = expand_recurrent(model)
     quantized, _ = quantize_matmuls(expanded, ranges)
     sink_initializers(quantized)  # each body's weights its own, not its outer scope's
@@ -302,7 +306,7 @@ def quantize_model(
 
 def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """Copy the artifact directory ``source`` to ``destination`` with every graph quantized
-    (:func:`quantize_model`, with the ranges :func:`decode_ranges` measures on its
+    (:func:`quantize_model`; for int8 with the ranges :func:`decode_ranges` measures on its
     ``decode.onnx``, built for the purpose where the artifact has none) and the manifest
     saying so; other files and folders (a packaged model's ``RECIPE.md``, ``LICENSE``) are
     copied as they are. Returns ``destination``.
@@ -327,14 +331,7 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
         raise ValueError(f"destination: {destination} exists; name a new directory")
     destination.mkdir(parents=True)
     try:
-        if DECODE_FILE in manifest.files:
-            decode = _load_graph(source / DECODE_FILE)
-        else:  # the search graph, for measuring the ranges only, from the parts as exported
-            encoder, decoder = (
-                without_guards(_load_graph(source / name)) for name in (ENCODER_FILE, DECODER_FILE)
-            )
-            decode = build_decode_graph(encoder, decoder, manifest)
-        ranges = decode_ranges(decode, manifest)
+        ranges = _int8_ranges(source, manifest) if quantization == "int8" else {}
         for path in source.iterdir():
             if path.name in manifest.files:
                 graph = quantize_model(_load_graph(path), ranges, quantization)
@@ -356,6 +353,19 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     return destination
 
 
+def _int8_ranges(source: Path, manifest: Manifest) -> dict[str, float]:
+    """:func:`decode_ranges` on the artifact's ``decode.onnx``, or on one built for the purpose
+    from its step graphs where it has none."""
+    if DECODE_FILE in manifest.files:
+        decode = _load_graph(source / DECODE_FILE)
+    else:
+        encoder, decoder = (
+            without_guards(_load_graph(source / name)) for name in (ENCODER_FILE, DECODER_FILE)
+        )
+        decode = build_decode_graph(encoder, decoder, manifest)
+    return decode_ranges(decode, manifest)
+
+
 def _load_graph(path: Path) -> onnx.ModelProto:
     """``onnx.load``, with a graph that does not parse (truncated, its checksum then written
     over the damage) an ``ArtifactError`` naming it: protobuf's ``DecodeError`` is no
@@ -375,13 +385,15 @@ def _load_graph(path: Path) -> onnx.ModelProto:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m skattn.quantize",
-        description="Write an int8 copy of an exported artifact, for onnxruntime on the CPU.",
+        description="Write an int8 copy of an exported artifact, for onnxruntime on the CPU "
+        "(or, with --quantization float16, a copy with its weights stored in half the bytes).",
     )
     parser.add_argument("source", help="an artifact directory (Seq2Seq.export_onnx)")
     parser.add_argument("destination", help="a new directory for the quantized copy")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8")
     args = parser.parse_args(argv)
     try:
-        print(quantize_artifact(args.source, args.destination))
+        print(quantize_artifact(args.source, args.destination, args.quantization))
     except (OSError, ValueError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
 

@@ -1,4 +1,5 @@
-"""benchmarks/bench_quantize.py: float32 and int8 artifacts side by side, with their accuracy."""
+"""benchmarks/bench_quantize.py: float32, int8 and float16-weight artifacts side by side, with
+their accuracy."""
 
 import sys
 from pathlib import Path
@@ -16,25 +17,33 @@ from skattn import Seq2Seq  # noqa: E402
 from skattn.datasets import load_cmudict  # noqa: E402
 
 
-def check_row(row: dict, items: int, one_model: bool = True) -> None:
-    assert row["items"] == items and 0.0 <= row["shared_answers"] <= 1.0
-    rates = [row[kind]["items_per_second"] for kind in bench_quantize.KINDS]
-    assert all(rate > 0 for rate in rates)
-    assert row["ratio"] == pytest.approx(rates[1] / rates[0])
-    if one_model:
-        # int8 weights take a quarter of float32's bytes (plus a scale per column); the
-        # graphs' nodes do not shrink, and weigh most in a tiny model
+def check_row(row: dict, items: int, kinds=bench_quantize.KINDS) -> None:
+    assert row["items"] == items
+    assert [kind for kind in row if isinstance(row[kind], dict)] == list(kinds)
+    first = row[kinds[0]]
+    assert first["ratio"] == 1.0 and first["shared_answers"] == 1.0
+    for kind in kinds:
+        result = row[kind]
+        assert result["items_per_second"] > 0 and 0.0 <= result["shared_answers"] <= 1.0
+        assert result["ratio"] == pytest.approx(
+            result["items_per_second"] / first["items_per_second"]
+        )
+    if kinds == bench_quantize.KINDS:
+        # int8 weights take a quarter of float32's bytes (plus a scale per column), float16
+        # ones half; the graphs' nodes do not shrink, and weigh most in a tiny model
         assert row["int8"]["megabytes"] < row["float32"]["megabytes"]
+        assert row["float16"]["megabytes"] < row["float32"]["megabytes"]
 
 
 def test_the_quick_run_compares_both_artifacts_on_the_same_sources(capsys):
     rows = bench_quantize.main(["--quick"])
     assert [(row["model"], row["beam_size"]) for row in rows] == [("reversal", 1)]
     check_row(rows[0], 300)
-    assert len(rows[0]["round_ratios"]) == 2
+    out = capsys.readouterr().out
     for kind in bench_quantize.KINDS:
+        assert len(rows[0][kind]["round_ratios"]) == 2
         assert 0.0 <= rows[0][kind]["exact"] <= 1.0
-    assert "int8/float" in capsys.readouterr().out
+        assert f"  {kind} " in out
 
 
 def test_a_g2p_model_is_scored_by_per_and_wer(tmp_path):
@@ -57,8 +66,7 @@ def test_the_packaged_artifacts_are_compared_as_they_ship():
         pytest.skip("the packaged G2P models are not in this install")
     row = bench_quantize.packaged(SimpleNamespace(g2p_words=30, repeats=1))
     assert (row["model"], row["beam_size"]) == ("packaged", 5)
-    check_row(row, 30, one_model=False)  # the two-layer ensemble in int8, the one-layer in float
-    assert "decode.onnx: True" in row["layout"]  # the int8 one ships its search graph
+    check_row(row, 30, kinds=("float16", "int8"))  # the two-layer ensemble, both ways
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--beam-sizes", "0"], ["--g2p-words", "-1"]])

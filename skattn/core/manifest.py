@@ -62,6 +62,7 @@ __all__ = [
     "MANIFEST_FILE",
     "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
+    "CPU_ONLY_QUANTIZATIONS",
     "QUANTIZATIONS",
     "SEARCH_KEY",
     "STAGING_PREFIX",
@@ -94,8 +95,11 @@ SEARCH_KEY = "skattn.search"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")
-#: How the graphs' weight products are stored besides float32 (:mod:`skattn.quantize`).
-QUANTIZATIONS = ("int8",)
+#: How the graphs' weights are stored besides float32: int8 products (:mod:`skattn.quantize`),
+#: or float16 weights computed in float32 (:mod:`skattn.float16_weights`).
+QUANTIZATIONS = ("int8", "float16")
+#: The quantizations whose graphs run on the CPU only.
+CPU_ONLY_QUANTIZATIONS = ("int8",)
 #: Upper bounds a manifest may ask for: past them one request could hold the server for hours.
 MAX_BEAM_SIZE = 64
 MAX_OUTPUT_LENGTH = 4096
@@ -144,9 +148,11 @@ class Manifest:
     format_version : int
     writer : mapping
         Who wrote it (``opset``, ``torch_version``); informative only.
-    quantization : {"none", "int8"}
+    quantization : {"none", "int8", "float16"}
         ``"int8"``: the weight products are onnxruntime's ``MatMulIntegerToFloat`` with int8
         weights and fixed input ranges (:mod:`skattn.quantize`), which runs on the CPU only.
+        ``"float16"``: the weights are stored in float16 and cast to float32 as the graph
+        opens (:mod:`skattn.float16_weights`): half the bytes, float32 arithmetic, any device.
         Absent means ``"none"``.
     export_id : str
         SHA-256 of the exported weights (``""``: an artifact written before it existed), part
