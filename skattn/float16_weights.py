@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from skattn.onnx_graph import model_copy, subgraphs
+from skattn.onnx_graph import model_copy, node_subgraphs, subgraphs
 
 __all__ = ["FLOAT16_SUFFIX", "MIN_ELEMENTS", "float16_weights", "halvable"]
 
@@ -55,10 +55,10 @@ def float16_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose float32 weights (:func:`halvable`) are stored in float16, each
     cast back to float32 under its own name in the graph that holds it.
 
-    The main graph's inputs and outputs are left alone (a weight that is also an input can be
-    fed, one that is an output is read), and so is a weight whose float16 name (its own plus
-    :data:`FLOAT16_SUFFIX`) another value already has. Each cast writes the weight's name in
-    the weight's own graph, so a body that shadows an outer name still reads its own value.
+    Left in float32: the main graph's inputs and outputs (a weight that is also an input can be
+    fed, one that is an output is read); a body's weight whose name an enclosing graph also
+    defines (the cast would write that name a second time, which ONNX forbids); and a weight
+    whose float16 name (its own plus :data:`FLOAT16_SUFFIX`) another value already has.
 
     Raises
     ------
@@ -66,33 +66,45 @@ def float16_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         ``model`` is not an ``onnx.ModelProto``.
     """
     model = model_copy(model)
+    taken = {name for graph in subgraphs(model.graph) for name in _defined(graph)}
     interface = {value.name for value in (*model.graph.input, *model.graph.output)}
-    graphs = list(subgraphs(model.graph))
-    names = {n for g in graphs for n in (*(t.name for t in g.initializer), *_node_names(g))}
-    # Bodies before the graphs that hold them: rewriting a graph's node list copies its nodes,
-    # and with them their bodies, which must by then be rewritten.
-    for graph in reversed(graphs):
-        casts, kept = [], []
-        for tensor in graph.initializer:
-            half = tensor.name + FLOAT16_SUFFIX
-            if tensor.data_type != TensorProto.FLOAT or tensor.name in interface or half in names:
-                kept.append(tensor)
-                continue
-            weight = numpy_helper.to_array(tensor)
-            if not halvable(weight):
-                kept.append(tensor)
-                continue
-            kept.append(numpy_helper.from_array(weight.astype(np.float16), half))
-            casts.append(helper.make_node("Cast", [half], [tensor.name], to=TensorProto.FLOAT))
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-        nodes = [*casts, *graph.node]  # each cast before every node that reads its weight
-        del graph.node[:]
-        graph.node.extend(nodes)
+    _halve(model.graph, interface, taken)
     return model
 
 
-def _node_names(graph: onnx.GraphProto):
+def _halve(graph: onnx.GraphProto, outer: set[str], taken: set[str]) -> None:
+    """Halve ``graph``'s weights whose names no enclosing graph defines (``outer``), its
+    bodies' first: rewriting a graph's node list copies its nodes, and with them their bodies,
+    which must by then be rewritten."""
+    inner = outer | set(_defined(graph))
     for node in graph.node:
-        yield from node.input
+        for body in node_subgraphs(node):
+            _halve(body, inner, taken)
+    casts, kept = [], []
+    for tensor in graph.initializer:
+        half = tensor.name + FLOAT16_SUFFIX
+        if tensor.data_type != TensorProto.FLOAT or tensor.name in outer or half in taken:
+            kept.append(tensor)
+            continue
+        weight = numpy_helper.to_array(tensor)
+        if not halvable(weight):
+            kept.append(tensor)
+            continue
+        kept.append(numpy_helper.from_array(weight.astype(np.float16), half))
+        casts.append(helper.make_node("Cast", [half], [tensor.name], to=TensorProto.FLOAT))
+    if not casts:
+        return
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = [*casts, *graph.node]  # each cast before every node that reads its weight
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _defined(graph: onnx.GraphProto):
+    """The names ``graph`` itself defines: its inputs, initializers and node outputs (those of
+    its bodies not included)."""
+    yield from (value.name for value in graph.input)
+    yield from (tensor.name for tensor in graph.initializer)
+    for node in graph.node:
         yield from node.output

@@ -210,6 +210,13 @@ def test_a_manifest_text_with_a_lone_surrogate_is_an_artifact_error(text):
         Manifest.from_json(text, "where.json")
 
 
+def test_a_manifest_in_bytes_reads_and_its_lone_surrogate_is_still_refused():
+    assert Manifest.from_json(manifest().to_json().encode()) == manifest()
+    text = _with_target_token("\ud800", ensure_ascii=True).encode()
+    with pytest.raises(ArtifactError, match="not valid Unicode"):
+        Manifest.from_json(text)
+
+
 @pytest.mark.parametrize(
     "token", ["\U0001f600", "\\ud800"], ids=["a surrogate pair", "an escaped backslash"]
 )

@@ -6,6 +6,7 @@ the casts and then runs the same float32 kernels. Everything else follows from i
 export, load, serve on the CPU and are allowed on CUDA, and take about half the bytes.
 """
 
+import functools
 import json
 
 import numpy as np
@@ -170,6 +171,51 @@ def test_graph_inputs_and_a_taken_name_keep_their_float32_weights():
     assert sorted(float16_initializers(halved)) == ["V.float16", "W.float16"]
     with pytest.raises(ValueError, match="model must be an onnx.ModelProto"):
         float16_weights("model.onnx")
+
+
+def shadowing_model(outer: np.ndarray, inner: np.ndarray) -> onnx.ModelProto:
+    """``y = x W`` in both branches of an ``If``; the main graph holds ``W = outer``, the
+    ``then`` branch an initializer of the same name, ``inner``."""
+    value = functools.partial(helper.make_tensor_value_info, elem_type=TensorProto.FLOAT)
+    branch = {
+        name: helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W"], [name])],
+            name,
+            [],
+            [value(name, shape=[2, 16])],
+            [numpy_helper.from_array(inner, "W")] if name == "then" else [],
+        )
+        for name in ("then", "else")
+    }
+    node = helper.make_node(
+        "If", ["c"], ["y"], then_branch=branch["then"], else_branch=branch["else"]
+    )
+    graph = helper.make_graph(
+        [node],
+        "main",
+        [value("x", shape=[2, 16]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [value("y", shape=[2, 16])],
+        [numpy_helper.from_array(outer, "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def test_a_body_weight_that_shadows_an_outer_name_stays_float32():
+    """A cast in the ``then`` branch would write ``W`` a second time, which ONNX refuses: the
+    branch's ``W`` stays float32 and the outer one is halved; each branch computes what it
+    computed with the outer ``W`` rounded (whichever ``W`` onnxruntime reads there)."""
+    rng = np.random.default_rng(0)
+    outer, inner = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))
+    halved = float16_weights(shadowing_model(outer, inner))
+    onnx.checker.check_model(halved, full_check=True)
+    assert float16_initializers(halved) == ["W.float16"]  # the outer one
+    reference = shadowing_model(outer.astype(np.float16).astype(np.float32), inner)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        np.testing.assert_array_equal(
+            session(halved).run(None, feeds)[0], session(reference).run(None, feeds)[0]
+        )
 
 
 # ---------------------------------------------------------------- artifacts
