@@ -56,6 +56,21 @@ def make_module(seed: int = 0, **kind) -> Seq2SeqModule:
     return Seq2SeqModule(config).eval()
 
 
+def make_transformer(seed: int = 0) -> Seq2SeqModule:
+    """A Transformer encoder and decoder of width 32 and 2 heads: weights of 1,024 elements
+    and more, as quantization and float16 storage take them."""
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        len(SOURCE_VOCABULARY),
+        len(TARGET_VOCABULARY),
+        hidden_size=32,
+        num_heads=2,
+        encoder="transformer",
+        decoder="transformer",
+    )
+    return Seq2SeqModule(config).eval()
+
+
 def export(module: Seq2SeqModule, path, **kwargs):
     return export_module(
         module,

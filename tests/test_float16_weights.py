@@ -13,16 +13,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
-from test_export import SOURCE_VOCABULARY, TARGET_VOCABULARY, export
+from test_export import export, make_transformer
+from test_quantize import exported_pairs
 
 import serving
 from serving.sessions import resolve_device, session_options
 from skattn.core.text import EOS
 from skattn.float16_weights import FLOAT16_SUFFIX, MIN_ELEMENTS, float16_weights, halvable
-from skattn.models import Seq2SeqModule
-from skattn.models.config import ModelConfig
 from skattn.onnx_graph import subgraphs
 from skattn.quantize import main, quantize_artifact, quantize_model
 
@@ -225,17 +223,7 @@ def test_a_body_weight_that_shadows_an_outer_name_stays_float32():
 def float16_artifacts(fitted_reversal, tmp_path_factory):
     """The fitted reversal model exported as float32 and with float16 weights, greedy and
     beam 3."""
-    directory = tmp_path_factory.mktemp("float16")
-    model = fitted_reversal
-    paths = {}
-    for beam in (1, 3):
-        model.set_params(beam_size=beam)
-        paths[beam] = (
-            model.export_onnx(directory / f"float{beam}"),
-            model.export_onnx(directory / f"half{beam}", quantize="float16"),
-        )
-    model.set_params(beam_size=1)
-    return paths
+    return exported_pairs(fitted_reversal, tmp_path_factory.mktemp("float16"), "float16")
 
 
 def graph_bytes(directory) -> int:
@@ -254,12 +242,10 @@ def sources(directory, B: int = 6, T: int = 9) -> dict[str, np.ndarray]:
     return {"src": src, "src_lengths": lengths.astype(np.int64)}
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_a_float16_artifact_computes_the_rounded_float_graphs_exactly(float16_artifacts, beam):
-    """The encoder, and decode.onnx, which inlines it and the decoder step in its loops."""
-    floats, half = float16_artifacts[beam]
-    feeds = sources(floats)
-    search = {"max_length": np.array(12), "temperature": np.array(0.7, np.float32)}
+def assert_computes_rounded(floats, half, feeds, max_length: int, temperature: float) -> None:
+    """``half``'s encoder and decode.onnx (which inlines the decoder step) give, bit for bit,
+    ``floats``' outputs with its weights rounded; no weight of ``half``'s graphs is float32."""
+    search = {"max_length": np.array(max_length), "temperature": np.array(temperature, np.float32)}
     for name, graph_feeds in (("encoder.onnx", feeds), ("decode.onnx", feeds | search)):
         want = session(rounded(onnx.load(floats / name))).run(None, graph_feeds)
         got = session(onnx.load(half / name)).run(None, graph_feeds)
@@ -267,6 +253,13 @@ def test_a_float16_artifact_computes_the_rounded_float_graphs_exactly(float16_ar
             np.testing.assert_array_equal(actual, expected, err_msg=name)
     for name in GRAPHS:
         assert float32_weights(onnx.load(half / name)) == [], name
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_float16_artifact_computes_the_rounded_float_graphs_exactly(float16_artifacts, beam):
+    """The encoder, and decode.onnx, which inlines it and the decoder step in its loops."""
+    floats, half = float16_artifacts[beam]
+    assert_computes_rounded(floats, half, sources(floats), max_length=12, temperature=0.7)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -324,25 +317,9 @@ def test_float16_artifacts_may_run_on_cuda(monkeypatch):
 
 
 def test_a_float16_transformer_computes_its_rounded_float_graphs_exactly(tmp_path):
-    torch.manual_seed(0)
-    config = ModelConfig(
-        len(SOURCE_VOCABULARY),
-        len(TARGET_VOCABULARY),
-        hidden_size=32,
-        num_heads=2,
-        encoder="transformer",
-        decoder="transformer",
-    )
-    module = Seq2SeqModule(config).eval()
+    module = make_transformer()
     floats = export(module, tmp_path / "float")
     half = export(module, tmp_path / "half", quantize="float16")
-    feeds = sources(floats, T=7)
-    search = {"max_length": np.array(10), "temperature": np.array(1.0, np.float32)}
-    for name, graph_feeds in (("encoder.onnx", feeds), ("decode.onnx", feeds | search)):
-        want = session(rounded(onnx.load(floats / name))).run(None, graph_feeds)
-        got = session(onnx.load(half / name)).run(None, graph_feeds)
-        for actual, expected in zip(got, want, strict=True):
-            np.testing.assert_array_equal(actual, expected, err_msg=name)
-    for name in (*GRAPHS, "attention.onnx"):
-        assert float32_weights(onnx.load(half / name)) == [], name
+    assert_computes_rounded(floats, half, sources(floats, T=7), max_length=10, temperature=1.0)
+    assert float32_weights(onnx.load(half / "attention.onnx")) == []
     assert serving.load(half, "cpu").manifest.quantization == "float16"

@@ -18,7 +18,14 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from test_export import SOURCE_VOCABULARY, TARGET_VOCABULARY, export, make_module, random_source
+from test_export import (
+    SOURCE_VOCABULARY,
+    TARGET_VOCABULARY,
+    export,
+    make_module,
+    make_transformer,
+    random_source,
+)
 
 import serving
 from serving.sessions import resolve_device
@@ -557,20 +564,24 @@ def test_every_kind_exports_its_expanded_cells_checked_against_torch(tmp_path):
             assert float_products(graph) == [], (kind, name)  # every range found
 
 
-@pytest.fixture(scope="module")
-def int8_artifacts(fitted_reversal, tmp_path_factory):
-    """The fitted reversal model exported as float32 and int8, greedy and beam 3."""
-    directory = tmp_path_factory.mktemp("quantized")
-    model = fitted_reversal
+def exported_pairs(model, directory, quantization: str) -> dict:
+    """Beam size (1, 3) -> the fitted ``model`` exported as float32 and with ``quantization``
+    into ``directory``; the model's beam size is 1 again after."""
     paths = {}
     for beam in (1, 3):
         model.set_params(beam_size=beam)
         paths[beam] = (
             model.export_onnx(directory / f"float{beam}"),
-            model.export_onnx(directory / f"int8_{beam}", quantize="int8"),
+            model.export_onnx(directory / f"{quantization}_{beam}", quantize=quantization),
         )
     model.set_params(beam_size=1)
     return paths
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(fitted_reversal, tmp_path_factory):
+    """The fitted reversal model exported as float32 and int8, greedy and beam 3."""
+    return exported_pairs(fitted_reversal, tmp_path_factory.mktemp("quantized"), "int8")
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -883,16 +894,7 @@ def test_the_manifest_reads_quantization_and_defaults_to_none(int8_artifacts):
 
 
 def test_an_int8_transformer_exports_and_its_encoding_stays_close(tmp_path):
-    torch.manual_seed(0)
-    config = ModelConfig(
-        len(SOURCE_VOCABULARY),
-        len(TARGET_VOCABULARY),
-        hidden_size=32,
-        num_heads=2,
-        encoder="transformer",
-        decoder="transformer",
-    )
-    module = Seq2SeqModule(config).eval()
+    module = make_transformer()
     floats = export(module, tmp_path / "float")
     int8 = export(module, tmp_path / "int8", quantize="int8")
     for name in ("encoder.onnx", "decoder_step.onnx", "decode.onnx", "attention.onnx"):
