@@ -71,8 +71,8 @@ def g2p_task(path: Path, n_words: int):
 
 
 def compare(name: str, beam_size: int, directories: dict, sources, score, args) -> dict:
-    """The artifacts of ``directories`` (kind -> directory, float32 first) over ``sources``,
-    each round in another order; one row."""
+    """The artifacts of ``directories`` (kind -> directory; ratios and shared answers are
+    against the first) over ``sources``, each round in another order; one row."""
     kinds = list(directories)
     runtimes = {kind: serving.load(d, "cpu") for kind, d in directories.items()}
     for runtime in runtimes.values():
@@ -87,16 +87,12 @@ def compare(name: str, beam_size: int, directories: dict, sources, score, args) 
             rates[kind].append(len(sources) / (time.perf_counter() - start))
     base = kinds[0]
     medians = {kind: statistics.median(rates[kind]) for kind in kinds}
-    first = runtimes[base]
-    row = {
-        "model": name,
-        "beam_size": beam_size,
-        "items": len(sources),
-        "layout": f"chunks of {first.translator.max_batch_size}, {first.workers} at a time, "
-        f"decode.onnx: {first.decode_graph}",
-    }
+    row = {"model": name, "beam_size": beam_size, "items": len(sources)}
     for kind in kinds:
+        runtime = runtimes[kind]
         row[kind] = {
+            "layout": f"chunks of {runtime.translator.max_batch_size}, {runtime.workers} at a "
+            f"time, decode.onnx: {runtime.decode_graph}",
             "items_per_second": medians[kind],
             "spread": (max(rates[kind]) - min(rates[kind])) / medians[kind],
             "megabytes": directory_megabytes(directories[kind]),
@@ -111,7 +107,7 @@ def compare(name: str, beam_size: int, directories: dict, sources, score, args) 
 
 
 def measure(name: str, task, args) -> list[dict]:
-    """A fitted model exported both ways at each of ``args.beam_sizes``."""
+    """A fitted model exported each way (:data:`KINDS`) at each of ``args.beam_sizes``."""
     model, sources, score = task
     rows = []
     for beam_size in args.beam_sizes:
@@ -148,13 +144,14 @@ def format_scores(result: dict) -> str:
 def print_row(row: dict) -> None:
     """One line per artifact kind: items/s, its ratio to the first kind's (the median, then
     each round's), its score, the answers it shares with the first kind, its size."""
-    print(f"{row['model']} beam {row['beam_size']}, {row['items']} items ({row['layout']})")
+    print(f"{row['model']} beam {row['beam_size']}, {row['items']} items")
     for kind in (k for k in row if isinstance(row[k], dict)):
         r = row[kind]
         rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
         print(
             f"  {kind:8} {r['items_per_second']:9.0f}/s {r['ratio']:6.2f}x ({rounds})  "
-            f"{format_scores(r):>22}  same {r['shared_answers']:6.1%}  {r['megabytes']:5.1f} MB",
+            f"{format_scores(r):>22}  same {r['shared_answers']:6.1%}  {r['megabytes']:5.1f} MB"
+            f"  ({r['layout']})",
             flush=True,
         )
 

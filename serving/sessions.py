@@ -84,7 +84,7 @@ def resolve_device(device: str, quantization: str = "none") -> tuple[str, int]:
     ----------
     device : {"auto", "cpu", "cuda", "cuda:N"}
         ``"auto"`` takes CUDA when this onnxruntime build has the CUDA provider (and the
-        graphs are not quantized).
+        graphs are not int8).
     quantization : {"none", "int8", "float16"}
         The artifact's (its manifest's). The int8 graphs are built for onnxruntime's CPU
         kernels (``MatMulIntegerToFloat``; never checked on CUDA): ``"auto"`` then means the

@@ -38,7 +38,9 @@ of two activations (attention scores, contexts).
 ``Seq2Seq.export_onnx(path, quantize="int8")`` measures the ranges on the search it has just
 verified and quantizes every graph of the artifact, recording ``"quantization": "int8"`` in the
 manifest, and :func:`quantize_artifact` (``python -m skattn.quantize SRC DST``) does the same to
-an artifact already written. The ``onnx`` protobuf package, NumPy and onnxruntime; no torch.
+an artifact already written. ``quantization="float16"`` (``--quantization float16``) instead
+stores the weights in float16 (:mod:`skattn.float16_weights`: no ranges, no rewrite of the
+products). The ``onnx`` protobuf package, NumPy and onnxruntime; no torch.
 """
 
 from __future__ import annotations

@@ -67,6 +67,8 @@ def test_the_packaged_artifacts_are_compared_as_they_ship():
     row = bench_quantize.packaged(SimpleNamespace(g2p_words=30, repeats=1))
     assert (row["model"], row["beam_size"]) == ("packaged", 5)
     check_row(row, 30, kinds=("float16", "int8"))  # the two-layer ensemble, both ways
+    assert "decode.onnx: False" in row["float16"]["layout"]  # left out of the float package
+    assert "decode.onnx: True" in row["int8"]["layout"]  # the int8 one ships its search graph
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--beam-sizes", "0"], ["--g2p-words", "-1"]])

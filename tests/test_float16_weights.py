@@ -37,9 +37,12 @@ def session(model: onnx.ModelProto, optimized: str | None = None) -> ort.Inferen
 
 
 def rounded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` in float32 with each weight float16_weights would halve rounded to float16."""
+    """``model`` in float32 with its weights rounded to float16, chosen here on their own (every
+    halvable initializer but the main graph's inputs and outputs, for models with no shadowed
+    names), and checked to be the ones float16_weights halves."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     interface = {v.name for v in (*model.graph.input, *model.graph.output)}
+    chosen = []
     for graph in subgraphs(model.graph):
         for tensor in graph.initializer:
             if tensor.data_type != TensorProto.FLOAT or tensor.name in interface:
@@ -48,6 +51,8 @@ def rounded(model: onnx.ModelProto) -> onnx.ModelProto:
             if halvable(weight):
                 as_half = weight.astype(np.float16).astype(np.float32)
                 tensor.CopyFrom(numpy_helper.from_array(as_half, tensor.name))
+                chosen.append(tensor.name + FLOAT16_SUFFIX)
+    assert sorted(chosen) == sorted(float16_initializers(float16_weights(model)))
     return model
 
 
