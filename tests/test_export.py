@@ -279,11 +279,11 @@ def test_a_failed_reexport_leaves_the_previous_artifact_as_it_was(
 ):
     """The export deleted the manifest and overwrote graphs in place before the last one was
     written: an error (a full disk, Ctrl-C) there lost the working artifact."""
-    import skattn.export
+    import skattn.artifact_writer
 
     export(make_module(seed=0), tmp_path / "model")
     before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
-    target = (onnx, "save_model") if stage == "save" else (skattn.export.os, "replace")
+    target = (onnx, "save_model") if stage == "save" else (skattn.artifact_writer.os, "replace")
     original = getattr(*target)
     calls = []
 
@@ -322,12 +322,14 @@ def test_a_previous_artifact_a_cut_swap_could_not_put_back_is_restored_by_the_ne
 ):
     """A second Ctrl-C during the roll-back (or a kill during the swap) left the previous
     files in the staging folder, which was then deleted with them."""
-    import skattn.export
+    import skattn.artifact_writer
 
     export(make_module(seed=0), tmp_path / "model")
     before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
     # the swap's 6th rename (moving the new files in) and the first restore both interrupted
-    _failing_after((skattn.export.os, "replace"), 6, KeyboardInterrupt(), monkeypatch, also=7)
+    _failing_after(
+        (skattn.artifact_writer.os, "replace"), 6, KeyboardInterrupt(), monkeypatch, also=7
+    )
     with pytest.raises(KeyboardInterrupt):
         export(make_module(seed=1), tmp_path / "model")
     monkeypatch.undo()
@@ -355,18 +357,18 @@ def test_an_export_where_flock_is_not_supported_goes_on_unlocked(tmp_path, monke
 
 def test_another_users_staging_folder_is_left_alone(tmp_path, monkeypatch):
     """Opening a staging folder another user made (mode 0700) failed every export."""
-    import skattn.export
+    import skattn.artifact_writer
 
     other = tmp_path / "model" / ".skattn-export-other"
     other.mkdir(parents=True)
-    opened = skattn.export.os.open
+    opened = skattn.artifact_writer.os.open
 
     def refusing(path, *args, **kwargs):
         if Path(path) == other:
             raise PermissionError(13, "Permission denied")
         return opened(path, *args, **kwargs)
 
-    monkeypatch.setattr(skattn.export.os, "open", refusing)
+    monkeypatch.setattr(skattn.artifact_writer.os, "open", refusing)
     export(make_module(), tmp_path / "model")
     read_artifact(tmp_path / "model")
     assert other.exists()
