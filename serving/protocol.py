@@ -42,6 +42,7 @@ from serving.responses import (  # the responses' half; its names stay importabl
     serialize_bytes_tensor,
 )
 from skattn.core.checks import FLOAT32_MAX
+from skattn.core.text import encodes_to_utf8
 
 INPUT_NAME = "source"
 #: Request parameters that select the attention maps' layer and head.
@@ -239,7 +240,7 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_items: in
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError("'id' must be a string")
-    if request_id is not None and not _encodable(request_id):
+    if request_id is not None and not encodes_to_utf8(request_id):
         raise ProtocolError("'id' must be valid Unicode (it holds a lone surrogate)")
     parameters = _object(header.get("parameters"), "parameters")
     tensor = _source_tensor(header.get("inputs"))
@@ -289,15 +290,6 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
     except ValueError as exc:  # bad UTF-8, bad JSON, an integer too long to convert
         raise ProtocolError(f"invalid JSON in request: {exc}") from exc
     return header, body[size:]
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` encodes to UTF-8 (JSON's \\ud800 escapes can make lone surrogates)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _object(value: object, name: str) -> dict:
@@ -398,7 +390,7 @@ def _text(element: object, index: int) -> str:
     valid Unicode only, so a lone surrogate (a JSON ``\\ud800`` escape, or CESU-8 bytes,
     which ``json.loads`` decodes as surrogates) gets 400 as invalid UTF-8 binary data does."""
     if isinstance(element, str):
-        if not _encodable(element):
+        if not encodes_to_utf8(element):
             raise ProtocolError(
                 f"input {INPUT_NAME!r} item {index} is not valid Unicode (a lone surrogate)"
             )

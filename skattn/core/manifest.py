@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from skattn.core.checks import FLOAT32_MAX
-from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
+from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS, encodes_to_utf8
 
 __all__ = [
     "ATTENTION_FILE",
@@ -297,7 +297,7 @@ class Manifest:
         # "\udXXX" escape in it: both are found by a pass over the text each (an encode and a
         # regex search, in C), where encoding the parsed manifest again (from_dict's check)
         # took 43 ms at 200,000 tokens.
-        if not isinstance(text, str) or _has_lone_surrogate(text) or _SURROGATE_ESCAPE.search(text):
+        if not isinstance(text, str) or not encodes_to_utf8(text) or _SURROGATE_ESCAPE.search(text):
             _check_unicode(data, where)  # (bytes, which json.loads also reads: the full check)
         return cls._validate(data, where)
 
@@ -383,14 +383,6 @@ def binding_digest(
 
 #: A JSON escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``); a valid pair matches too.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _check_unicode(data: Any, where: str) -> None:

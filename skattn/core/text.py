@@ -41,6 +41,7 @@ __all__ = [
     "check_tokenizer",
     "check_utf8",
     "detokenize",
+    "encodes_to_utf8",
     "pad_batch",
     "refuse_reserved_tokens",
     "tokenize",
@@ -410,6 +411,16 @@ def _strings_for_token_lists(name: str) -> ValueError:
         f"{name} holds strings, but the model was fitted on token lists (its predictions are "
         f"token lists): give each output as a list of tokens"
     )
+
+
+def encodes_to_utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form: no lone surrogate (JSON's ``\\ud800`` escapes and
+    ``errors="surrogateescape"`` decoding can make one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_utf8(text: str, name: str, index: int | None = None) -> None:
