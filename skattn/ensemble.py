@@ -373,9 +373,8 @@ class Seq2SeqEnsemble(BaseEstimator):
         quantize : {None, "int8", "float16"}, default=None
             ``"int8"``: the weight products in int8 for onnxruntime on the CPU only
             (:mod:`skattn.quantize`, each product's input range measured once here, so batch
-            composition never changes an answer): 1.74x the float16 package's speed for the
-            packaged two-layer G2P ensemble (bi-GRU 256 members, beam 5), none on small
-            models.
+            composition never changes an answer): 1.41-1.44x the float32 graphs' speed on a
+            bi-GRU 256 G2P member (greedy, beam 5), none on small models.
             ``"float16"``: the weights stored in float16 and computed in float32
             (:mod:`skattn.float16_weights`): half the bytes on disk, the same speed, any
             device; answers close to float32's, not always equal.
