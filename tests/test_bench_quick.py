@@ -20,6 +20,7 @@ QUICK = {
     "bench_large_batch": ["--random-states", "0", "--examples", "2000"],
     "bench_defaults": ["--random-states", "0"],
     "bench_optimizer": ["--steps", "2"],
+    "bench_data_parallel": ["--quick"],
 }
 
 
