@@ -17,7 +17,7 @@ import torch
 
 import serving
 from serving.artifact import read_artifact
-from skattn import Seq2Seq
+from skattn import Seq2Seq, Seq2SeqEnsemble
 from skattn.core.manifest import BINDING_KEY, Manifest, sha256_file
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.export import export_module, export_onnx
@@ -427,6 +427,14 @@ def test_export_refuses_a_directory_with_other_files(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="path"):
         export(make_module(), tmp_path / "file")
+
+
+@pytest.mark.parametrize("path", [123, None, b"model"])
+def test_export_refuses_a_path_that_is_not_a_str_or_path_like(path, fitted_reversal):
+    with pytest.raises(ValueError, match="path must be a str or os.PathLike"):
+        fitted_reversal.export_onnx(path)
+    with pytest.raises(ValueError, match="path must be a str or os.PathLike"):
+        Seq2SeqEnsemble.from_fitted([fitted_reversal]).export_onnx(path)
 
 
 class PositionAsConstant(Seq2SeqModule):
