@@ -293,8 +293,17 @@ class _GuardedProtocol:
             self._send_timer.cancel()
             self._send_timer = None
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn's note on an ``Upgrade`` request (``ws="none"``): it tells an operator to
+        install a WebSocket library, which would only take the request past the guard."""
+        logger.debug("an Upgrade request is answered as plain HTTP: no WebSocket routes")
+
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to what its HTTP parser refuses, in the server's JSON."""
+        """uvicorn's answer to what its HTTP parser refuses, in the server's JSON; 431 where
+        the head was already over the limit (httptools refuses a very long request line)."""
+        if self._awaiting_headers and self._header_bytes > self.limits.max_header_bytes:
+            self._refuse(431, self._too_large_message())
+            return
         self._refuse(
             400,
             "malformed HTTP request: its request line, a header, the Content-Length or the "
@@ -411,8 +420,10 @@ class _GuardedProtocol:
         self._cancel_header_timer()
         self._awaiting_headers = False
         self._discarded = 0
-        size = len(scope.get("raw_path", b"")) + sum(
-            len(name) + len(value) + 4 for name, value in scope["headers"]
+        size = (
+            len(scope.get("raw_path", b""))
+            + len(scope.get("query_string", b""))
+            + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         )
         if size > self.limits.max_header_bytes:
             scope[REFUSE] = (431, self._too_large_message(), {})
@@ -527,5 +538,8 @@ def uvicorn_config(
         timeout_keep_alive=limits.keep_alive_s,
         # h11 refuses (400) a header block this large; the guard answers 431 before it.
         h11_max_incomplete_event_size=limits.max_header_bytes + (1 << 18),
+        # No WebSocket routes: an upgrade request is an HTTP request (a JSON 405 or 404), not a
+        # handshake the websockets library answers in plain text past the guard and its limits.
+        ws="none",
         **kwargs,
     )

@@ -11,6 +11,7 @@ import pytest
 from serving_doubles import ReverseRuntime
 from test_server import MODEL, infer_body
 
+from serving.__main__ import LOOPBACK_HOSTS
 from serving.connections import ConnectionLimits, fit_to_file_limit
 
 INFER = f"/v2/models/{MODEL}/infer".encode()
@@ -113,6 +114,40 @@ def test_headers_over_max_header_bytes_get_431(serve, http_impl, streamed):
     # headers under the limit pass
     headers = {"X-Fine": "b" * 6000}
     assert httpx.get(f"{server.url}/v2/health/ready", headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("query_bytes", [9000, 100_000])
+def test_a_query_string_counts_toward_max_header_bytes(serve, http_impl, query_bytes):
+    # uvicorn's raw_path leaves the query out; httptools refuses a very long request line itself.
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    with connect(server) as sock:
+        query = b"q=" + b"a" * query_bytes
+        try:
+            sock.sendall(b"GET /v2/health/ready?" + query + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        except OSError:  # the server answered and closed while we were still sending
+            pass
+        answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"max_header_bytes=8192" in answer
+    fine = httpx.get(f"{server.url}/v2/health/ready", params={"q": "a" * 6000})
+    assert fine.status_code == 200
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_websocket_upgrade_is_answered_as_http_in_json(serve, http_impl):
+    server = serve(http_impl=http_impl, allowed_hosts=LOOPBACK_HOSTS)
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
+    answer = httpx.get(f"{server.url}{INFER.decode()}", headers=upgrade)
+    assert answer.status_code == 405 and "error" in answer.json()
+    assert httpx.get(f"{server.url}/v2/health/ready", headers=upgrade).status_code == 200
+    bad_host = httpx.get(f"{server.url}/v2/health/ready", headers={**upgrade, "Host": "evil"})
+    assert bad_host.status_code == 400 and "error" in bad_host.json()
 
 
 MALFORMED = {
