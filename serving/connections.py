@@ -425,8 +425,15 @@ class _GuardedProtocol:
             + len(scope.get("query_string", b""))
             + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         )
+        codings = _transfer_codings(scope["headers"])
         if size > self.limits.max_header_bytes:
             scope[REFUSE] = (431, self._too_large_message(), {})
+        elif codings - {"chunked"}:  # the parser removed the chunking, nothing else (RFC 9112)
+            message = (
+                f"unsupported Transfer-Encoding {sorted(codings)}: send the body chunked or "
+                "with a Content-Length, compressed with Content-Encoding: gzip or deflate"
+            )
+            scope[REFUSE] = (501, message, {})
         elif self._health_only and not scope.get("path", "").startswith(HEALTH_PREFIX):
             message = "too many connections: this one may ask /v2/health/* only"
             scope[REFUSE] = (503, message, self._retry_after())
@@ -522,6 +529,17 @@ def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[as
         from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
     name = f"Guarded{base.__name__}"
     return type(name, (_GuardedProtocol, base), {"limits": limits})
+
+
+def _transfer_codings(headers: list[tuple[bytes, bytes]]) -> set[str]:
+    """The transfer codings a request's ``Transfer-Encoding`` headers name, lowercased."""
+    return {
+        coding.strip().lower()
+        for name, value in headers
+        if name.lower() == b"transfer-encoding"
+        for coding in value.decode("latin-1").split(",")
+        if coding.strip()
+    }
 
 
 def uvicorn_config(

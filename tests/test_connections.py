@@ -2,6 +2,7 @@
 size limit, and a bound on connections that leaves room for health checks. Every server listens
 on 127.0.0.1; the timeouts are shortened to fractions of a second."""
 
+import gzip
 import json
 import socket
 import time
@@ -148,6 +149,35 @@ def test_a_websocket_upgrade_is_answered_as_http_in_json(serve, http_impl):
     assert httpx.get(f"{server.url}/v2/health/ready", headers=upgrade).status_code == 200
     bad_host = httpx.get(f"{server.url}/v2/health/ready", headers={**upgrade, "Host": "evil"})
     assert bad_host.status_code == 400 and "error" in bad_host.json()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_transfer_coding_other_than_chunked_gets_501(serve, http_impl):
+    # (h11 refuses the header itself: a JSON 400, as for any malformed request)
+
+    server = serve(http_impl=http_impl)
+    body = gzip.compress(json.dumps(infer_body(["abc"])).encode())
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\n\r\n" + chunked
+        )
+        answer, _ = read_until_closed(sock)
+    if http_impl == "h11":
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"malformed" in answer, answer[:200]
+    else:
+        assert answer.startswith(b"HTTP/1.1 501 "), answer[:200]
+        assert b"Transfer-Encoding" in answer and b"Content-Encoding" in answer
+    # the same body as Content-Encoding over chunking is what works
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+            b"\r\n" + chunked
+        )
+        answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
 
 
 MALFORMED = {
