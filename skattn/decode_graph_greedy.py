@@ -66,12 +66,14 @@ def decoder_step(
     states: dict[str, str],
     carry: dict[str, str],
     position: str,
+    dtype: int = DOUBLE,
 ) -> tuple[str, dict[str, str], str]:
     """Inline one decoder step into ``body``.
 
     Returns
     -------
-    log_probs : (N, V) float64, with the never-emitted ids at -inf (the NumPy search's copy)
+    log_probs : (N, V) ``dtype``, with the never-emitted ids at -inf: float64, the NumPy
+        search's copy, for sums over steps; float32 picks the same ids (the cast is exact)
     new_states : state name -> (N, ...) value
     weights : (N, T) float32
     """
@@ -89,9 +91,10 @@ def decoder_step(
             "position": position,
         },
     )
-    never = np.zeros(len(manifest.target_vocabulary))
+    never = np.zeros(len(manifest.target_vocabulary), np.float64 if dtype == DOUBLE else np.float32)
     never[list(NEVER_EMITTED)] = -np.inf
-    log_probs = body.op("Add", body.cast(step["log_probs"], DOUBLE), body.const(never))
+    log_probs = step["log_probs"] if dtype == FLOAT else body.cast(step["log_probs"], dtype)
+    log_probs = body.op("Add", log_probs, body.const(never))
     new_states = {name: step[f"new_{name}"] for name in manifest.state_names}
     return log_probs, new_states, step["weights"]
 
@@ -111,16 +114,15 @@ def _steps(
     own = body.loop_inputs(carried)
     position = body.op("Add", ins["done"], body.iteration)  # () the step's index in the item
     log_probs, new_states, weights = decoder_step(
-        body, decoder, manifest, own["y_prev"], {s: own[s] for s in states}, ins, position
+        body, decoder, manifest, own["y_prev"], {s: own[s] for s in states}, ins, position, FLOAT
     )  # (n, V), (n, ...), (n, T); memory, keys and mask read from the segment, not copied
     best = body.op("ArgMax", log_probs, axis=1, keepdims=1)  # (n, 1), first of equal maxima
-    best_lp = body.squeeze(body.op("GatherElements", log_probs, best, axis=1), 1)  # (n,)
+    best_lp = body.op("GatherElements", log_probs, best, axis=1)  # (n, 1)
+    best_lp = body.cast(body.squeeze(best_lp, 1), DOUBLE)  # (n,) as the NumPy search sums it
     best = body.squeeze(best, 1)  # (n,)
     # A row whose best log-probability is -inf or NaN is stuck: it ends like EOS, and this step
-    # adds nothing to its score (the NumPy search's rule).
-    finite = body.op(  # (n,)
-        "Not", body.op("Or", body.op("IsInf", best_lp), body.op("IsNaN", best_lp))
-    )
+    # adds nothing to its score (the NumPy search's rule). (Log-probabilities are never +inf.)
+    finite = body.op("Greater", best_lp, body.const(-np.inf, np.float64))  # (n,) NaN: False
     # Every row of a segment is alive at each of its steps: the segment ends with the first EOS.
     not_eos = body.op("Not", body.op("Equal", best, body.const(EOS, np.int64)))  # (n,)
     emit = body.op("And", not_eos, finite)  # (n,)
@@ -129,9 +131,9 @@ def _steps(
     score = body.op(  # EOS counted
         "Add", own["score"], body.where(finite, best_lp, body.const(0.0, np.float64))
     )
-    length = body.op("Add", own["length"], body.cast(emit, INT64))
-    live = body.op("ReduceSum", body.cast(emit, INT64), keepdims=0)  # ()
-    cond = body.op("Equal", live, body.squeeze(body.dim(emit, 0), 0))  # no row ended yet
+    emitted = body.cast(emit, INT64)  # (n,) 1 or 0
+    length = body.op("Add", own["length"], emitted)
+    cond = body.cast(body.op("ReduceMin", emitted, keepdims=0), BOOL)  # () no row ended yet
     after = {"y_prev": best, **new_states, "alive": emit, "score": score, "length": length}
     types = {**types, "alive": (BOOL, (None,))}
     graph = body.loop_body(
