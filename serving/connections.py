@@ -8,8 +8,9 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
 - a **header timeout**: from the connection's start, or from the first byte of a request on a
   kept-alive one, until that request's headers are complete: 408 and close (a connection that
   sent nothing is closed silently);
-- a **header size limit**: past ``max_header_bytes`` of request line and headers, 431 and
-  close, whether the headers are still arriving or came in one read;
+- a **header size limit**: past ``max_header_bytes`` of request line (its query string too)
+  and headers, 431 and close, whether the headers are still arriving or came in one read, and
+  for each pipelined request;
 - a **send timeout**: a connection whose answer stops draining (its client reads nothing,
   so the buffers are full and writing paused) for ``send_timeout_s`` is aborted, with what it
   had queued, as nginx's ``send_timeout`` (a client that reads slowly keeps its connection);
@@ -31,7 +32,11 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
 (``{"error": "malformed HTTP request: ..."}``) instead of uvicorn's plain-text 400, then
-closes the connection.
+closes the connection; a ``Transfer-Encoding`` other than ``chunked`` gets 501 (compression
+is ``Content-Encoding``'s). uvicorn runs without WebSocket support (``ws="none"``: no route
+uses it), so an ``Upgrade`` request is an HTTP request behind the same checks; httptools stops
+reading at its headers, so its connection closes after the answer, and one that declares a body
+is refused (400): that body would otherwise be dropped, or read as a request of its own.
 
 The body's read timeout is the app's (``ServerSettings.body_timeout_s``): the protocol cannot
 tell a slow body from a slow handler. A request answered before its body was read (an unknown
@@ -184,10 +189,24 @@ class _GuardedProtocol:
 
     limits: ConnectionLimits = ConnectionLimits()
 
+    @property
+    def cycle(self) -> Any:
+        """uvicorn's newest request (``RequestResponseCycle``), or None."""
+        return self.__dict__.get("_cycle")
+
+    @cycle.setter
+    def cycle(self, cycle: Any) -> None:
+        """Both parsers create a request's cycle once its headers are complete, before its
+        task starts, pipelined requests included: each is checked here."""
+        self.__dict__["_cycle"] = cycle
+        if cycle is not None:
+            self._headers_complete(cycle.scope)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = False
+        self._parser_stopped = False  # httptools stopped at an Upgrade request's headers
+        super().__init__(*args, **kwargs)
         self._header_bytes = 0
         self._discarded = 0  # bytes of a body dropped after its early answer
         self._reading_body = False  # httptools: a request's headers came, its end did not
@@ -199,6 +218,7 @@ class _GuardedProtocol:
         self._drained_at = 0.0  # when it last drained some (or writing paused)
         self._send_timer: asyncio.TimerHandle | None = None
         self._running: Any = None  # httptools: the cycle in progress (self.cycle is the newest)
+        self._read_began_with: Any = None  # self.cycle when the read in progress began
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -294,14 +314,30 @@ class _GuardedProtocol:
             self._send_timer = None
 
     def _unsupported_upgrade_warning(self) -> None:
-        """uvicorn's note on an ``Upgrade`` request (``ws="none"``): it tells an operator to
-        install a WebSocket library, which would only take the request past the guard."""
-        logger.debug("an Upgrade request is answered as plain HTTP: no WebSocket routes")
+        """uvicorn's note on an ``Upgrade`` request (``ws="none"``), which told an operator to
+        install a WebSocket library (that would only take such requests past the guard).
+
+        httptools stops parsing at an Upgrade request's headers (``HttpParserUpgrade``) and
+        uvicorn drops the rest of the read: a body or a pipelined request after it would be
+        lost, or read later as a request of its own. So the request is answered (refused if it
+        declares a body) and the connection closes, with whatever else it sends dropped. h11
+        reads on: its requests are served as usual."""
+        if self.cycle is None or not hasattr(self, "parser"):  # h11
+            return
+        self._parser_stopped = True
+        self.cycle.keep_alive = False
+        scope = self.cycle.scope
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"0").strip() not in (b"0", b"")
+        if (declared or b"transfer-encoding" in headers) and REFUSE not in scope:
+            message = "an Upgrade request may not carry a body here: send it without Upgrade"
+            scope[REFUSE] = (400, message, {})
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what its HTTP parser refuses, in the server's JSON; 431 where
         the head was already over the limit (httptools refuses a very long request line)."""
-        if self._awaiting_headers and self._header_bytes > self.limits.max_header_bytes:
+        over = self._awaiting_headers and self._header_bytes > self.limits.max_header_bytes
+        if over and self.cycle is self._read_began_with:  # (else the body did not parse)
             self._refuse(431, self._too_large_message())
             return
         self._refuse(
@@ -311,10 +347,10 @@ class _GuardedProtocol:
         )
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return
+        if self.transport.is_closing() or self._parser_stopped:
+            return  # (after an Upgrade request on httptools: the answer closes the connection)
         self._last_active = time.monotonic()
-        before = self.cycle
+        before = self._read_began_with = self.cycle
         answered = before is None or before.response_complete
         discarding = answered and self._body_unread()  # the rest of an early-answered body
         if discarding:
@@ -331,8 +367,8 @@ class _GuardedProtocol:
             self._cancel_header_timer()
             self.transport.abort()  # connection_lost tells the request in progress
             return
-        if self.cycle is not before and self.cycle is not None:  # its headers are complete
-            self._headers_complete(self.cycle.scope)
+        if self.cycle is not before and self.cycle is not None:
+            pass  # headers completed in this read: checked as their cycle was made
         elif discarding and not self._body_unread():  # the dropped body ended in this chunk
             if self._next_request_begun():
                 self._await_headers()  # and the next request began: its header deadline runs

@@ -1,8 +1,9 @@
 """The app's outermost ASGI layer: requests refused before any route sees them.
 
 - A request that the connection's protocol marked (``scope[serving.connections.REFUSE]``:
-  headers too large, or a non-health request on a connection admitted for health checks
-  only) is answered with that status and the connection closed.
+  headers too large, a transfer coding other than chunked, an ``Upgrade`` request with a body
+  on httptools, or a non-health request on a connection admitted for health checks only) is
+  answered with that status and the connection closed.
 - **Host allow-list** (``ServerSettings.allowed_hosts``, ``--allowed-host``): a request whose
   ``Host`` names another host gets 400, so that a DNS-rebinding page (``evil.example``
   resolving to 127.0.0.1) cannot read ``/metrics`` or the models' answers.

@@ -151,6 +151,87 @@ def test_a_websocket_upgrade_is_answered_as_http_in_json(serve, http_impl):
     assert bad_host.status_code == 400 and "error" in bad_host.json()
 
 
+UPGRADE = (
+    b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+
+
+def statuses(answer: bytes) -> list[bytes]:
+    return [line.split()[1] for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_an_upgrade_request_followed_by_another_loses_nothing_silently(serve, http_impl):
+    # httptools stops parsing at an Upgrade request's headers: the connection closes after
+    # its answer rather than leaving the next request unanswered; h11 serves both.
+    server = serve(http_impl=http_impl)
+    health = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n"
+    with connect(server) as sock:
+        sock.sendall(health + UPGRADE + b"\r\n" + health + b"Connection: close\r\n\r\n")
+        answer, elapsed = read_until_closed(sock)
+    assert statuses(answer) == ([b"200"] if http_impl == "httptools" else [b"200", b"200"])
+    assert elapsed < 3  # closed after the answer, not left open until the keep-alive (5 s)
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("later", [False, True], ids=["one-read", "body-later"])
+def test_an_upgrade_request_with_a_body_never_runs_its_body_as_a_request(serve, http_impl, later):
+    # (h11 keeps the connection: a short keep-alive ends it for read_until_closed)
+    server = serve(limits=ConnectionLimits(keep_alive_s=0.5), http_impl=http_impl)
+    smuggled = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = (
+        b"POST "
+        + INFER
+        + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + UPGRADE
+        + b"Content-Length: %d\r\n\r\n" % len(smuggled)
+    )
+    with connect(server) as sock:
+        sock.sendall(head if later else head + smuggled)
+        if later:
+            time.sleep(0.2)
+            try:
+                sock.sendall(smuggled)
+            except OSError:
+                pass
+        answer, _ = read_until_closed(sock)
+    # httptools stops at the headers: refused, and the rest is never read as a request; h11
+    # reads the rest as the body it is (not JSON: 400)
+    assert statuses(answer) == [b"400"], answer[:300]
+    if http_impl == "httptools":
+        assert b"may not carry a body" in answer
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_body_that_does_not_parse_gets_400_not_431_whatever_its_size(serve, http_impl):
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    body = b"%x\r\n" % 40_000 + b"a" * 40_000 + b"\r\nzz\r\n"  # a bad chunk size after 40 KB
+    with connect(server) as sock:
+        try:
+            sock.sendall(
+                b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                b"\r\n" + body
+            )
+        except OSError:
+            pass
+        answer, _ = read_until_closed(sock)
+    assert statuses(answer)[:1] == [b"400"], answer[:200]
+    assert b"max_header_bytes" not in answer
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_pipelined_requests_are_each_checked(serve, http_impl):
+    # uvicorn makes each pipelined request's cycle later: each gets the checks the first gets.
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    health = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    big = b"GET /v2/health/ready?q=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(health + big + health)
+        answer, _ = read_until_closed(sock)
+    assert statuses(answer) == [b"200", b"431"], answer[:300]
+
+
 @pytest.mark.parametrize("http_impl", IMPLS)
 def test_a_transfer_coding_other_than_chunked_gets_501(serve, http_impl):
     # (h11 refuses the header itself: a JSON 400, as for any malformed request)
