@@ -4,9 +4,10 @@ two torch threads, side by side on the same CMUdict batches.
 
 Issue 16's single-model goal is bounded by the optimizer steps that fit in an hour on 2 cores,
 and one process uses its second core through torch's intra-op threads, which split each small
-product of a recurrent step in two (probes: the two-layer model's step at batch 64 took 203-210 ms
-on one thread and 132-155 ms on two, 1.3-1.6x). Two processes of one thread each, every one computing half of each batch, would
-keep both cores on whole products; the price is one all-reduce of the gradients per step.
+product of a recurrent step in two (probes: the two-layer model's step at batch 64 took
+203-210 ms on one thread and 132-155 ms on two, 1.3-1.6x). Two processes of one thread each,
+every one computing half of each batch, would keep both cores on whole products; the price is
+one all-reduce of the gradients per step.
 
 Each row trains the two-layer G2P model (``examples/g2p_cmudict.py --num-layers 2``: bi-GRU
 256, Bahdanau decoder, additive attention, dropout 0.3) through ``Seq2Seq.fit`` with its
