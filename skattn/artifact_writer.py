@@ -23,6 +23,7 @@ from pathlib import Path
 
 import onnx
 
+from skattn.core.checks import check_path
 from skattn.core.manifest import (
     ATTENTION_FILE,
     DECODE_FILE,
@@ -157,9 +158,7 @@ def prepare_directory(path: str | os.PathLike) -> Path:
     """``path`` as a directory to export into: created if needed; ``ValueError`` where it is a
     file or holds files that are not an artifact's (another export's staging folder may be
     there)."""
-    if not isinstance(path, str | os.PathLike):  # Path(b"x") and Path(1) fail inside pathlib
-        raise ValueError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    directory = Path(path)
+    directory = check_path(path, "path")
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
     directory.mkdir(parents=True, exist_ok=True)

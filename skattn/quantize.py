@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +58,7 @@ from onnx.external_data_helper import uses_external_data
 
 from skattn.calibrate import Finder, activation_ranges, decode_feeds, product_key
 from skattn.core.artifact import read_artifact
+from skattn.core.checks import check_path
 from skattn.core.manifest import (
     DECODE_FILE,
     DECODER_FILE,
@@ -322,10 +322,7 @@ def quantize_artifact(source, destination, quantization: str = "int8") -> Path:
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
-    for name, path in (("source", source), ("destination", destination)):
-        if not isinstance(path, str | os.PathLike):
-            raise ValueError(f"{name} must be a str or os.PathLike, got {type(path).__name__}")
-    source, destination = Path(source), Path(destination)
+    source, destination = check_path(source, "source"), check_path(destination, "destination")
     manifest = read_artifact(source).manifest
     if manifest.quantization != "none":
         raise ValueError(f"source: {source} is already quantized ({manifest.quantization})")

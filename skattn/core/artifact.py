@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from skattn.core.checks import check_path
 from skattn.core.manifest import (
     ATTENTION_FILE,
     DECODE_FILE,
@@ -95,9 +96,7 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
         The directory or a file is missing, the manifest is malformed, edited or from a newer
         format, or a graph's SHA-256 differs from the manifest's; the message names the file.
     """
-    if not isinstance(path, str | os.PathLike):
-        raise ArtifactError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    directory = Path(path)
+    directory = check_path(path, "path", ArtifactError)
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: not an artifact directory (no such directory)")
     manifest_path = directory / MANIFEST_FILE

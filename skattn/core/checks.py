@@ -19,6 +19,7 @@ __all__ = [
     "MAX_THREADS",
     "check_bool",
     "check_int",
+    "check_path",
     "check_real",
     "parse_device",
     "usable_cores",
@@ -48,6 +49,15 @@ def check_bool(value: object, name: str, *, none_ok: bool = False) -> bool | Non
         return bool(value)
     allowed = "True, False or None" if none_ok else "True or False"
     raise ValueError(f"{name} must be {allowed}, got {value!r}"[:300])
+
+
+def check_path(value: object, name: str, error: type[ValueError] = ValueError) -> Path:
+    """``value`` as a ``Path`` if it is a ``str`` or ``os.PathLike``, else ``error`` (a
+    ``ValueError``) naming ``name``: ``Path(1)`` and ``Path(b"x")`` fail inside pathlib with a
+    ``TypeError`` that names neither."""
+    if not isinstance(value, str | os.PathLike):
+        raise error(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
+    return Path(value)
 
 
 def check_int(
