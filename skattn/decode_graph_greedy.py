@@ -24,7 +24,7 @@ than it saved in copies (docs/results.md, Speed).
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from skattn.core.manifest import Manifest
 from skattn.core.search import NEVER_EMITTED
@@ -91,7 +91,7 @@ def decoder_step(
             "position": position,
         },
     )
-    never = np.zeros(len(manifest.target_vocabulary), np.float64 if dtype == DOUBLE else np.float32)
+    never = np.zeros(len(manifest.target_vocabulary), helper.tensor_dtype_to_np_dtype(dtype))
     never[list(NEVER_EMITTED)] = -np.inf
     log_probs = step["log_probs"] if dtype == FLOAT else body.cast(step["log_probs"], dtype)
     log_probs = body.op("Add", log_probs, body.const(never))
