@@ -322,7 +322,7 @@ class _GuardedProtocol:
         lost, or read later as a request of its own. So the request is answered (refused if it
         declares a body) and the connection closes, with whatever else it sends dropped. h11
         reads on: its requests are served as usual."""
-        if self.cycle is None or not hasattr(self, "parser"):  # h11
+        if self.cycle is None or getattr(self, "conn", None) is not None:  # h11 (_body_unread)
             return
         self._parser_stopped = True
         self.cycle.keep_alive = False
