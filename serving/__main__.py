@@ -17,12 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from serving.app import check_instances
-from serving.connections import MAX_TIMEOUT_S, ConnectionLimits, fit_to_file_limit
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
 from serving.process import LOG_LEVELS, configure_logging, serve
-from serving.settings import BATCHING, ServerSettings, check_model_name, host_name
+from serving.settings import (
+    BATCHING,
+    MAX_TIMEOUT_S,
+    ConnectionLimits,
+    ServerSettings,
+    check_model_name,
+    fit_to_file_limit,
+    host_name,
+)
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
 logger = logging.getLogger("serving")

@@ -53,22 +53,17 @@ import asyncio
 import http
 import logging
 import operator
-import resource
 import struct
 import time
-from dataclasses import dataclass, replace
 from typing import Any
 
 import h11
 import uvicorn
 
 from serving import protocol
-from skattn.core.checks import check_int, check_real
+from serving.settings import ConnectionLimits
 
-#: The longest a timeout may be set (an hour): beyond it the protection it exists for is off.
-MAX_TIMEOUT_S = 3600.0
-
-__all__ = ["REFUSE", "ConnectionLimits", "fit_to_file_limit", "protocol_class", "uvicorn_config"]
+__all__ = ["REFUSE", "protocol_class", "uvicorn_config"]
 
 logger = logging.getLogger("serving.connections")
 
@@ -99,87 +94,6 @@ except (ImportError, AttributeError):
 #: it (or ``send_timeout_s``, if shorter), before it may be evicted for a new connection: a
 #: slow reader's window reopens in steps, and at 10 kB/s a step took 5 s on the loopback.
 STALL_EVICT_S = 5.0
-
-# File descriptors the process needs besides its connections: the listening socket, epoll,
-# the model files onnxruntime maps, logs, the interpreter's own.
-RESERVED_FILES = 64
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Limits of the HTTP connections (validated when built).
-
-    Parameters
-    ----------
-    header_timeout_s : float, default=10.0
-        The longest a request's line and headers may take to arrive, from the connection's
-        start or the request's first byte. tritonclient and curl send them in one write; 10 s
-        leaves room for a congested link and none for a client that trickles them.
-    max_header_bytes : int, default=32768
-        The most bytes of request line and headers (nginx's default buffers hold 32 KiB;
-        tritonclient sends a few hundred bytes); beyond it 431.
-    max_connections : int, default=512
-        The most open connections before an idle one is closed for a new one (and at most
-        the file-descriptor limit minus what the process needs, see :func:`fit_to_file_limit`).
-    health_connections : int, default=8
-        Connections admitted beyond ``max_connections`` when none is idle, for health checks.
-    keep_alive_s : float, default=5.0
-        How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
-    send_timeout_s : float, default=30.0
-        The longest a connection's answer may drain nothing (its writes paused, the client
-        reading nothing) before it is aborted; a client that reads, however slowly, keeps it.
-    retry_after_s : int, default=1
-        The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
-        passes its ``--retry-after-s``, the same as the queue's 503 carries).
-    """
-
-    header_timeout_s: float = 10.0
-    max_header_bytes: int = 32768
-    max_connections: int = 512
-    health_connections: int = 8
-    keep_alive_s: float = 5.0
-    send_timeout_s: float = 30.0
-    retry_after_s: int = 1
-
-    def __post_init__(self) -> None:
-        check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
-        check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
-        check_real(self.send_timeout_s, "send_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
-        check_int(self.max_header_bytes, "max_header_bytes", 1024)
-        check_int(self.max_connections, "max_connections")
-        check_int(self.health_connections, "health_connections", 0)
-        check_int(self.retry_after_s, "retry_after_s")
-
-
-def fit_to_file_limit(limits: ConnectionLimits) -> ConnectionLimits:
-    """``limits`` with ``max_connections`` lowered to what ``RLIMIT_NOFILE`` allows.
-
-    The soft limit is first raised towards the hard one; if the connections (plus the health
-    ones and :data:`RESERVED_FILES`) still do not fit, ``max_connections`` shrinks, with a
-    warning. Raises ``ValueError`` if not even one connection fits.
-    """
-    needed = limits.max_connections + limits.health_connections + RESERVED_FILES
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return limits
-    fitted = soft - limits.health_connections - RESERVED_FILES
-    if fitted < 1:
-        raise ValueError(
-            f"the file-descriptor limit ({soft}) leaves no room for connections; raise it "
-            "(ulimit -n) or lower --health-connections"
-        )
-    logger.warning(
-        "max_connections lowered to fit the file-descriptor limit",
-        extra={"max_connections": fitted, "requested": limits.max_connections, "nofile": soft},
-    )
-    return replace(limits, max_connections=fitted)
 
 
 class _GuardedProtocol:

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 import uvicorn
 
 from serving.app import create_app
-from serving.connections import ConnectionLimits, fit_to_file_limit, uvicorn_config
+from serving.connections import uvicorn_config
 from serving.interface import Runtime
-from serving.settings import ServerSettings
+from serving.settings import ConnectionLimits, ServerSettings, fit_to_file_limit
 
 __all__ = ["GC_THRESHOLDS", "LOG_LEVELS", "JsonFormatter", "configure_logging", "serve"]
 

@@ -1,4 +1,6 @@
-"""The server's settings: every limit, delay and switch of the HTTP app, validated when built.
+"""The server's settings: every limit, delay and switch of the HTTP app (``ServerSettings``) and of
+its connections (``ConnectionLimits``, which :mod:`serving.connections` enforces), validated when
+built.
 
 ``python -m serving`` maps each field to a flag of the same name (``max_body_bytes`` is
 ``--max-body-bytes``); the README's server section lists them with their defaults.
@@ -6,13 +8,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import resource
+from dataclasses import dataclass, replace
 
 from serving.batcher import MAX_DELAY_MS, MAX_INSTANCES
-from serving.connections import MAX_TIMEOUT_S
 from skattn.core.checks import check_int, check_real
 
-__all__ = ["BATCHING", "ServerSettings", "check_model_name", "host_name"]
+__all__ = [
+    "BATCHING",
+    "ConnectionLimits",
+    "ServerSettings",
+    "check_model_name",
+    "fit_to_file_limit",
+    "host_name",
+]
+
+logger = logging.getLogger("serving.settings")
+
+#: The longest a timeout may be set (an hour): beyond it the protection it exists for is off.
+MAX_TIMEOUT_S = 3600.0
 
 #: The batching designs (``ServerSettings.batching``).
 BATCHING = ("dynamic", "continuous")
@@ -153,3 +168,85 @@ def host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+# File descriptors the process needs besides its connections: the listening socket, epoll,
+# the model files onnxruntime maps, logs, the interpreter's own.
+RESERVED_FILES = 64
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Limits of the HTTP connections (validated when built).
+
+    Parameters
+    ----------
+    header_timeout_s : float, default=10.0
+        The longest a request's line and headers may take to arrive, from the connection's
+        start or the request's first byte. tritonclient and curl send them in one write; 10 s
+        leaves room for a congested link and none for a client that trickles them.
+    max_header_bytes : int, default=32768
+        The most bytes of request line and headers (nginx's default buffers hold 32 KiB;
+        tritonclient sends a few hundred bytes); beyond it 431.
+    max_connections : int, default=512
+        The most open connections before an idle one is closed for a new one (and at most
+        the file-descriptor limit minus what the process needs, see :func:`fit_to_file_limit`).
+    health_connections : int, default=8
+        Connections admitted beyond ``max_connections`` when none is idle, for health checks.
+    keep_alive_s : float, default=5.0
+        How long an idle kept-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    send_timeout_s : float, default=30.0
+        The longest a connection's answer may drain nothing (its writes paused, the client
+        reading nothing) before it is aborted; a client that reads, however slowly, keeps it.
+    retry_after_s : int, default=1
+        The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
+        passes its ``--retry-after-s``, the same as the queue's 503 carries).
+    """
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 32768
+    max_connections: int = 512
+    health_connections: int = 8
+    keep_alive_s: float = 5.0
+    send_timeout_s: float = 30.0
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_real(self.send_timeout_s, "send_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_int(self.max_header_bytes, "max_header_bytes", 1024)
+        check_int(self.max_connections, "max_connections")
+        check_int(self.health_connections, "health_connections", 0)
+        check_int(self.retry_after_s, "retry_after_s")
+
+
+def fit_to_file_limit(limits: ConnectionLimits) -> ConnectionLimits:
+    """``limits`` with ``max_connections`` lowered to what ``RLIMIT_NOFILE`` allows.
+
+    The soft limit is first raised towards the hard one; if the connections (plus the health
+    ones and :data:`RESERVED_FILES`) still do not fit, ``max_connections`` shrinks, with a
+    warning. Raises ``ValueError`` if not even one connection fits.
+    """
+    needed = limits.max_connections + limits.health_connections + RESERVED_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return limits
+    fitted = soft - limits.health_connections - RESERVED_FILES
+    if fitted < 1:
+        raise ValueError(
+            f"the file-descriptor limit ({soft}) leaves no room for connections; raise it "
+            "(ulimit -n) or lower --health-connections"
+        )
+    logger.warning(
+        "max_connections lowered to fit the file-descriptor limit",
+        extra={"max_connections": fitted, "requested": limits.max_connections, "nofile": soft},
+    )
+    return replace(limits, max_connections=fitted)

@@ -13,7 +13,7 @@ from serving_doubles import ReverseRuntime
 from test_server import MODEL, infer_body
 
 from serving.__main__ import LOOPBACK_HOSTS
-from serving.connections import ConnectionLimits, fit_to_file_limit
+from serving.settings import ConnectionLimits, fit_to_file_limit
 
 INFER = f"/v2/models/{MODEL}/infer".encode()
 IMPLS = ["httptools", "h11"]
