@@ -197,7 +197,10 @@ def open_graph(
     swapped between the check and the load is refused), and no folder to read external data
     from (``options``, :func:`open_artifact`): weights in a file beside a graph are covered by
     no checksum, so a graph that refers to one is refused."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as error:  # removed since read_artifact checked it: an export swapping it
+        raise ArtifactError(f"{path}: cannot be read ({error}); load it again") from None
     expected = manifest.files.get(path.name)
     if hashlib.sha256(data).hexdigest() != expected:
         raise ArtifactError(f"{path}: changed since its checksum was checked; load it again")

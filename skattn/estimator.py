@@ -28,6 +28,7 @@ from skattn.backend import Index, TorchBackend, translate
 from skattn.core.inference import SearchSettings, Translator, source_ids
 from skattn.core.manifest import MAX_OUTPUT_LENGTH
 from skattn.core.text import (
+    SPECIAL_TOKENS,
     Vocabulary,
     as_scored_pairs,
     as_token_lists,
@@ -328,6 +329,12 @@ class Seq2Seq(PortableModule, BaseEstimator):
             )
         else:
             vocabularies = (Vocabulary.build(sources), Vocabulary.build(targets))
+            for vocabulary, name in zip(vocabularies, ("X", "y"), strict=True):
+                if len(vocabulary) == len(SPECIAL_TOKENS):  # no artifact holds such a model
+                    raise ValueError(
+                        f"{name} holds no tokens (every sequence is empty): there is nothing "
+                        "to learn"
+                    )
             limits = (0, 0)
             config = self._config(*vocabularies)  # a setting the model refuses raises here
         train_idx, val_idx = training.split(sources, fraction, np.random.RandomState(seed))

@@ -25,12 +25,13 @@ from tampering import weights_to_an_external_file
 
 import serving
 from serving import backends, sessions
-from serving.artifact import ArtifactError
+from serving.artifact import ArtifactError, read_artifact
 from serving.layout import default_chunk_items
 from serving.runtime import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
     TRIAL_WIDTH,
+    Runtime,
     session_options,
     trial_sources,
 )
@@ -698,6 +699,29 @@ def test_a_truncated_graph_is_named_even_with_a_matching_checksum(copy_of):
     rewrite_manifest(copy_of, files={**files, "encoder.onnx": sha256_file(path)})
     with pytest.raises(ArtifactError, match=r"encoder\.onnx"):
         serving.load(copy_of)
+
+
+def test_a_graph_removed_after_the_checks_is_an_artifact_error(copy_of, monkeypatch):
+    """An export swapping the graphs moves the old ones out before the new ones in: a reader
+    between the two finds a file gone that it has just checked, and must say so as an
+    ArtifactError (the error a caller retries on), not a bare FileNotFoundError."""
+    artifact = read_artifact(copy_of)
+    (copy_of / "decoder_step.onnx").unlink()  # gone after read_artifact checked it
+    with pytest.raises(ArtifactError, match=r"decoder_step\.onnx: cannot be read.*load it again"):
+        Runtime(artifact)
+
+    import skattn.core.artifact as artifact_module
+
+    hash_file = artifact_module.sha256_file
+
+    def removed_while_hashing(path):  # gone between read_artifact's is_file and its read
+        if path.name == "encoder.onnx":
+            path.unlink()
+        return hash_file(path)
+
+    monkeypatch.setattr(artifact_module, "sha256_file", removed_while_hashing)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx: cannot be read.*load it again"):
+        read_artifact(copy_of)
 
 
 def test_swapped_graphs_are_named(copy_of):

@@ -15,6 +15,7 @@ Standard library only.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +101,12 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: not an artifact directory (no such directory)")
     manifest_path = directory / MANIFEST_FILE
-    if not manifest_path.is_file():  # a FIFO would block the read, /dev/zero never end it
-        if manifest_path.exists():
-            raise ArtifactError(f"{manifest_path}: not a regular file")
-        raise ArtifactError(f"{manifest_path}: missing manifest file")
+    try:  # one stat: two calls could each see a different file while an export swaps them in
+        regular = stat.S_ISREG(manifest_path.stat().st_mode)
+    except OSError:
+        raise ArtifactError(f"{manifest_path}: missing manifest file") from None
+    if not regular:  # a FIFO would block the read, /dev/zero never end it
+        raise ArtifactError(f"{manifest_path}: not a regular file")
     try:
         with open(manifest_path, "rb") as file:
             data = file.read(MAX_MANIFEST_BYTES + 1)
@@ -124,7 +127,10 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
         file_path = directory / name
         if not file_path.is_file():
             raise ArtifactError(f"{file_path}: missing file listed in {MANIFEST_FILE}")
-        actual = sha256_file(file_path)
+        try:
+            actual = sha256_file(file_path)
+        except OSError as error:  # removed since the check above: an export swapping it
+            raise ArtifactError(f"{file_path}: cannot be read ({error}); load it again") from None
         if actual != expected:
             raise ArtifactError(
                 f"{file_path}: checksum mismatch (sha256 {actual[:12]}..., "
