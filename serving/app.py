@@ -47,7 +47,14 @@ from serving.settings import ServerSettings, check_model_name
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_VERSION", "ServedModel", "ServerSettings", "check_model_name", "create_app"]
+__all__ = [
+    "MODEL_VERSION",
+    "ServedModel",
+    "ServerSettings",
+    "begin_shutdown",
+    "check_model_name",
+    "create_app",
+]
 
 
 def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None = None) -> FastAPI:
@@ -104,8 +111,9 @@ def create_app(runtimes: Mapping[str, Runtime], settings: ServerSettings | None 
             executor.shutdown(wait=False)
             encoder.shutdown(wait=False)
             raise
+        workers = asyncio.Semaphore(settings.instances)  # the executor's free threads
         for model in models.values():
-            await model.batcher.start()
+            await model.batcher.start(workers)
         # What start-up built (modules, sessions, the app) stays while the app runs: out of
         # the collector's generations, a full collection walks only what requests leave behind.
         # Walking start-up's objects took 40 ms, a pause every in-flight request waited out
@@ -191,6 +199,14 @@ def check_instances(runtimes: Mapping[str, Runtime], instances: int) -> None:
                 f"default) one call at a time, got {instances}; load it with io_binding=False "
                 "(python -m serving: --device cpu) to run several batches at once"
             )
+
+
+def begin_shutdown(app: FastAPI) -> None:
+    """The server has begun to shut down, so no new request will come: each model's batcher
+    runs what it holds without waiting out ``max_delay_ms`` for more
+    (:meth:`serving.batcher.Batcher.hurry`). The lifespan's end drains and stops them later."""
+    for model in app.state.models.values():
+        model.batcher.hurry()
 
 
 async def warm_up(model: ServedModel, executor: ThreadPoolExecutor) -> None:

@@ -22,7 +22,9 @@ event loop keeps accepting requests meanwhile; the next batch is formed only whe
 free, so under load the batches grow by themselves. ``instances`` batches run at once (one by
 default), each in its own thread, as Triton runs a model's instances: a model whose search
 keeps one core busy then uses more, while the next batch still forms only when one of them is
-free. Every item gets exactly one result; when a
+free. Batchers that share an executor (the server's models) share its free threads too
+(:meth:`Batcher.start`'s ``workers``): a model's batch forms when a thread is free, not when
+its own previous batch ended. Every item gets exactly one result; when a
 runtime call raises, the batch is split in halves and each run again (down to single items), so
 that only the items that fail on their own get the error, and the batcher carries on. Items
 whose caller has gone (a cancelled future) are skipped.
@@ -160,8 +162,11 @@ class Batcher:
         # when the request takes its turn (_rotate), which puts them behind those queued then.
         self._clock = 0
         self._wakeup: asyncio.Event | None = None
+        # The free inference threads, shared by the batchers of one executor (start()).
+        self._workers: asyncio.Semaphore | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._hurrying = False  # hurry(): no more requests come, so waiting buys nothing
         self._broken = False  # a running batch's task raised (a bug in _run)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -176,14 +181,24 @@ class Batcher:
         """The number of items waiting for a batch (withdrawn ones leave at once)."""
         return len(self._pending)
 
-    async def start(self) -> None:
-        """Start the scheduling task on the running event loop."""
+    async def start(self, workers: asyncio.Semaphore | None = None) -> None:
+        """Start the scheduling task on the running event loop.
+
+        Parameters
+        ----------
+        workers : asyncio.Semaphore, optional
+            The free threads of the executor, when batchers share one (the server's models
+            do): a batch is taken out of the queue only once it holds one, so it starts
+            running at once, its queue wait ends then, and items that arrived while another
+            model's batch held the thread join it. Default: ``instances`` of its own.
+        """
         if self._task is not None:
             raise RuntimeError("the batcher was already started")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self.instances, thread_name_prefix="skattn-infer"
             )
+        self._workers = asyncio.Semaphore(self.instances) if workers is None else workers
         self._wakeup = asyncio.Event()
         self._task = asyncio.create_task(self._schedule(), name="skattn-batcher")
 
@@ -208,6 +223,14 @@ class Batcher:
         finally:
             if self._own_executor:
                 self._executor.shutdown(wait=True)
+
+    def hurry(self) -> None:
+        """Run what is queued as soon as a worker is free, without waiting out
+        ``max_delay_ms`` for more items: the server calls this as it starts shutting down,
+        when no new request can come to join a batch."""
+        self._hurrying = True
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -357,16 +380,14 @@ class Batcher:
         running: set[asyncio.Task] = set()
         try:
             while True:
-                if len(running) >= self.instances:  # a batch forms only when a worker is free
-                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        task.result()  # a bug in _run ends the batcher, as with one instance
-                    continue
-                batch = await self._next_batch()
+                for task in [task for task in running if task.done()]:
+                    running.discard(task)
+                    task.result()  # a bug in _run ends the batcher
+                batch = await self._next_batch()  # (holding a worker)
                 if batch is None:
                     break
                 task = asyncio.create_task(self._run(batch), name="skattn-batch")
-                task.add_done_callback(self._batch_done)  # a bug wakes _next_batch
+                task.add_done_callback(self._batch_done)  # frees the worker; a bug wakes us
                 running.add(task)
             for task in [task for task in running if task.done()]:
                 task.result()  # a bug (_next_batch returned None for it) ends the batcher now
@@ -385,13 +406,16 @@ class Batcher:
                 self._report_depth()
 
     def _batch_done(self, task: asyncio.Task) -> None:
-        """A running batch ended: if by a bug, :meth:`_next_batch` returns None at once."""
+        """A running batch ended: its worker is free; if it ended by a bug,
+        :meth:`_next_batch` returns None at once."""
+        self._workers.release()
         if not task.cancelled() and task.exception() is not None:
             self._broken = True
             self._wakeup.set()
 
     async def _next_batch(self) -> list[QueuedItem] | None:
-        """Wait until a batch is due (full, or its oldest item has waited max_delay)."""
+        """Wait until a batch is due (full, or its oldest item has waited max_delay) and a
+        worker is free; the batch holds that worker (released by :meth:`_batch_done`)."""
         max_delay = self.max_delay_ms / 1000
         while True:
             if self._broken:  # a running batch hit a bug: _schedule ends the batcher
@@ -408,7 +432,17 @@ class Batcher:
             if self.eager:  # wait only while a read younger than max_delay may bring items
                 coming = max(self._reads.values(), default=-max_delay) + max_delay - now
                 remaining = min(remaining, coming)
-            if len(self._pending) >= self.max_batch_size or remaining <= 0 or self._stopping:
+            if (
+                len(self._pending) >= self.max_batch_size
+                or remaining <= 0
+                or self._stopping
+                or self._hurrying
+            ):
+                await self._workers.acquire()  # items arriving meanwhile may join the batch
+                self._drop_cancelled()
+                if self._broken or not self._pending:
+                    self._workers.release()
+                    continue
                 return self._take_batch()
             self._wakeup.clear()
             timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)

@@ -119,7 +119,8 @@ class ContinuousBatcher(Batcher):
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                await self._tick()
+                async with self._workers:  # the thread is free: admit and time from here
+                    await self._tick()
         finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
             self._changed.set()  # a run of steps still in flight ends after its step
             error = BatcherClosedError("the batcher stopped")

@@ -274,15 +274,20 @@ HEADERS = "skattn.headers"
 
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request headers as the server passed them (ASGI lower-cases the names; a repeated
-    header keeps its last value), decoded once per request: the guard and the handler both
-    read them. The decoding is kept in the scope beside the raw list it came from, so a layer
-    that hands on a scope with other headers (``{**scope, "headers": ...}``) gets them decoded
-    afresh, not the copied decoding of the old ones."""
+    header's values joined by ", ", as RFC 9110 combines a field's lines: two Content-Encoding
+    lines read as the one line of both, and a second Host makes a host no check admits),
+    decoded once per request: the guard and the handler both read them. The decoding is kept
+    in the scope beside the raw list it came from, so a layer that hands on a scope with other
+    headers (``{**scope, "headers": ...}``) gets them decoded afresh, not the copied decoding of
+    the old ones."""
     raw = scope["headers"]
     cached = scope.get(HEADERS)
     if cached is not None and cached[0] is raw:
         return cached[1]
-    headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in raw}
+    headers: dict[str, str] = {}
+    for key, value in raw:
+        name, text = key.decode("latin-1"), value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {text}" if name in headers else text
     scope[HEADERS] = (raw, headers)
     return headers
 

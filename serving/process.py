@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import uvicorn
 
-from serving.app import create_app
+from serving.app import begin_shutdown, create_app
 from serving.connections import uvicorn_config
 from serving.interface import Runtime
 from serving.settings import ConnectionLimits, ServerSettings, fit_to_file_limit
@@ -74,7 +74,7 @@ def serve(
         server_header=False,
         timeout_graceful_shutdown=shutdown_timeout,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     # uvicorn re-raises the signal it caught once it has shut down; a no-op SIGTERM handler
     # underneath it turns that into a normal return, so a graceful stop exits 0.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
@@ -94,6 +94,16 @@ def serve(
             "use, a name that does not resolve)"
         )
         raise SystemExit(f"error: the server could not start: {reason}")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which tells the app when it begins to shut down (a signal): requests
+    queued then run at once, where a batching delay (``--max-delay-ms``, up to a minute) could
+    outlast the shutdown timeout and end them with 503."""
+
+    async def shutdown(self, sockets=None) -> None:
+        begin_shutdown(self.config.app)
+        await super().shutdown(sockets=sockets)
 
 
 class JsonFormatter(logging.Formatter):

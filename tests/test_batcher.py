@@ -49,10 +49,11 @@ async def started(runtime: ReverseRuntime, **settings) -> Batcher:
 
 class RecordingMetrics:
     def __init__(self):
-        self.batches, self.waits, self.depths = [], [], []
+        self.batches, self.seconds, self.waits, self.depths = [], [], [], []
 
     def batch(self, size, seconds, failed):
         self.batches.append((size, failed))
+        self.seconds.append(seconds)
 
     def queue_wait(self, seconds):
         self.waits.append(seconds)
@@ -875,6 +876,63 @@ def test_a_batch_abandoned_while_it_waited_for_a_shared_thread_never_runs():
     assert held == [ItemResult("dloh")] and following == [ItemResult("txen")]
     assert [call[0] for call in idle.calls] == [["next"]]  # "gone" never reached the runtime
     assert metrics.batches == [(1, False), (1, False)]  # and is not counted as a failure
+
+
+def test_batchers_sharing_a_thread_form_their_batch_when_it_is_free():
+    """Two models on one inference thread, as the server runs them (``workers`` shared): a
+    batch forms only once the thread is free, so the items that arrived while the other
+    model's batch ran join it, and their queue wait, not the batch's inference time, holds the
+    time they waited for the thread (it was the other way round, the batch formed at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def body():
+        executor, workers = ThreadPoolExecutor(1), asyncio.Semaphore(1)
+        busy, idle = ReverseRuntime(gated=True), ReverseRuntime()
+        metrics = RecordingMetrics()
+        first = Batcher(busy, max_delay_ms=0, executor=executor)
+        second = Batcher(idle, max_delay_ms=0, executor=executor, metrics=metrics)
+        await first.start(workers)
+        await second.start(workers)
+        holding = asyncio.ensure_future(first.infer(["hold"]))
+        await wait_for_batches(busy, 1)  # the one thread is taken
+        early = asyncio.ensure_future(second.infer(["ab"]))
+        await asyncio.sleep(0.3)
+        late = asyncio.ensure_future(second.infer(["cd"]))
+        await asyncio.sleep(0.3)
+        busy.release()
+        answers = await holding, await early, await late
+        await first.stop()
+        await second.stop()
+        executor.shutdown()
+        return idle, metrics, answers
+
+    idle, metrics, answers = run(body())
+    assert answers == ([ItemResult("dloh")], [ItemResult("ba")], [ItemResult("dc")])
+    assert idle.batch_sizes == [2]  # both waited for the thread, and ran as one batch
+    assert min(metrics.waits) >= 0.3  # each waited while the thread ran the other model
+    assert metrics.seconds[0] < min(metrics.waits)  # the batch's own time, without the wait
+
+
+def test_hurry_runs_the_queue_without_waiting_out_the_delay():
+    """The server calls hurry() as it begins shutting down: an item queued under a minute's
+    delay (not eager) runs at once rather than outlasting the shutdown's timeout."""
+
+    async def body():
+        runtime = ReverseRuntime()
+        batcher = await started(runtime, max_delay_ms=60_000)
+        futures = batcher.submit(["abc", "de"])
+        await asyncio.sleep(0.05)
+        assert runtime.calls == []  # waiting for more items, up to a minute
+        batcher.hurry()
+        answers = await asyncio.wait_for(batcher.results(futures), timeout=10)
+        late = await asyncio.wait_for(batcher.infer(["f"]), timeout=10)  # and from then on
+        await batcher.stop()
+        return runtime, answers, late
+
+    runtime, answers, late = run(body())
+    assert answers == [ItemResult("cba"), ItemResult("ed")]
+    assert late == [ItemResult("f")]
+    assert runtime.batch_sizes == [2, 1]
 
 
 def test_a_failure_after_every_caller_left_still_counts_as_a_failure():

@@ -415,3 +415,44 @@ def test_the_batching_setting_is_validated():
 def test_a_continuous_batcher_steps_one_running_set(runtimes):
     with pytest.raises(ValueError, match="instances=2: a continuous batcher steps one"):
         ContinuousBatcher(runtimes["bahdanau-additive"], instances=2)
+
+
+def test_a_continuous_batcher_sharing_the_thread_admits_and_times_from_when_it_is_free(
+    runtimes,
+):
+    """Two models on one inference thread, as the server runs them: the continuous batcher's
+    items that arrive while the other model's batch holds the thread all join its first run of
+    steps, and they waited in the queue, not in a run of steps the metrics call inference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runtime = runtimes["bahdanau-additive"]
+    expected = runtime.predict_batch(SOURCES[:2])[0]
+
+    async def body():
+        executor, workers = ThreadPoolExecutor(1), asyncio.Semaphore(1)
+        busy = ReverseRuntime(gated=True)
+        metrics = RecordingMetrics()
+        first = Batcher(busy, max_delay_ms=0, executor=executor)
+        second = ContinuousBatcher(runtime, executor=executor, metrics=metrics)
+        await first.start(workers)
+        await second.start(workers)
+        holding = asyncio.ensure_future(first.infer(["hold"]))
+        while not busy.calls:  # the one thread is taken
+            await asyncio.sleep(0.01)
+        early = asyncio.ensure_future(second.infer([SOURCES[0]]))
+        await asyncio.sleep(0.3)
+        late = asyncio.ensure_future(second.infer([SOURCES[1]]))
+        await asyncio.sleep(0.3)
+        busy.release()
+        answers = await holding, await early, await late
+        await first.stop()
+        await second.stop()
+        executor.shutdown()
+        return metrics, answers
+
+    metrics, (held, early, late) = run(body())
+    assert held[0].prediction == "dloh"
+    assert [early[0].prediction, late[0].prediction] == expected
+    assert metrics.batches[0] == (2, False)  # both joined the first run of steps
+    assert min(metrics.waits) >= 0.3  # each waited while the thread ran the other model
+    assert metrics.seconds[0] < min(metrics.waits)

@@ -134,12 +134,12 @@ def test_allowed_hosts_are_validated():
     assert ServerSettings(allowed_hosts=("::1", "Models.Internal")).allowed_hosts
 
 
-def test_request_headers_are_decoded_once_and_the_last_of_a_repeated_name_wins():
+def test_request_headers_are_decoded_once_and_a_repeated_names_lines_joined():
     from serving.infer import HEADERS, request_headers
 
     scope = {"headers": [(b"host", b"127.0.0.1"), (b"x-a", b"1"), (b"x-a", b"\xe9")]}
     headers = request_headers(scope)
-    assert headers == {"host": "127.0.0.1", "x-a": "\xe9"}
+    assert headers == {"host": "127.0.0.1", "x-a": "1, \xe9"}
     assert scope[HEADERS][1] is headers
     assert request_headers(scope) is headers  # the guard's decoding serves the handler
 
@@ -154,3 +154,41 @@ def test_request_headers_of_a_scope_copied_with_other_headers_are_decoded_afresh
     child = {**scope, "headers": [(b"content-type", b"application/json")]}
     assert request_headers(child) == {"content-type": "application/json"}
     assert request_headers(scope)["content-type"] == "application/octet-stream"
+
+
+def _raw_post(server, header_lines: list[str], body: bytes) -> tuple[int, bytes]:
+    """POST ``body`` to the inference route with these header lines, repeats included (no
+    client library sends a header twice); the status and the body of the answer."""
+    import socket
+
+    head = "".join(f"{line}\r\n" for line in header_lines)
+    request = f"POST {INFER} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n"
+    request += "Connection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(request.encode("latin-1") + body)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_repeated_header_reads_as_its_lines_joined(server):
+    """RFC 9110 5.3: a field's lines are one comma-separated list. A second Host line is no
+    way past the host check (the last line was read alone), and two Content-Encoding lines
+    are refused as the one line "gzip, identity" is (the last, identity, was read alone)."""
+    import gzip
+    import json
+
+    body = json.dumps(infer_body(["abc"])).encode()
+    status, answer = _raw_post(server, ["Host: evil.example", "Host: 127.0.0.1"], body)
+    assert status == 400 and b"evil.example" in answer
+    status, _ = _raw_post(server, ["Host: 127.0.0.1"], body)
+    assert status == 200  # the same request with one Host line
+    for lines in (
+        ["Content-Encoding: gzip", "Content-Encoding: identity"],
+        ["Content-Encoding: gzip, identity"],
+    ):
+        status, answer = _raw_post(server, ["Host: 127.0.0.1", *lines], gzip.compress(body))
+        assert status == 415 and b"Content-Encoding" in answer
+    assert [call[0] for call in server.runtime.calls] == [["abc"]]  # the one-Host request

@@ -716,7 +716,7 @@ def test_the_server_process_collects_garbage_less_often(monkeypatch):
             self.started = True
 
     previous = gc.get_threshold()
-    monkeypatch.setattr(entry.uvicorn, "Server", Server)
+    monkeypatch.setattr(entry, "_Server", Server)
     entry.serve({MODEL: ReverseRuntime()}, ServerSettings(), port=0)
     assert seen == [entry.GC_THRESHOLDS] and entry.GC_THRESHOLDS[0] > 700
     assert gc.get_threshold() == previous  # restored when serve() returns
@@ -1176,18 +1176,46 @@ SIGTERM_SCRIPT = textwrap.dedent(
     from serving.app import ServerSettings
 
     configure_logging("debug")
-    serve({{"reverse": ReverseRuntime(delay=1.0)}}, ServerSettings(), port={port})
+    serve(
+        {{"reverse": ReverseRuntime(delay={delay})}},
+        ServerSettings({settings}),
+        port={port},
+        shutdown_timeout={shutdown_timeout},
+    )
     print("returned", flush=True)
     """
 )
 
+#: The request's batch has started (its one-second inference is under way).
+BATCH_STARTED = 'skattn_queue_wait_seconds_count{model="reverse"} 1.0'
+#: The request waits in the queue (a minute's batching delay, not eager).
+QUEUED = 'skattn_queue_depth{model="reverse"} 1.0'
 
-def test_sigterm_finishes_in_flight_requests_then_exits_0(tmp_path):
+
+@pytest.mark.parametrize(
+    ("settings", "delay", "shutdown_timeout", "signalled_when"),
+    [
+        ("", 1.0, 30.0, BATCH_STARTED),
+        # queued items run as shutdown begins: a delay outlasting its timeout answered 503
+        ("eager_batching=False, max_delay_ms=60_000", 0.0, 10.0, QUEUED),
+    ],
+)
+def test_sigterm_finishes_in_flight_requests_then_exits_0(
+    tmp_path, settings, delay, shutdown_timeout, signalled_when
+):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     script = tmp_path / "serve.py"
-    script.write_text(SIGTERM_SCRIPT.format(tests=str(REPO / "tests"), port=port))
+    script.write_text(
+        SIGTERM_SCRIPT.format(
+            tests=str(REPO / "tests"),
+            port=port,
+            settings=settings,
+            delay=delay,
+            shutdown_timeout=shutdown_timeout,
+        )
+    )
     process = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=REPO,
@@ -1213,13 +1241,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits_0(tmp_path):
             )
         )
         client.start()
-        wait_until(
-            lambda: (
-                "skattn_queue_wait_seconds_count" in httpx.get(f"{url}/metrics").text
-                and 'skattn_queue_wait_seconds_count{model="reverse"} 1.0'
-                in httpx.get(f"{url}/metrics").text
-            )
-        )  # the request's batch has started (its one-second inference is under way)
+        wait_until(lambda: signalled_when in httpx.get(f"{url}/metrics").text)
         process.send_signal(signal.SIGTERM)
         client.join(timeout=30)
         stdout, stderr = process.communicate(timeout=30)
