@@ -878,36 +878,47 @@ def test_a_batch_abandoned_while_it_waited_for_a_shared_thread_never_runs():
     assert metrics.batches == [(1, False), (1, False)]  # and is not counted as a failure
 
 
-def test_batchers_sharing_a_thread_form_their_batch_when_it_is_free():
+async def behind_another_models_batch(make_batcher, sources: list[str]):
     """Two models on one inference thread, as the server runs them (``workers`` shared): a
-    batch forms only once the thread is free, so the items that arrived while the other
-    model's batch ran join it, and their queue wait, not the batch's inference time, holds the
-    time they waited for the thread (it was the other way round, the batch formed at once)."""
+    batch of another model holds the thread while ``sources`` arrive, 0.3 s apart, at the
+    batcher ``make_batcher(executor, metrics)``; then the thread comes free. Returns that
+    batcher's metrics, the other model's answer and the answers to ``sources``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    async def body():
-        executor, workers = ThreadPoolExecutor(1), asyncio.Semaphore(1)
-        busy, idle = ReverseRuntime(gated=True), ReverseRuntime()
-        metrics = RecordingMetrics()
-        first = Batcher(busy, max_delay_ms=0, executor=executor)
-        second = Batcher(idle, max_delay_ms=0, executor=executor, metrics=metrics)
-        await first.start(workers)
-        await second.start(workers)
-        holding = asyncio.ensure_future(first.infer(["hold"]))
-        await wait_for_batches(busy, 1)  # the one thread is taken
-        early = asyncio.ensure_future(second.infer(["ab"]))
+    executor, workers = ThreadPoolExecutor(1), asyncio.Semaphore(1)
+    busy, metrics = ReverseRuntime(gated=True), RecordingMetrics()
+    first = Batcher(busy, max_delay_ms=0, executor=executor)
+    second = make_batcher(executor, metrics)
+    await first.start(workers)
+    await second.start(workers)
+    holding = asyncio.ensure_future(first.infer(["hold"]))
+    await wait_for_batches(busy, 1)  # the one thread is taken
+    waiting = []
+    for source in sources:
+        waiting.append(asyncio.ensure_future(second.infer([source])))
         await asyncio.sleep(0.3)
-        late = asyncio.ensure_future(second.infer(["cd"]))
-        await asyncio.sleep(0.3)
-        busy.release()
-        answers = await holding, await early, await late
-        await first.stop()
-        await second.stop()
-        executor.shutdown()
-        return idle, metrics, answers
+    busy.release()
+    held = await holding
+    answers = [await future for future in waiting]
+    await first.stop()
+    await second.stop()
+    executor.shutdown()
+    return metrics, held, answers
 
-    idle, metrics, answers = run(body())
-    assert answers == ([ItemResult("dloh")], [ItemResult("ba")], [ItemResult("dc")])
+
+def test_batchers_sharing_a_thread_form_their_batch_when_it_is_free():
+    """A batch forms only once the shared thread is free, so the items that arrived while the
+    other model's batch ran join it, and their queue wait, not the batch's inference time,
+    holds the time they waited for the thread (it was the other way round: the batch formed
+    at once, then waited in the executor's queue)."""
+    idle = ReverseRuntime()
+
+    def make_batcher(executor, metrics):
+        return Batcher(idle, max_delay_ms=0, executor=executor, metrics=metrics)
+
+    metrics, held, answers = run(behind_another_models_batch(make_batcher, ["ab", "cd"]))
+    assert held == [ItemResult("dloh")]
+    assert answers == [[ItemResult("ba")], [ItemResult("dc")]]
     assert idle.batch_sizes == [2]  # both waited for the thread, and ran as one batch
     assert min(metrics.waits) >= 0.3  # each waited while the thread ran the other model
     assert metrics.seconds[0] < min(metrics.waits)  # the batch's own time, without the wait

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from serving_doubles import ReverseRuntime
-from test_batcher import RecordingMetrics, run
+from test_batcher import RecordingMetrics, behind_another_models_batch, run
 from test_runtime import SOURCES, TRANSFORMER_PARAMS, fit, load
 from test_server import MODEL, infer_body, one_item_requests_at_once
 
@@ -423,36 +423,15 @@ def test_a_continuous_batcher_sharing_the_thread_admits_and_times_from_when_it_i
     """Two models on one inference thread, as the server runs them: the continuous batcher's
     items that arrive while the other model's batch holds the thread all join its first run of
     steps, and they waited in the queue, not in a run of steps the metrics call inference."""
-    from concurrent.futures import ThreadPoolExecutor
-
     runtime = runtimes["bahdanau-additive"]
     expected = runtime.predict_batch(SOURCES[:2])[0]
 
-    async def body():
-        executor, workers = ThreadPoolExecutor(1), asyncio.Semaphore(1)
-        busy = ReverseRuntime(gated=True)
-        metrics = RecordingMetrics()
-        first = Batcher(busy, max_delay_ms=0, executor=executor)
-        second = ContinuousBatcher(runtime, executor=executor, metrics=metrics)
-        await first.start(workers)
-        await second.start(workers)
-        holding = asyncio.ensure_future(first.infer(["hold"]))
-        while not busy.calls:  # the one thread is taken
-            await asyncio.sleep(0.01)
-        early = asyncio.ensure_future(second.infer([SOURCES[0]]))
-        await asyncio.sleep(0.3)
-        late = asyncio.ensure_future(second.infer([SOURCES[1]]))
-        await asyncio.sleep(0.3)
-        busy.release()
-        answers = await holding, await early, await late
-        await first.stop()
-        await second.stop()
-        executor.shutdown()
-        return metrics, answers
+    def make_batcher(executor, metrics):
+        return ContinuousBatcher(runtime, executor=executor, metrics=metrics)
 
-    metrics, (held, early, late) = run(body())
+    metrics, held, answers = run(behind_another_models_batch(make_batcher, SOURCES[:2]))
     assert held[0].prediction == "dloh"
-    assert [early[0].prediction, late[0].prediction] == expected
+    assert [answer[0].prediction for answer in answers] == expected
     assert metrics.batches[0] == (2, False)  # both joined the first run of steps
     assert min(metrics.waits) >= 0.3  # each waited while the thread ran the other model
     assert metrics.seconds[0] < min(metrics.waits)
