@@ -226,8 +226,11 @@ class Batcher:
 
     def hurry(self) -> None:
         """Run what is queued as soon as a worker is free, without waiting out
-        ``max_delay_ms`` for more items: the server calls this as it starts shutting down,
-        when no new request can come to join a batch."""
+        ``max_delay_ms`` for more items, until the batcher stops: the server calls this as it
+        starts shutting down, when no new request can come to join a batch. A batcher not
+        running ignores it."""
+        if not self.running:
+            return
         self._hurrying = True
         if self._wakeup is not None:
             self._wakeup.set()
@@ -380,9 +383,11 @@ class Batcher:
         running: set[asyncio.Task] = set()
         try:
             while True:
-                for task in [task for task in running if task.done()]:
-                    running.discard(task)
-                    task.result()  # a bug in _run ends the batcher
+                if len(running) >= self.instances:  # its own bound, whatever workers it shares
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a bug in _run ends the batcher, as with one instance
+                    continue
                 batch = await self._next_batch()  # (holding a worker)
                 if batch is None:
                     break
@@ -416,7 +421,6 @@ class Batcher:
     async def _next_batch(self) -> list[QueuedItem] | None:
         """Wait until a batch is due (full, or its oldest item has waited max_delay) and a
         worker is free; the batch holds that worker (released by :meth:`_batch_done`)."""
-        max_delay = self.max_delay_ms / 1000
         while True:
             if self._broken:  # a running batch hit a bug: _schedule ends the batcher
                 return None
@@ -427,27 +431,31 @@ class Batcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            now = time.monotonic()
-            remaining = self._pending[0].enqueued + max_delay - now
-            if self.eager:  # wait only while a read younger than max_delay may bring items
-                coming = max(self._reads.values(), default=-max_delay) + max_delay - now
-                remaining = min(remaining, coming)
-            if (
-                len(self._pending) >= self.max_batch_size
-                or remaining <= 0
-                or self._stopping
-                or self._hurrying
-            ):
+            remaining = self._due_in()
+            if remaining <= 0:
                 await self._workers.acquire()  # items arriving meanwhile may join the batch
-                self._drop_cancelled()
-                if self._broken or not self._pending:
-                    self._workers.release()
+                self._drop_cancelled()  # and the batch is due still, or again waits:
+                if self._broken or not self._pending or self._due_in() > 0:
+                    self._workers.release()  # (a read began, an item of a full one left)
                     continue
                 return self._take_batch()
             self._wakeup.clear()
             timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
             await self._wakeup.wait()  # a new item, stop(), or the oldest item's deadline
             timer.cancel()
+
+    def _due_in(self) -> float:
+        """Seconds until a batch of the queue is due (0 or less: now): when it is full, the
+        batcher stops or hurries, or its oldest item has waited ``max_delay_ms`` (an eager
+        batcher's, until no read younger than that may bring more items)."""
+        if len(self._pending) >= self.max_batch_size or self._stopping or self._hurrying:
+            return 0.0
+        max_delay, now = self.max_delay_ms / 1000, time.monotonic()
+        remaining = self._pending[0].enqueued + max_delay - now
+        if self.eager:  # wait only while a read younger than max_delay may bring items
+            coming = max(self._reads.values(), default=-max_delay) + max_delay - now
+            remaining = min(remaining, coming)
+        return remaining
 
     def _take_batch(self) -> list[QueuedItem]:
         """The next batch (:func:`serving.batch_policy.choose_batch`), out of the queue."""
@@ -560,8 +568,9 @@ class Batcher:
 
     def _predict_if_awaited(self, group: list[QueuedItem], *args) -> tuple:
         """:meth:`_predict`, unless every caller of ``group`` left while the call waited for a
-        thread (behind another model's batch on a shared one): ``terminate`` reaches calls in
-        progress only, so a batch abandoned in that queue ran in full for no one."""
+        thread (behind another batcher's call, on an executor shared without shared
+        ``workers``): ``terminate`` reaches calls in progress only, so a batch abandoned in
+        that queue ran in full for no one."""
         if all(item.future.cancelled() for item in group):  # (a stale read only runs it)
             raise AbandonedBatchError("every caller of the batch left before it started")
         return self._predict(*args)

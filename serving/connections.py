@@ -61,9 +61,19 @@ import h11
 import uvicorn
 
 from serving import protocol
-from serving.settings import ConnectionLimits
 
-__all__ = ["REFUSE", "protocol_class", "uvicorn_config"]
+# ConnectionLimits, fit_to_file_limit and MAX_TIMEOUT_S lived here until 2026-12-06: the
+# old import path still works.
+from serving.settings import MAX_TIMEOUT_S, ConnectionLimits, fit_to_file_limit
+
+__all__ = [
+    "MAX_TIMEOUT_S",
+    "REFUSE",
+    "ConnectionLimits",
+    "fit_to_file_limit",
+    "protocol_class",
+    "uvicorn_config",
+]
 
 logger = logging.getLogger("serving.connections")
 

@@ -78,6 +78,8 @@ class RequestGuard:
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         headers = request_headers(scope)
         host = headers.get("host")
+        if host is not None and "," in host:  # its lines joined (request_headers): RFC 9112
+            return 400, f"one Host header, holding one host, is allowed; got {host!r}"
         if self.allowed_hosts is not None and host is not None:
             if host_name(host) not in self.allowed_hosts:
                 return 400, f"Host {host!r} is not allowed (--allowed-host)"

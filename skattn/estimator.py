@@ -332,8 +332,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
             for vocabulary, name in zip(vocabularies, ("X", "y"), strict=True):
                 if len(vocabulary) == len(SPECIAL_TOKENS):  # no artifact holds such a model
                     raise ValueError(
-                        f"{name} holds no tokens (every sequence is empty): there is nothing "
-                        "to learn"
+                        f"{name} holds no tokens but the reserved ones {list(SPECIAL_TOKENS)} "
+                        "(every sequence is empty, say): there is nothing to learn"
                     )
             limits = (0, 0)
             config = self._config(*vocabularies)  # a setting the model refuses raises here

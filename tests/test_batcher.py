@@ -924,6 +924,53 @@ def test_batchers_sharing_a_thread_form_their_batch_when_it_is_free():
     assert metrics.seconds[0] < min(metrics.waits)  # the batch's own time, without the wait
 
 
+def test_an_eager_batch_due_while_the_worker_was_busy_waits_for_a_read_begun_meanwhile():
+    """The eager rule holds when the worker comes free: an item that became due while the
+    worker was busy waits (up to max_delay) for a request whose read began meanwhile, rather
+    than leaving in a batch of its own because it was due when the wait for the worker began."""
+
+    async def body():
+        runtime = ReverseRuntime(gated=True)
+        batcher = await started(runtime, max_delay_ms=500, eager=True)
+        first = batcher.submit(["a1"])  # runs at once, held at the gate
+        await wait_for_batches(runtime, 1)
+        second = batcher.submit(["b2"])  # due (no read), but the worker is busy
+        await asyncio.sleep(0.02)
+        with batcher.receiving():  # a request is being read as the worker comes free
+            await asyncio.sleep(0.02)
+            runtime.release()
+            await asyncio.sleep(0.1)
+            third = batcher.submit(["c3"])
+        await batcher.results(first + second + third)
+        await batcher.stop()
+        return runtime
+
+    assert run(body()).batch_sizes == [1, 2]
+
+
+def test_a_batcher_runs_at_most_its_instances_whatever_workers_it_shares():
+    """``instances`` bounds a batcher's batches in the runtime (one, for a runtime with IO
+    binding) even when it shares more free threads with others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def body():
+        executor, runtime = ThreadPoolExecutor(2), ReverseRuntime(gated=True)
+        batcher = Batcher(runtime, max_delay_ms=0, max_batch_size=1, executor=executor)
+        await batcher.start(asyncio.Semaphore(2))
+        futures = batcher.submit(["a"]) + batcher.submit(["b"])
+        await wait_for_batches(runtime, 1)
+        second_started = await batches_started(runtime, 1, timeout=0.3)
+        runtime.release()
+        answers = await batcher.results(futures)
+        await batcher.stop()
+        executor.shutdown()
+        return second_started, answers
+
+    second_started, answers = run(body())
+    assert not second_started  # the second batch waited for the first (instances=1)
+    assert answers == [ItemResult("a"), ItemResult("b")]
+
+
 def test_hurry_runs_the_queue_without_waiting_out_the_delay():
     """The server calls hurry() as it begins shutting down: an item queued under a minute's
     delay (not eager) runs at once rather than outlasting the shutdown's timeout."""

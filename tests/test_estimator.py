@@ -653,8 +653,12 @@ def test_accepted_hyperparameter_values(name, value):
     [
         (["12", "34"], ["21"], "same length"),
         ([], [], "X must hold at least one item"),
-        (["12", "34"], ["", ""], "y holds no tokens"),  # no artifact could hold the model
-        (["", ""], ["21", "43"], "X holds no tokens"),
+        (
+            ["12", "34"],
+            ["", ""],
+            "y holds no tokens but the reserved",
+        ),  # no artifact could hold the model
+        (["", ""], ["21", "43"], "X holds no tokens but the reserved"),
         (["12", 34], ["21", "43"], r"X\[1\]"),
         (["12", ["3", 4]], ["21", "43"], r"X\[1\]"),
         (["12", "34"], ["21", None], r"y\[1\]"),

@@ -103,8 +103,10 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
     manifest_path = directory / MANIFEST_FILE
     try:  # one stat: two calls could each see a different file while an export swaps them in
         regular = stat.S_ISREG(manifest_path.stat().st_mode)
-    except OSError:
+    except FileNotFoundError:
         raise ArtifactError(f"{manifest_path}: missing manifest file") from None
+    except OSError as error:  # no permission, a symbolic link loop
+        raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
     if not regular:  # a FIFO would block the read, /dev/zero never end it
         raise ArtifactError(f"{manifest_path}: not a regular file")
     try:
