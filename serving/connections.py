@@ -292,8 +292,8 @@ class _GuardedProtocol:
             self.transport.abort()  # connection_lost tells the request in progress
             return
         if self.cycle is not before and self.cycle is not None:
-            pass  # headers completed in this read: checked as their cycle was made
-        elif discarding and not self._body_unread():  # the dropped body ended in this chunk
+            return  # headers completed in this read: checked as their cycle was made
+        if discarding and not self._body_unread():  # the dropped body ended in this chunk
             if self._next_request_begun():
                 self._await_headers()  # and the next request began: its header deadline runs
             else:
