@@ -228,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-output-elements",
         type=int,
         default=defaults.max_output_elements,
-        help="most tensor elements in one response (attention maps count N x T_y x T_x); "
-        "beyond it 413 (default: %(default)s)",
+        help="most tensor elements in one response (attention maps count N x T_y x T_x, "
+        "T_y at the model's max_output_length, checked before decoding); beyond it 413 "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--retry-after-s",

@@ -28,6 +28,7 @@ from serving.interface import ModelInfo, Runtime
 from serving.metrics import ModelMetrics, ServerMetrics
 from serving.settings import ServerSettings
 from skattn.core.inference import as_text
+from skattn.core.text import tokenize
 
 logger = logging.getLogger("serving.app")
 
@@ -155,14 +156,9 @@ class InferHandler:
                     head=parsed.attention_head,
                 )
             results = await _until_disconnect(model.batcher, futures, receive)
-            elements = output_elements(parsed, results)
-            if elements > settings.max_output_elements:
-                raise ApiError(
-                    413,
-                    f"the response would hold {elements} output elements, more than "
-                    f"max_output_elements={settings.max_output_elements} "
-                    "(--max-output-elements); ask for fewer sources or without attention",
-                )
+            # (within the bound _parse checked, unless the runtime broke its own limit)
+            rows, columns = map_extent(results)
+            elements = _check_output_size(parsed, rows, columns, settings, "would hold")
             if elements > INLINE_ENCODE_ELEMENTS and self.encoder is not None:
                 loop = asyncio.get_running_loop()
                 body, response_headers = await loop.run_in_executor(
@@ -319,7 +315,28 @@ def _parse(
             model.runtime.check_source(source)
         except ValueError as exc:
             raise ApiError(400, f"input 'source' item {i}: {exc}") from exc
+    if parsed.wants_attention:  # refused before decoding, not once its maps fill the memory
+        info = model.info
+        columns = max((len(tokenize(s, info.tokenizer)) + 1 for s in parsed.sources), default=0)
+        _check_output_size(parsed, info.max_output_length, columns, settings, "could hold up to")
     return parsed
+
+
+def _check_output_size(
+    request: protocol.InferRequest, rows: int, columns: int, settings: ServerSettings, verb: str
+) -> int:
+    """The response's output elements, its maps ``rows x columns`` (:func:`output_elements`);
+    ``ApiError`` 413 when they exceed ``max_output_elements``."""
+    elements = output_elements(request, rows, columns)
+    if elements > settings.max_output_elements:
+        shape = f" (attention maps of {rows} x {columns})" if request.wants_attention else ""
+        raise ApiError(
+            413,
+            f"the response {verb} {elements} output elements{shape}, more than "
+            f"max_output_elements={settings.max_output_elements} (--max-output-elements); "
+            "ask for fewer or shorter sources, or without attention",
+        )
+    return elements
 
 
 async def _read_body(
@@ -404,16 +421,26 @@ async def _until_disconnect(
         batcher.withdraw(futures)
 
 
-def output_elements(request: protocol.InferRequest, results: Sequence[ItemResult]) -> int:
-    """The number of tensor elements of the response to ``request`` (before building it)."""
-    n = len(results)
+def map_extent(results: Sequence[ItemResult]) -> tuple[int, int]:
+    """The most rows and columns of the results' attention maps, ``(0, 0)`` without maps: the
+    response pads every map to them."""
+    shapes = [r.attention.shape for r in results if r.attention is not None]
+    return max((s[0] for s in shapes), default=0), max((s[1] for s in shapes), default=0)
+
+
+def output_elements(request: protocol.InferRequest, rows: int, columns: int) -> int:
+    """The number of tensor elements of the response to ``request``, its attention maps padded
+    to ``rows x columns`` (counted before building it).
+
+    Before decoding, ``rows`` is the model's ``max_output_length`` (a map has a row per output
+    token) and ``columns`` the longest source's tokens + 1 (the end-of-source marker): the
+    most the response can hold. After, the maps' own extent (:func:`map_extent`).
+    """
+    n = len(request.sources)
     total = 0
     for output in request.outputs:
         if output.name == protocol.ATTENTION:
-            shapes = [r.attention.shape for r in results]
-            t_y = max((shape[0] for shape in shapes), default=0)
-            t_x = max((shape[1] for shape in shapes), default=0)
-            total += n * t_y * t_x
+            total += n * rows * columns
         elif output.name == protocol.ATTENTION_LENGTHS:
             total += 2 * n
         else:

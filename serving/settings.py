@@ -56,9 +56,14 @@ class ServerSettings:
         The largest request body (after decompression); beyond it 413.
     max_output_elements : int, default=1048576
         The most tensor elements one response may hold (every output counted: an attention
-        map of N items is ``N x max T_y x max T_x``); beyond it 413, naming the limit.
+        map of N items is ``N x max T_y x max T_x``); beyond it 413, naming the limit. A
+        request for attention is measured before it is decoded, at the most its maps can
+        hold: ``max_output_length`` rows (the model's limit) by its longest source's tokens
+        + 1, so a request refused never fills the memory with maps first, and whether a
+        request passes depends on its shape only, not on what the model answers.
         2**20 elements are 4 MiB as binary FP32 and about 20 MB as JSON; they hold the
-        attention of 256 items of 63 source and 64 output tokens. A small request (one
+        attention of 256 items of up to 63 source tokens from a model whose
+        ``max_output_length`` is 64. A small request (one
         character per source) can otherwise ask for a response thousands of times its size.
     body_timeout_s : float, default=10.0
         The longest a request body may take to arrive, from the end of its headers; beyond

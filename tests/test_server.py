@@ -419,17 +419,51 @@ ATTENTION_OUTPUTS = [{"name": "prediction"}, {"name": "attention"}]
 
 
 def test_a_response_over_max_output_elements_is_413_naming_the_limit(serve):
-    server = serve(ReverseRuntime(max_source_length=64), max_output_elements=1000)
+    # the double's max_output_length is its max_source_length: maps of at most 20 rows
+    server = serve(ReverseRuntime(max_source_length=20), max_output_elements=1000)
     url = f"{server.url}/v2/models/{MODEL}/infer"
     big = infer_body(["a" * 20] * 4, outputs=ATTENTION_OUTPUTS)  # 4 x 20 x 21 = 1680 elements
     response = httpx.post(url, json=big)
     assert response.status_code == 413
-    assert "1684 output elements" in response.json()["error"]
-    assert "max_output_elements=1000" in response.json()["error"]
+    error = response.json()["error"]
+    assert "could hold up to 1684 output elements (attention maps of 20 x 21)" in error
+    assert "max_output_elements=1000" in error
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == 0  # refused before decoding
     assert httpx.post(url, json=infer_body(["a" * 20] * 4)).status_code == 200  # 4 elements
     small = infer_body(["a" * 20, "b"], outputs=ATTENTION_OUTPUTS)  # 2 x 20 x 21 + 2
     assert httpx.post(url, json=small).status_code == 200
     assert server.metric("skattn_requests_total", model=MODEL, outcome="too_large") == 1
+
+
+def test_max_output_elements_bounds_the_maps_before_decoding(serve, fitted_reversal, tmp_path):
+    """A request for attention is refused by the most its maps can hold (the model's
+    max_output_length rows) before any decoding, so a model that never ends cannot fill the
+    memory with maps first. The bound is exact for outputs cut at the limit: here reversals of
+    30 digits from a model whose limit is 5 tokens."""
+    import copy
+
+    import serving
+
+    model = copy.deepcopy(fitted_reversal).set_params(max_output_length=5)
+    runtime = serving.load(model.export_onnx(tmp_path / "m"), device="cpu")
+    rng = np.random.default_rng(0)
+    sources = ["".join(rng.choice(list("0123456789"), 30)) for _ in range(3)]
+    _, maps = runtime.predict_batch(sources, with_attention=True)
+    assert [m.shape for m in maps] == [(5, 31)] * 3
+
+    limit = 3 * 5 * 31 + 3 - 1  # one element short of the three maps and predictions
+    server = serve(runtime, max_output_elements=limit)
+    url = f"{server.url}/v2/models/{MODEL}/infer"
+    response = httpx.post(url, json=infer_body(sources, outputs=ATTENTION_OUTPUTS))
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert f"could hold up to {limit + 1} output elements (attention maps of 5 x 31)" in error
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == 0  # never decoded
+    response = httpx.post(url, json=infer_body(sources[:2], outputs=ATTENTION_OUTPUTS))
+    assert response.status_code == 200, response.text
+    attention = next(o for o in response.json()["outputs"] if o["name"] == "attention")
+    assert attention["shape"] == [2, 5, 31]
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == 2
 
 
 def test_health_answers_while_a_large_response_is_encoded(serve, monkeypatch):
