@@ -162,8 +162,11 @@ class Batcher:
         # when the request takes its turn (_rotate), which puts them behind those queued then.
         self._clock = 0
         self._wakeup: asyncio.Event | None = None
-        # The free inference threads, shared by the batchers of one executor (start()).
+        # The free inference threads, shared by the batchers of one executor (start()), and
+        # the tasks cancelled while their call still ran in a thread, whose worker that call
+        # frees when it ends (_in_thread), not the task (_free_worker).
         self._workers: asyncio.Semaphore | None = None
+        self._held_by_threads: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._hurrying = False  # hurry(): no more requests come, so waiting buys nothing
@@ -413,7 +416,7 @@ class Batcher:
     def _batch_done(self, task: asyncio.Task) -> None:
         """A running batch ended: its worker is free; if it ended by a bug,
         :meth:`_next_batch` returns None at once."""
-        self._workers.release()
+        self._free_worker(task)
         if not task.cancelled() and task.exception() is not None:
             self._broken = True
             self._wakeup.set()
@@ -551,9 +554,7 @@ class Batcher:
         while self._terminating:
             await asyncio.wait(self._terminating)
             self._terminating = {call for call in self._terminating if not call.done()}
-        call = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._predict_if_awaited, group, *args
-        )
+        call = self._in_thread(self._predict_if_awaited, group, *args)
         self._in_calls[call] = group
         try:
             return await call
@@ -565,6 +566,33 @@ class Batcher:
             del self._in_calls[call]
             self._terminating.discard(call)
             self._terminated.discard(call)
+
+    def _in_thread(self, fn, *args) -> asyncio.Future:
+        """``fn(*args)`` in the executor, as a future of the running loop.
+
+        A task that holds a worker and is cancelled while its call runs (a stop cut short at
+        shutdown) leaves that call running: the thread is not free before the call ends, so
+        the call, not the task, frees the worker then, and the other batchers sharing the
+        workers never run more calls at once than there are threads.
+        """
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        running = self._executor.submit(fn, *args)
+        call = asyncio.wrap_future(running, loop=loop)
+
+        def cancelled(call: asyncio.Future) -> None:
+            if call.cancelled() and not running.done():
+                self._held_by_threads.add(task)
+                running.add_done_callback(lambda _: _call_soon(loop, self._workers.release))
+
+        call.add_done_callback(cancelled)
+        return call
+
+    def _free_worker(self, task: asyncio.Task) -> None:
+        """``task`` ended, holding a worker: free it, unless a call of its still runs."""
+        if task in self._held_by_threads:
+            self._held_by_threads.discard(task)
+        else:
+            self._workers.release()
 
     def _predict_if_awaited(self, group: list[QueuedItem], *args) -> tuple:
         """:meth:`_predict`, unless every caller of ``group`` left while the call waited for a
@@ -630,3 +658,12 @@ class Batcher:
     def _report_depth(self) -> None:
         if self._metrics is not None:
             self._metrics.queue_depth(len(self._pending))
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
+    """``callback()`` on ``loop`` from another thread, unless the loop has closed meanwhile
+    (nothing is left to run it for)."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # closed
+        pass

@@ -119,8 +119,11 @@ class ContinuousBatcher(Batcher):
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                async with self._workers:  # the thread is free: admit and time from here
+                await self._workers.acquire()  # the thread is free: admit and time from here
+                try:
                     await self._tick()
+                finally:
+                    self._free_worker(asyncio.current_task())
         finally:  # cancelled, or a bug: whoever still waits gets an answer all the same
             self._changed.set()  # a run of steps still in flight ends after its step
             error = BatcherClosedError("the batcher stopped")
@@ -158,11 +161,8 @@ class ContinuousBatcher(Batcher):
             return
         temperature = running[0].temperature
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
         try:
-            ended = await loop.run_in_executor(
-                self._executor, self._steps, temperature, admitted, left
-            )
+            ended = await self._in_thread(self._steps, temperature, admitted, left)
         except asyncio.CancelledError:
             raise  # _schedule's finally answers the running items
         except Exception as exc:

@@ -906,6 +906,44 @@ async def behind_another_models_batch(make_batcher, sources: list[str]):
     return metrics, held, answers
 
 
+async def worker_after_a_cancel_mid_call(batcher, begun, release) -> tuple:
+    """Start ``batcher`` on a worker of its own (and two threads), cancel its scheduling task
+    (a stop cut short at shutdown) once ``begun()`` says its call runs, then ``release()`` the
+    call. Returns whether the worker was held after the cancel, whether it still was once the
+    call ended, and the waiting request's error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = asyncio.Semaphore(1)
+    batcher._executor = executor = ThreadPoolExecutor(2)
+    await batcher.start(workers)
+    waiting = asyncio.ensure_future(batcher.infer(["12"]))
+    await begun()
+    batcher._task.cancel()
+    await asyncio.wait([batcher._task, waiting], timeout=5)
+    held_while_running = workers.locked()
+    release()
+    for _ in range(500):  # the call ends in its thread, then frees the worker
+        if not workers.locked():
+            break
+        await asyncio.sleep(0.01)
+    executor.shutdown()
+    return held_while_running, workers.locked(), type(waiting.exception())
+
+
+def test_a_batch_cancelled_mid_call_frees_its_worker_when_the_call_ends():
+    """The thread of a call that a cancelled batch leaves running is not free before the call
+    ends: the batchers sharing the workers must not start another call on it meanwhile (the
+    worker was freed with the task)."""
+    runtime = ReverseRuntime(gated=True)
+    batcher = Batcher(runtime, max_delay_ms=0)
+    held = run(
+        worker_after_a_cancel_mid_call(
+            batcher, lambda: wait_for_batches(runtime, 1), runtime.release
+        )
+    )
+    assert held == (True, False, BatcherClosedError)
+
+
 def test_batchers_sharing_a_thread_form_their_batch_when_it_is_free():
     """A batch forms only once the shared thread is free, so the items that arrived while the
     other model's batch ran join it, and their queue wait, not the batch's inference time,

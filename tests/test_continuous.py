@@ -11,11 +11,16 @@ import httpx
 import numpy as np
 import pytest
 from serving_doubles import ReverseRuntime
-from test_batcher import RecordingMetrics, behind_another_models_batch, run
+from test_batcher import (
+    RecordingMetrics,
+    behind_another_models_batch,
+    run,
+    worker_after_a_cancel_mid_call,
+)
 from test_runtime import SOURCES, TRANSFORMER_PARAMS, fit, load
 from test_server import MODEL, infer_body, one_item_requests_at_once
 
-from serving.batch_items import BatchError
+from serving.batch_items import BatcherClosedError, BatchError
 from serving.batch_policy import choose_admissions
 from serving.batcher import Batcher
 from serving.continuous import ContinuousBatcher
@@ -415,6 +420,26 @@ def test_the_batching_setting_is_validated():
 def test_a_continuous_batcher_steps_one_running_set(runtimes):
     with pytest.raises(ValueError, match="instances=2: a continuous batcher steps one"):
         ContinuousBatcher(runtimes["bahdanau-additive"], instances=2)
+
+
+def test_a_run_of_steps_cancelled_mid_call_frees_its_worker_when_the_steps_end(runtimes):
+    """As the dynamic batcher's (test_batcher): the worker is freed by the run of steps that
+    the cancelled scheduler left in its thread, when it ends, not by the scheduler."""
+    import threading
+
+    batcher = ContinuousBatcher(runtimes["bahdanau-additive"])
+    steps, begun, gate = batcher._steps, threading.Event(), threading.Event()
+
+    def held_steps(*args):
+        begun.set()
+        gate.wait(10)
+        return steps(*args)
+
+    batcher._steps = held_steps
+    held = run(
+        worker_after_a_cancel_mid_call(batcher, lambda: asyncio.to_thread(begun.wait, 10), gate.set)
+    )
+    assert held == (True, False, BatcherClosedError)
 
 
 def test_a_continuous_batcher_sharing_the_thread_admits_and_times_from_when_it_is_free(
