@@ -545,7 +545,7 @@ def load(
     >>> runtime.predict(["hello"])  # doctest: +SKIP
     """
     return Runtime(
-        read_artifact(path),
+        read_artifact(path, hash_files=False),  # each graph is hashed as it is opened
         device,
         intra_op_num_threads=intra_op_num_threads,
         io_binding=io_binding,

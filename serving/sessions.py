@@ -25,6 +25,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, check_binding, check_search
+from skattn.core.artifact import check_digest
 from skattn.core.checks import MAX_THREADS, check_int, parse_device, usable_cores
 from skattn.core.manifest import CPU_ONLY_QUANTIZATIONS, DECODER_FILE, Manifest
 
@@ -194,16 +195,15 @@ def open_graph(
     """Open one graph; check its signature and that it was exported with ``manifest``.
 
     onnxruntime gets the bytes checked against the manifest's SHA-256 (read once: a file
-    swapped between the check and the load is refused), and no folder to read external data
+    swapped between a check and the load could not pass; ``serving.load`` hashes the graphs
+    here only), and no folder to read external data
     from (``options``, :func:`open_artifact`): weights in a file beside a graph are covered by
     no checksum, so a graph that refers to one is refused."""
     try:
         data = path.read_bytes()
     except OSError as error:  # removed since read_artifact checked it: an export swapping it
         raise ArtifactError(f"{path}: cannot be read ({error}); load it again") from None
-    expected = manifest.files.get(path.name)
-    if hashlib.sha256(data).hexdigest() != expected:
-        raise ArtifactError(f"{path}: changed since its checksum was checked; load it again")
+    check_digest(path, hashlib.sha256(data).hexdigest(), manifest.files.get(path.name))
     session = open_session(data, options, providers, str(path))
     actual_in = [i.name for i in session.get_inputs()]
     actual_out = [o.name for o in session.get_outputs()]
