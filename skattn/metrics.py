@@ -67,11 +67,18 @@ def _as_tokens(item: Any, tokenizer: str, name: str) -> Tokens:
     raise ValueError(f"{name} items must be str or lists of str tokens, got {item!r}")
 
 
-def _as_references(item: Any, tokenizer: str) -> list[Tokens]:
+def _as_references(item: Any, tokenizer: str, name: str = "y_true") -> list[Tokens]:
     """One ``y_true`` item as a non-empty list of candidate references."""
     if _is_reference_list(item):
-        return [_as_tokens(r, tokenizer, "y_true") for r in item]
-    return [_as_tokens(item, tokenizer, "y_true")]
+        return [_as_tokens(r, tokenizer, name) for r in item]
+    return [_as_tokens(item, tokenizer, name)]
+
+
+def check_reference_items(y_true: Sequence, tokenizer: str, name: str = "y_true") -> None:
+    """``ValueError`` naming ``name`` unless every item is what the metrics read as references
+    (a str, a token list, or a list of those): for callers that score much later."""
+    for item in ordered_items(y_true, name, "items"):
+        _as_references(item, tokenizer, name)
 
 
 def _pairs(y_true: Sequence, y_pred: Sequence, tokenizer: str) -> list[tuple[list[Tokens], Tokens]]:

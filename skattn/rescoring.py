@@ -41,7 +41,7 @@ from skattn.core.text import (
     detokenize,
     ordered_items,
 )
-from skattn.metrics import exact_match
+from skattn.metrics import check_reference_items, exact_match
 from skattn.scoring import output_facts
 
 __all__ = ["NBestReranker", "estimator_log_likelihood", "output_facts"]
@@ -244,17 +244,20 @@ class NBestReranker(BaseEstimator):
             raise ValueError(f"X and y must be non-empty and of one length: {len(X)}, {len(y)}")
         tokenizer, output_kind = self._facts()
         check_references(y, "y", output_kind)  # else no candidate matched: weight_ 0, silently
+        check_reference_items(y, tokenizer, "y")  # before the passes that take minutes
         candidates, model, external = self._candidates(X)
-        self.fit_scores_ = {}
+        scores = {}
         for weight in self.weights:
             for exponent in self.length_exponents:
                 chosen = self._choose(candidates, model, external, weight, exponent)
-                self.fit_scores_[(float(weight), float(exponent))] = exact_match(
+                scores[(float(weight), float(exponent))] = exact_match(
                     y, chosen, tokenizer=tokenizer
                 )
-        best = max(self.fit_scores_.values())
+        best = max(scores.values())
+        # set together, once nothing can fail: a failed fit leaves a fitted reranker as it was
+        self.fit_scores_ = scores
         self.weight_, self.length_exponent_ = next(
-            pair for pair, score in self.fit_scores_.items() if score == best
+            pair for pair, score in scores.items() if score == best
         )
         return self
 

@@ -167,6 +167,25 @@ def test_the_reranker_chooses_its_weight_on_held_out_data_and_predicts_with_it(m
     ]
 
 
+def test_a_failed_fit_leaves_a_fitted_reranker_as_it_was_and_checks_y_first(model):
+    """Bad references were found only after the n-best, predict and likelihood passes (minutes
+    on CMUdict), named ``y_true``, and left ``fit_scores_`` emptied beside the old weight."""
+    dev = CLEAN[30:50]
+    calls = []
+
+    def counted(sources):
+        calls.append(len(sources))
+        return reversal_nbest(-50.0, 0.0)(sources)
+
+    reranker = NBestReranker(model, counted, weights=(0.0, 10.0)).fit(dev, [s[::-1] for s in dev])
+    fitted = (dict(reranker.fit_scores_), reranker.weight_, reranker.length_exponent_)
+    calls.clear()
+    with pytest.raises(ValueError, match=r"^y items must be str or lists of str tokens, got 1"):
+        reranker.fit(dev[:2], [1, 2])
+    assert calls == []  # refused before any pass over the data
+    assert (reranker.fit_scores_, reranker.weight_, reranker.length_exponent_) == fitted
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
