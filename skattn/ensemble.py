@@ -31,7 +31,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment
 from skattn.backend import TorchBackend
+from skattn.core.checks import check_int
 from skattn.core.inference import SearchSettings, Translator
+from skattn.core.manifest import MAX_OUTPUT_LENGTH
 from skattn.core.text import as_scored_pairs, as_token_lists
 from skattn.estimator import Seq2Seq
 from skattn.metrics import exact_match
@@ -204,6 +206,10 @@ class Seq2SeqEnsemble(BaseEstimator):
             ``models`` is empty, holds an unfitted model or something else, or the models'
             vocabularies, tokenizers, output kinds or devices differ.
         """
+        takes = [name for name in cls._get_param_names() if name != "estimators"]
+        unknown = sorted(set(params) - set(takes))
+        if unknown:  # (the members are models; the rest: the ensemble's own parameters)
+            raise ValueError(f"from_fitted got {unknown}, which it does not take; it takes {takes}")
         models = _checked(models, "models")
         for i, model in enumerate(models):
             if not model.__sklearn_is_fitted__():
@@ -419,6 +425,10 @@ def _fitted_tokenizers(members: Sequence[Seq2Seq]) -> str:
 def _check_members(members: Sequence[Seq2Seq]) -> None:
     """ValueError unless fitted ``members`` can be decoded as one model."""
     _fitted_tokenizers(members)
+    for i, member in enumerate(members):  # the ensemble's default limit is theirs (predict
+        # checks it on the member itself only: an ensemble would decode to any length)
+        name = f"estimators[{i}].max_output_length"
+        check_int(member.max_output_length, name, 1, MAX_OUTPUT_LENGTH, none_ok=True)
     for i, member in enumerate(members[1:], start=1):
         _check_agrees(members[0], member, i)
 

@@ -435,6 +435,26 @@ def test_a_member_fitted_again_in_place_or_given_new_limits_is_read_again():
 
 
 @pytest.mark.parametrize(
+    ("limit", "match"),
+    [(50_000, r"estimators\[1\]\.max_output_length must be an int"), ("abc", "an int")],
+)
+def test_a_members_bad_output_limit_is_refused_naming_it(limit, match):
+    """The ensemble's default limit is the members' largest, which only a member's own
+    predict checked: 50,000 decoded 50,000 tokens for a 2-character source (14 s), and a
+    string raised a TypeError."""
+    fitted = [member(max_steps=1, random_state=i).fit(X_TRAIN, Y_TRAIN) for i in range(2)]
+    ensemble = Seq2SeqEnsemble.from_fitted(fitted)
+    expected = ensemble.predict(FEW[:2])
+    fitted[1].set_params(max_output_length=limit)
+    with pytest.raises(ValueError, match=match):
+        ensemble.predict(FEW[:2])
+    with pytest.raises(ValueError, match=match):
+        Seq2SeqEnsemble.from_fitted(fitted)
+    fitted[1].set_params(max_output_length=None)
+    assert ensemble.predict(FEW[:2]) == expected
+
+
+@pytest.mark.parametrize(
     "estimators, match",
     [
         ([], "estimators must be a non-empty list"),
@@ -453,6 +473,8 @@ def test_bad_settings_and_unfitted_use_are_refused(members, ensemble):
         Seq2SeqEnsemble.from_fitted(members[0])
     with pytest.raises(ValueError, match="beam_size"):
         Seq2SeqEnsemble.from_fitted(members, beam_size=0)
+    with pytest.raises(ValueError, match=r"from_fitted got \['beam', 'estimators'\]"):
+        Seq2SeqEnsemble.from_fitted(members, beam=5, estimators=members)
     with pytest.raises(ValueError, match="beam_size"):
         clone(ensemble).set_params(beam_size=0).fit(X_TRAIN, Y_TRAIN)
     bad = Seq2SeqEnsemble.from_fitted(members)
