@@ -487,6 +487,22 @@ def test_joblib_round_trip_keeps_predictions(fitted_reversal, reversal_data, tmp
     assert loaded.get_params() == fitted_reversal.get_params()
 
 
+def test_loading_or_copying_a_model_leaves_torchs_random_state_alone(fitted_reversal):
+    """Unpickling built the module with fresh random weights before loading the fitted ones,
+    drawing from the user's seeded generator (fit already forks it)."""
+    import copy
+    import pickle
+
+    blob = pickle.dumps(fitted_reversal)
+    for load in (lambda: pickle.loads(blob), lambda: copy.deepcopy(fitted_reversal)):
+        torch.manual_seed(0)
+        expected = torch.rand(4)
+        torch.manual_seed(0)
+        model = load()
+        assert torch.equal(torch.rand(4), expected)
+        assert model.predict(["123"]) == fitted_reversal.predict(["123"])
+
+
 def test_a_model_pickled_before_the_redesign_still_loads(fitted_reversal, monkeypatch):
     from skattn.core.text import Vocabulary
 

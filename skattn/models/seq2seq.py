@@ -95,7 +95,8 @@ class Seq2SeqModule(nn.Module):
         this machine lacks; the device it lands on is ``next(module.parameters()).device``."""
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
-        module = cls(ModelConfig.from_dict(state["config"]))
+        with torch.random.fork_rng(devices=[]):  # the initial weights, soon overwritten, draw
+            module = cls(ModelConfig.from_dict(state["config"]))  # from the user's seeded RNG
         module.load_state_dict(state["weights"])
         return module.to(device).eval()
 
