@@ -25,7 +25,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from serving.artifact import Artifact, ArtifactError, check_binding, check_search
-from skattn.core.artifact import check_digest
+from skattn.core.artifact import check_digest, check_file
 from skattn.core.checks import MAX_THREADS, check_int, parse_device, usable_cores
 from skattn.core.manifest import CPU_ONLY_QUANTIZATIONS, DECODER_FILE, Manifest
 
@@ -239,7 +239,10 @@ def open_artifact(
         "session.model_external_initializers_file_folder_path", str(artifact.manifest_path)
     )
 
+    opened = set()
+
     def graph(path, inputs: list[str], outputs: list[str]) -> ort.InferenceSession:
+        opened.add(path.name)
         return open_graph(path, options, providers, manifest, inputs, outputs)
 
     encoder = graph(artifact.encoder_path, manifest.encoder_inputs(), manifest.encoder_outputs())
@@ -259,4 +262,7 @@ def open_artifact(
     if artifact.attention_path is not None:
         names = (manifest.attention_inputs(), manifest.attention_outputs())
         attention = graph(artifact.attention_path, *names)
+    for name, expected in manifest.files.items():  # (decode.onnx, when not run): checked all
+        if name not in opened:  # the same, as the README says of every listed graph
+            check_file(artifact.directory / name, expected)
     return ArtifactSessions(encoder, decoder, decode, attention)

@@ -772,6 +772,35 @@ def test_a_malformed_manifest_is_named(copy_of, text, message):
         serving.load(copy_of)
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "/dev/zero", "missing", "loop"])
+def test_a_graph_that_is_not_a_regular_file_is_named_as_such(copy_of, kind):
+    """A folder, a FIFO or a link to a device read as "missing file"; a FIFO would block."""
+    path = copy_of / "decoder_step.onnx"
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "loop":
+        path.symlink_to(path)
+    message = {"missing": "missing file listed", "loop": "cannot be read"}.get(
+        kind, "not a regular file"
+    )
+    with pytest.raises(ArtifactError, match=rf"decoder_step\.onnx: {message}"):
+        serving.load(copy_of)
+
+
+def test_a_damaged_graph_the_runtime_does_not_open_is_refused_all_the_same(copy_of):
+    """serving.load hashes the graphs as it opens them; decode.onnx, listed but not opened
+    with decode_graph=False, is hashed all the same (the README: every listed graph)."""
+    with open(copy_of / "decode.onnx", "r+b") as file:
+        file.truncate(100)
+    with pytest.raises(ArtifactError, match=r"decode\.onnx: checksum mismatch"):
+        serving.load(copy_of, decode_graph=False)
+
+
 @pytest.mark.parametrize(
     "changes, key",
     [

@@ -32,7 +32,7 @@ from skattn.core.manifest import (
     sha256_file,
 )
 
-__all__ = ["MAX_MANIFEST_BYTES", "Artifact", "check_digest", "read_artifact"]
+__all__ = ["MAX_MANIFEST_BYTES", "Artifact", "check_digest", "check_file", "read_artifact"]
 
 #: The largest ``manifest.json`` read (its vocabularies: a word-level one of 100,000 tokens
 #: takes about 2 MB).
@@ -89,8 +89,8 @@ def read_artifact(path: str | os.PathLike, *, hash_files: bool = True) -> Artifa
     hash_files : bool, default=True
         Check every listed file's SHA-256. ``serving.load`` passes False: it checks the bytes
         of each graph it opens as it opens them (``serving.sessions.open_graph``), so that a
-        file swapped after this check is refused too, and hashing them here as well read
-        every graph twice.
+        file swapped after this check is refused too, and the others with :func:`check_file`;
+        hashing them here as well read every graph twice.
 
     Returns
     -------
@@ -133,16 +133,26 @@ def read_artifact(path: str | os.PathLike, *, hash_files: bool = True) -> Artifa
         )
     for name, expected in manifest.files.items():
         file_path = directory / name
-        if not file_path.is_file():
-            raise ArtifactError(f"{file_path}: missing file listed in {MANIFEST_FILE}")
-        if not hash_files:
-            continue
-        try:
-            actual = sha256_file(file_path)
-        except OSError as error:  # removed since the check above: an export swapping it
-            raise ArtifactError(f"{file_path}: cannot be read ({error}); load it again") from None
-        check_digest(file_path, actual, expected)
+        try:  # one stat, as for the manifest
+            regular = stat.S_ISREG(file_path.stat().st_mode)
+        except FileNotFoundError:
+            raise ArtifactError(f"{file_path}: missing file listed in {MANIFEST_FILE}") from None
+        except OSError as error:  # no permission, a symbolic link loop
+            raise ArtifactError(f"{file_path}: cannot be read ({error})") from None
+        if not regular:  # a folder, a FIFO, a link to /dev/zero
+            raise ArtifactError(f"{file_path}: not a regular file (listed in {MANIFEST_FILE})")
+        if hash_files:
+            check_file(file_path, expected)
     return Artifact(directory=directory, manifest=manifest)
+
+
+def check_file(path: Path, expected: object) -> None:
+    """``ArtifactError`` naming ``path`` unless its SHA-256 is ``expected`` (the manifest's)."""
+    try:
+        actual = sha256_file(path)
+    except OSError as error:  # removed since it was listed: an export swapping it
+        raise ArtifactError(f"{path}: cannot be read ({error}); load it again") from None
+    check_digest(path, actual, expected)
 
 
 def check_digest(path: Path, actual: str, expected: object) -> None:
