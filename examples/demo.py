@@ -28,7 +28,7 @@ import numpy as np
 from reversal_attention import format_table, run_experiment, save_heatmap
 
 import serving
-from skattn import reference
+from skattn import argtypes, reference
 from skattn.datasets import group_pronunciations, load_cmudict
 
 G2P = "cmudict-g2p"
@@ -176,14 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=argtypes.threads,
         default=1,
         help="torch threads (default 1: these small models lose little, and more threads spin "
         "against any other busy process, over 10x slower)",
     )
     args = parser.parse_args(argv)
-    if args.threads < 1:  # before part 1 runs, not in part 2's fit
-        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.out is None:  # a smoke run must not overwrite the README's figure
         args.out = Path(tempfile.mkdtemp(prefix="skattn-demo-")) if args.quick else Path("docs")
 

@@ -29,11 +29,12 @@ import httpx
 import uvicorn
 
 import serving
-from serving.__main__ import allowed_hosts
+from serving.__main__ import allowed_hosts, host_address
 from serving.app import ServerSettings, create_app
 from serving.explorer import mount_explorer
 from serving.layout import default_intra_op_threads
 from skattn import Seq2Seq
+from skattn.argtypes import artifact_directory, export_directory
 from skattn.datasets import make_reversal
 
 ALPHABET = "abcdefgh"
@@ -174,8 +175,9 @@ def save_screenshot(url: str, path: Path, source: str = "hgfedcab") -> None:
 
 def serve_in_thread(app, host: str) -> tuple[uvicorn.Server, threading.Thread, str]:
     """Start ``app`` on a free port of ``host``; return the server, its thread and its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, 0))
+    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)  # (IPv4 or IPv6, as the host is)
+    sock.bind(address)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -183,15 +185,20 @@ def serve_in_thread(app, host: str) -> tuple[uvicorn.Server, threading.Thread, s
         if not thread.is_alive():
             raise RuntimeError("the server did not start")
         time.sleep(0.05)
-    return server, thread, f"http://{host}:{sock.getsockname()[1]}/"
+    shown = f"[{host}]" if ":" in host else host
+    return server, thread, f"http://{shown}:{sock.getsockname()[1]}/"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny models, check, exit")
-    parser.add_argument("--g2p-dir", type=Path, help="an exported CMUdict G2P model to serve too")
+    parser.add_argument(
+        "--g2p-dir", type=artifact_directory, help="an exported CMUdict G2P model to serve too"
+    )
     parser.add_argument("--out", type=Path, help="where to export (default: a temporary folder)")
-    parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    parser.add_argument(
+        "--host", type=host_address, default="127.0.0.1", help="(default: %(default)s)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(
@@ -200,6 +207,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:  # uvicorn hangs, listening nowhere, on a port beyond it
         parser.error(f"--port must be in [0, 65535], got {args.port}")
+    for name in ("reverse-attention", "reverse-none"):  # where the models go, before training
+        if args.out is not None:
+            try:
+                export_directory(str(args.out / name))
+            except argparse.ArgumentTypeError as error:
+                parser.error(f"--out: {error}")
+    try:  # an address that does not resolve: one line now, not a traceback after training
+        socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        parser.error(f"--host {args.host}: {error}")
 
     with tempfile.TemporaryDirectory(prefix="skattn-explorer-") as scratch:
         out = args.out or Path(scratch)
@@ -209,10 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_dirs[name] = out / name
             model.export_onnx(str(model_dirs[name]))
         if args.g2p_dir is not None:
-            if (args.g2p_dir / "manifest.json").is_file():
-                model_dirs["g2p"] = args.g2p_dir
-            else:
-                print(f"note: no exported model in {args.g2p_dir} (no manifest.json); skipped")
+            model_dirs["g2p"] = args.g2p_dir
 
         runtimes = load_runtimes(model_dirs, device=args.device)
         app = build_app(runtimes, args.host)

@@ -67,6 +67,7 @@ import joblib
 import numpy as np
 
 from skattn import Seq2Seq, Seq2SeqEnsemble
+from skattn.argtypes import export_directory, input_file, load_saved, output_file
 from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
 from skattn.distillation import teacher_targets
 from skattn.metrics import phoneme_error_rate, word_error_rate
@@ -256,7 +257,7 @@ def load_ensemble(
 ) -> tuple[list, Seq2SeqEnsemble, float]:
     """The saved members, their ensemble at ``beam_size`` (``length_penalty``) and their
     training seconds in all."""
-    members = [joblib.load(path) for path in paths]
+    members = [load_saved(path, "a saved member", Seq2Seq) for path in paths]
     ensemble = Seq2SeqEnsemble.from_fitted(
         members, beam_size=beam_size, length_penalty=length_penalty
     )
@@ -273,7 +274,7 @@ def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) ->
         epochs = [m.n_iter_ for m in members]
         return model, seconds, {"members": [str(p) for p in args.ensemble], "epochs": epochs}
     if args.continue_from is not None:  # warm_start: go on from a saved model's weights
-        model = joblib.load(args.continue_from)
+        model = load_saved(args.continue_from, "--continue-from", Seq2Seq)
         params = build_model(args).get_params()
         model.set_params(**{k: v for k, v in params.items() if k not in MODEL_PARAMS})
         model.set_params(warm_start=True)
@@ -371,18 +372,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--warmup-steps", type=int, default=0)
     add("--average-checkpoints", type=int, default=1, help="keep the mean of the last k epochs")
-    add("--continue-from", type=Path, default=None, help="a joblib model to warm-start from")
-    add("--ensemble", type=Path, nargs="+", help="evaluate the ensemble of these saved models")
+    add("--continue-from", type=input_file, default=None, help="a joblib model to warm-start from")
+    add(
+        "--ensemble", type=input_file, nargs="+", help="evaluate the ensemble of these saved models"
+    )
     add(
         "--distill-from",
-        type=Path,
+        type=input_file,
         nargs="+",
         help="train on the pronunciations the ensemble of these saved models gives the words",
     )
     add("--distill-references", action="store_true", help="with --distill-from: keep CMUdict's")
     add(
         "--extra-pairs",
-        type=Path,
+        type=input_file,
         default=None,
         help="train on these WORD<TAB>PHONEMES lines too (scripts/g2p_teacher_labels.py's "
         "teacher-labelled words outside CMUdict)",
@@ -415,9 +418,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True, help="compare g2p_en")
     add("--seed", type=int, default=0, help="the dev split's (and the model's) random state")
     add("--model-seed", type=int, default=None, help="the model's random state (default: --seed)")
-    add("--export", type=Path, default=None, help="write the ONNX artifact here")
-    add("--out", type=Path, default=None, help="write the results as JSON here")
-    add("--save", type=Path, default=None, help="joblib.dump the fitted estimator here")
+    add("--export", type=export_directory, default=None, help="write the ONNX artifact here")
+    add("--out", type=output_file, default=None, help="write the results as JSON here")
+    add("--save", type=output_file, default=None, help="joblib.dump the fitted estimator here")
     args = parser.parse_args(argv)
     for name in (
         "dev_words", "hidden_size", "batch_size", "beam_size", "max_epochs", "num_layers",
@@ -439,6 +442,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.train_words, args.dev_words, args.hidden_size, args.embedding_dim = 1000, 50, 32, 16
         args.batch_size, args.max_epochs, args.max_minutes, args.beam_size = 32, 4, 0.0, 2
+    try:  # every estimator parameter in the library's bounds, before any data loads
+        build_model(args)._validate_params()
+    except ValueError as error:  # (sklearn's InvalidParameterError names the parameter)
+        parser.error(str(error))
     return args
 
 
@@ -499,11 +506,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     print(f"\nCMUdict G2P, {args.eval} words:\n")
     print(format_table(results))
-    if args.out is not None:  # before exporting, so that the measurements survive any failure
-        write_json(results, args.out)
-    if args.save is not None:
+    if args.save is not None:  # first: the model took the time
         joblib.dump(model, args.save)
         print(f"fitted estimator: {args.save} (joblib)")
+    if args.out is not None:  # before exporting, so that the measurements survive any failure
+        write_json(results, args.out)
     if args.export is not None:
         model.export_onnx(args.export)
         results["export"] = str(args.export)

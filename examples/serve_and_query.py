@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 import serving
+from skattn.argtypes import artifact_directory, export_directory
 from skattn.core.inference import as_text
 from skattn.core.text import tokenize
 
@@ -158,12 +159,21 @@ def print_attention(source: str, prediction: str, weights: np.ndarray, info) -> 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model: a smoke run")
-    parser.add_argument("--model-dir", type=Path, help="serve this exported artifact instead")
+    parser.add_argument(
+        "--model-dir", type=artifact_directory, help="serve this exported artifact instead"
+    )
     parser.add_argument("--sources", nargs="+", help="what to translate")
-    parser.add_argument("--out", type=Path, help="where to export (default: a temporary dir)")
+    parser.add_argument(
+        "--out", type=Path, help="export into OUT/reversal (default: a temporary dir)"
+    )
     args = parser.parse_args(argv)
     if args.model_dir is not None and not args.sources:
         parser.error("--model-dir needs --sources (what to send to that model)")
+    if args.out is not None:
+        try:
+            export_directory(str(args.out / "reversal"))
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"--out: {error}")
 
     with tempfile.TemporaryDirectory() as tmp:
         estimator = None

@@ -32,9 +32,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import joblib
-
-from skattn import Seq2SeqEnsemble
+from skattn import Seq2Seq, Seq2SeqEnsemble
+from skattn.argtypes import load_saved
 from skattn.core.manifest import DECODE_FILE, MANIFEST_FILE, Manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,11 +227,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="as the members' run")
     args = parser.parse_args(argv)
     check_arguments(parser, args)
-    members = [joblib.load(path) for path in args.model]
-    results = json.loads(args.results.read_text())
+    members = [load_saved(path, "--model", Seq2Seq) for path in args.model]
     try:
+        results = json.loads(args.results.read_text())
         beam_size = results["config"]["beam_size"]  # the beam its figures were measured at
-    except (KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # (JSONDecodeError, UnicodeDecodeError)
         parser.error(f"--results {args.results}: not the JSON of examples/g2p_cmudict.py --out")
     if len(members) == 1:
         model = members[0].set_params(beam_size=beam_size)

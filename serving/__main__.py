@@ -86,7 +86,7 @@ def _model_dir(value: str) -> tuple[str | None, Path]:
     return None, Path(value)
 
 
-def _host(value: str) -> str:
+def host_address(value: str) -> str:
     """``--host``: an address or name; an empty one is refused (uvicorn would bind every
     interface, with the Host check off: an unset ``--host "$HOST"`` must not do that)."""
     if not value.strip():
@@ -149,7 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-name", help="name to serve a single --model-dir under (default: its directory's)"
     )
     parser.add_argument(
-        "--host", type=_host, default="127.0.0.1", help="address to bind (default: %(default)s)"
+        "--host",
+        type=host_address,
+        default="127.0.0.1",
+        help="address to bind (default: %(default)s)",
     )
     parser.add_argument(
         "--allowed-host",

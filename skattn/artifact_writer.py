@@ -33,7 +33,7 @@ from skattn.core.manifest import (
     Manifest,
 )
 
-__all__ = ["prepare_directory", "write_artifact"]
+__all__ = ["check_export_directory", "prepare_directory", "write_artifact"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,13 +155,25 @@ def _recover_stale_staging(directory: Path) -> None:
 
 
 def prepare_directory(path: str | os.PathLike) -> Path:
-    """``path`` as a directory to export into: created if needed; ``ValueError`` where it is a
-    file or holds files that are not an artifact's (another export's staging folder may be
-    there)."""
+    """``path`` as a directory to export into (:func:`check_export_directory`), created if
+    needed."""
+    directory = check_export_directory(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def check_export_directory(path: str | os.PathLike) -> Path:
+    """``path`` as a directory an export may write into, without creating it: ``ValueError``
+    where it is a file, lies inside one, or holds files that are not an artifact's (another
+    export's staging folder may be there)."""
     directory = check_path(path, "path")
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
-    directory.mkdir(parents=True, exist_ok=True)
+    parent = next((p for p in directory.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"path {directory} lies inside a file: {parent}")
+    if not directory.is_dir():
+        return directory
     others = sorted(
         p.name
         for p in directory.iterdir()

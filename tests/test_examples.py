@@ -27,6 +27,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 import demo  # noqa: E402
+import explorer  # noqa: E402
 import g2p_cmudict  # noqa: E402
 import grid_search  # noqa: E402
 import reversal_attention  # noqa: E402
@@ -251,7 +252,8 @@ def test_g2p_budget_must_be_a_finite_number(minutes, capsys):
     ("main", "argv", "message"),
     [
         (reversal_attention.main, ["--steps", "0"], "--steps must be >= 1"),
-        (demo.main, ["--threads", "0"], "--threads must be >= 1"),
+        (demo.main, ["--threads", "0"], r"--threads: must be in \[1, 1024\], got 0"),
+        (demo.main, ["--threads", "5000"], r"--threads: must be in \[1, 1024\], got 5000"),
         (transformer_tasks.main, ["--max-time", "nan"], "--max-time must be a finite number"),
         (transformer_tasks.main, ["--max-time", "0"], "--max-time must be a finite number"),
         (g2p_cmudict.parse_args, ["--threads", "0"], "--threads must be >= 1"),
@@ -271,6 +273,46 @@ def test_bad_example_flags_are_refused_by_name_before_any_work(main, argv, messa
     assert re.search(message, err.err) and "==" not in err.out  # demo printed no part
 
 
+def test_paths_and_estimator_settings_are_refused_before_any_training(
+    fitted_reversal, tmp_path, capsys
+):
+    """A run's outputs were written after training: an --out naming a folder lost an hour's
+    model and figures to a traceback, and --dropout 2 or a damaged artifact failed only when
+    used. Each is now argparse's one line (exit 2) before any data loads."""
+    folder, file = tmp_path / "folder", tmp_path / "file"
+    folder.mkdir()
+    file.write_text("not a model")
+    (folder / "other").write_text("")
+    damaged = fitted_reversal.export_onnx(tmp_path / "damaged")
+    with open(damaged / "decoder_step.onnx", "r+b") as graph:
+        graph.truncate(100)
+    cases = [
+        (g2p_cmudict.parse_args, ["--out", str(folder)], "--out: .* is a folder"),
+        (g2p_cmudict.parse_args, ["--save", str(folder)], "--save: .* is a folder"),
+        (g2p_cmudict.parse_args, ["--out", f"{file}/x.json"], "is a file, not a folder"),
+        (g2p_cmudict.parse_args, ["--export", str(file)], "--export: path must be a directory"),
+        (g2p_cmudict.parse_args, ["--export", str(folder)], "not part of an artifact"),
+        (g2p_cmudict.parse_args, ["--ensemble", str(tmp_path / "no")], "no such file"),
+        (g2p_cmudict.parse_args, ["--extra-pairs", str(folder)], "not a regular file"),
+        (g2p_cmudict.parse_args, ["--dropout", "2"], "'dropout' parameter of Seq2Seq"),
+        (g2p_cmudict.parse_args, ["--threads", "5000"], "'n_threads' parameter"),
+        (serve_and_query.main, ["--model-dir", str(folder)], "--model-dir: .*missing manifest"),
+        (serve_and_query.main, ["--out", str(file)], "--out: .*lies inside a file"),
+        (serve_and_query.main, ["--model-dir", str(damaged)], "checksum mismatch"),
+        (explorer.main, ["--g2p-dir", str(damaged)], "--g2p-dir: .*checksum mismatch"),
+        (explorer.main, ["--host", ""], "--host: an empty address"),  # every interface
+        (explorer.main, ["--out", str(file)], "--out: .*lies inside a file"),
+    ]
+    for main, argv, message in cases:
+        with pytest.raises(SystemExit) as refused:
+            main(argv)
+        assert refused.value.code == 2, argv
+        assert re.search(message, capsys.readouterr().err), argv
+    args = g2p_cmudict.parse_args(["--continue-from", str(file), "--max-minutes", "0"])
+    with pytest.raises(SystemExit, match=r"--continue-from .*file: not a saved model"):
+        g2p_cmudict.train_or_load(args, ["ABC"], [["EY1"]])
+
+
 def test_g2p_length_penalty_reaches_the_model_and_the_ensemble(fitted_reversal, tmp_path):
     args = g2p_cmudict.parse_args(["--length-penalty", "0.6", "--beam-size", "3"])
     assert g2p_cmudict.build_model(args).length_penalty == 0.6
@@ -281,8 +323,12 @@ def test_g2p_length_penalty_reaches_the_model_and_the_ensemble(fitted_reversal, 
     assert (ensemble.beam_size, ensemble.length_penalty) == (3, 0.6)
 
 
-def test_g2p_transformer_options_reach_the_estimator():
+def test_g2p_transformer_options_reach_the_estimator(tmp_path):
     from skattn.models import ModelConfig
+
+    saved = [str(tmp_path / name) for name in ("a", "b")]  # --ensemble reads existing files
+    for path in saved:
+        Path(path).write_bytes(b"")
 
     def config(model):  # what fit builds: raises ValueError for options the family refuses
         return ModelConfig.from_params(
@@ -319,7 +365,7 @@ def test_g2p_transformer_options_reach_the_estimator():
         g2p_cmudict.parse_args(["--decoder", "transformer"])
     names = [
         g2p_cmudict.system_name(g2p_cmudict.parse_args(argv))
-        for argv in ([], ["--encoder", "transformer"], args, ["--ensemble", "a", "b"])
+        for argv in ([], ["--encoder", "transformer"], args, ["--ensemble", *saved])
     ]
     assert names == [
         "skattn bahdanau/additive bi-GRU 256",
