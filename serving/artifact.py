@@ -22,7 +22,14 @@ import json
 from pathlib import Path
 
 from skattn.core.artifact import Artifact, read_artifact
-from skattn.core.manifest import BINDING_KEY, MANIFEST_FILE, SEARCH_KEY, ArtifactError, Manifest
+from skattn.core.manifest import (
+    BINDING_KEY,
+    MANIFEST_FILE,
+    SEARCH_KEY,
+    TEXT_KEY,
+    ArtifactError,
+    Manifest,
+)
 
 __all__ = ["Artifact", "ArtifactError", "check_binding", "check_search", "read_artifact"]
 
@@ -50,6 +57,20 @@ def check_binding(path: Path, metadata: dict[str, str], manifest: Manifest) -> N
             f"{MANIFEST_FILE} describes (binding {str(bound)[:12]}..., manifest "
             f"{manifest.binding[:12]}...); re-export the model"
         )
+    said = metadata.get(TEXT_KEY)  # (graphs written before the key are not checked)
+    if said is not None and _json(said) != manifest.text_form():
+        raise ArtifactError(
+            f"{path}: this graph reads and writes text as {said}, but {MANIFEST_FILE} says "
+            f"{json.dumps(manifest.text_form())}: the manifest was edited; re-export the model"
+        )
+
+
+def _json(text: str) -> object:
+    """``text`` parsed as JSON, or itself where it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def check_search(path: Path, metadata: dict[str, str], manifest: Manifest) -> None:
@@ -62,11 +83,7 @@ def check_search(path: Path, metadata: dict[str, str], manifest: Manifest) -> No
     said = metadata.get(SEARCH_KEY)
     if said is None:
         return
-    try:
-        search = json.loads(said)
-    except ValueError:
-        search = said
-    if search != manifest.search():
+    if _json(said) != manifest.search():
         raise ArtifactError(
             f"{path}: this graph searches with {said}, but {MANIFEST_FILE} says "
             f"{json.dumps(manifest.search())}; re-export the model with that search, or load "

@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -160,7 +161,8 @@ class Runtime:
         manifest = self.manifest = artifact.manifest
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a str or None, got {type(name).__name__} {name!r:.80}")
-        self.name = name if name is not None else artifact.directory.resolve().name
+        # the folder's name as given (".." made absolute), not a symbolic link's target's
+        self.name = name if name is not None else Path(os.path.abspath(artifact.directory)).name
         self.max_source_length = manifest.max_source_length
         self.max_output_length = manifest.max_output_length
         self.tokenizer = manifest.tokenizer

@@ -59,6 +59,7 @@ from skattn.core.manifest import (
     MAX_SOURCE_LENGTH,
     QUANTIZATIONS,
     SEARCH_KEY,
+    TEXT_KEY,
     Manifest,
 )
 from skattn.core.text import tokenize
@@ -209,7 +210,7 @@ def export_module(
         graph, _ = guard_empty_inputs(graph)  # fused cells must not see an empty batch
         if quantize == "float16":  # the verified graphs' weights, where they finally lie
             graph = float16_weights(graph)
-        props = {BINDING_KEY: manifest.binding}
+        props = {BINDING_KEY: manifest.binding, TEXT_KEY: json.dumps(manifest.text_form())}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())
         onnx.helper.set_model_props(graph, props)

@@ -505,6 +505,14 @@ def test_a_path_and_a_name_of_the_wrong_type_are_refused(artifact):
     assert load(artifact, name="reverse").name == "reverse"
 
 
+def test_the_default_name_is_the_folders_as_given_not_a_links_target(artifact, tmp_path):
+    link = tmp_path / "served-name"
+    link.symlink_to(artifact)
+    assert load(link).name == "served-name"  # (it was the target's name)
+    (tmp_path / "other").mkdir()
+    assert load(tmp_path / "other" / ".." / "served-name" / ".").name == "served-name"
+
+
 def test_an_empty_batch_gets_empty_answers(runtime):
     """The runtime answers a batch of no items (a server's); the estimator refuses an empty X."""
     assert runtime.predict([]) == []
@@ -866,6 +874,18 @@ def test_a_manifest_edited_to_another_search_than_decode_onnx_is_refused(copy_of
     stepwise = load(copy_of, decode_graph=False)  # the step graphs search as the manifest says
     assert stepwise.info.beam_size == 3
     assert stepwise.predict(SOURCES[:5]) == fit().set_params(beam_size=3).predict(SOURCES[:5])
+
+
+@pytest.mark.parametrize("changes", [{"tokenizer": "space"}, {"output_kind": "tokens"}])
+def test_a_manifest_edited_to_read_or_write_other_text_is_refused(copy_of, changes):
+    """Outside the binding, a tokenizer edited to "space" read "1234" as one unknown token
+    and answered '1 5' for '2'; "tokens" answered lists. The graphs now say how they read
+    and write text (artifacts written before that are not checked)."""
+    rewrite_manifest(copy_of, **changes)
+    with pytest.raises(ArtifactError, match=r"encoder\.onnx: this graph reads and writes text"):
+        serving.load(copy_of)
+    as_format_1(copy_of)  # graphs without any metadata: an artifact of before
+    assert serving.load(copy_of).info.tokenizer == changes.get("tokenizer", "char")
 
 
 def test_a_format_version_lowered_to_skip_the_binding_is_refused(copy_of):

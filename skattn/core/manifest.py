@@ -65,6 +65,7 @@ __all__ = [
     "CPU_ONLY_QUANTIZATIONS",
     "QUANTIZATIONS",
     "SEARCH_KEY",
+    "TEXT_KEY",
     "STAGING_PREFIX",
     "ArtifactError",
     "Manifest",
@@ -92,6 +93,10 @@ HEX_DIGITS = frozenset("0123456789abcdef")
 BINDING_KEY = "skattn.binding"
 #: The key of ``decode.onnx``'s entry that holds its search (:meth:`Manifest.search`, JSON).
 SEARCH_KEY = "skattn.search"
+#: The key of every graph's entry that holds how its text is read and written
+#: (:meth:`Manifest.text_form`, JSON): outside the binding, which artifacts written before it
+#: keep; graphs written without it are not checked.
+TEXT_KEY = "skattn.text"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")
@@ -256,6 +261,12 @@ class Manifest:
             self.model,
             self.export_id,
         )
+
+    def text_form(self) -> dict[str, str]:
+        """How the graphs' ids become text: ``{"tokenizer", "output_kind"}``, also stored in
+        their metadata (``TEXT_KEY``), since a manifest edited to another tokenizer or output
+        kind would read and write other text with the same graphs."""
+        return {"tokenizer": self.tokenizer, "output_kind": self.output_kind}
 
     def search(self) -> dict[str, Any]:
         """The search ``decode.onnx`` runs: ``{"beam_size", "length_penalty"}``, also stored
