@@ -319,6 +319,15 @@ def _parse(
         info = model.info
         columns = max((len(tokenize(s, info.tokenizer)) + 1 for s in parsed.sources), default=0)
         _check_output_size(parsed, info.max_output_length, columns, settings, "could hold up to")
+        computed = len(parsed.sources) * info.max_output_length * columns
+        if computed > settings.max_output_elements:  # attention_lengths alone: maps all the same
+            raise ApiError(
+                413,
+                f"the attention maps its attention_lengths are read from could hold up to "
+                f"{computed} elements ({info.max_output_length} x {columns}), more than "
+                f"max_output_elements={settings.max_output_elements} (--max-output-elements); "
+                "ask for fewer or shorter sources",
+            )
     return parsed
 
 

@@ -459,6 +459,12 @@ def test_max_output_elements_bounds_the_maps_before_decoding(serve, fitted_rever
     error = response.json()["error"]
     assert f"could hold up to {limit + 1} output elements (attention maps of 5 x 31)" in error
     assert server.metric("skattn_batch_size_sum", model=MODEL) == 0  # never decoded
+    # attention_lengths alone: 6 elements to answer, but the maps are computed all the same
+    lengths_only = infer_body(sources * 2, outputs=[{"name": "attention_lengths"}])
+    response = httpx.post(url, json=lengths_only)
+    assert response.status_code == 413, response.text
+    assert "maps its attention_lengths are read from could hold up to 930" in response.text
+    assert server.metric("skattn_batch_size_sum", model=MODEL) == 0  # never decoded
     response = httpx.post(url, json=infer_body(sources[:2], outputs=ATTENTION_OUTPUTS))
     assert response.status_code == 200, response.text
     attention = next(o for o in response.json()["outputs"] if o["name"] == "attention")
