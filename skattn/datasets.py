@@ -70,6 +70,11 @@ def _rng(random_state: None | int | np.random.Generator | np.random.RandomState)
 # ---------------------------------------------------------------- generated tasks
 
 
+#: The most symbols :func:`make_reversal` draws (``n_samples * max_length``): 8 bytes each
+#: while drawn, 16 GiB at this bound.
+MAX_REVERSAL_SYMBOLS = 2**31
+
+
 def make_reversal(
     n_samples: int,
     min_length: int,
@@ -109,6 +114,11 @@ def make_reversal(
         raise ValueError(f"max_length must be >= min_length, got {max_length} < {min_length}")
     if not isinstance(alphabet, str) or not alphabet:
         raise ValueError(f"alphabet must be a non-empty str, got {alphabet!r}")
+    if n_samples * max_length > MAX_REVERSAL_SYMBOLS:  # (int64 sums wrapped past 2**63: '')
+        raise ValueError(
+            f"n_samples * max_length must be at most {MAX_REVERSAL_SYMBOLS} symbols, got "
+            f"{n_samples} * {max_length}"
+        )
     rng = _rng(random_state)
     lengths = rng.integers(min_length, max_length, endpoint=True, size=n_samples)  # (N,)
     symbols = rng.integers(len(alphabet), size=int(lengths.sum()))  # all strings, concatenated

@@ -124,8 +124,8 @@ def edit_distance(a: Item, b: Item) -> int:
     for name, item in (("a", a), ("b", b)):
         if isinstance(item, np.ndarray) and item.ndim == 1:  # a row of a string array
             item = item.tolist()
-        if not isinstance(item, str) and not (
-            isinstance(item, Sequence) and all(isinstance(t, str) for t in item)
+        if not isinstance(item, str) and not (  # (bytes and range are Sequences too)
+            isinstance(item, list | tuple) and all(isinstance(t, str) for t in item)
         ):
             raise ValueError(f"{name} must be a str or a list of str, got {item!r:.80}")
         items.append(item)

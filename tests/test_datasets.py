@@ -59,6 +59,9 @@ def test_make_reversal_seeded():
         ({"random_state": "seed"}, "random_state"),
         ({"max_length": 10**20}, r"max_length must be an int in \[0, 9223372036854775807\]"),
         ({"n_samples": 10**20}, "n_samples"),  # NumPy: "Maximum allowed dimension exceeded"
+        # int64 sums of the lengths wrapped past 2**63: four empty strings, no error
+        ({"n_samples": 4, "min_length": 2**62, "max_length": 2**62}, r"n_samples \* max_length"),
+        ({"n_samples": 3, "min_length": 2**62, "max_length": 2**62}, r"n_samples \* max_length"),
     ],
 )
 def test_make_reversal_validation(kwargs, name):

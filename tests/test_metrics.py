@@ -237,7 +237,8 @@ def test_docstring_examples():
 
 
 def test_edit_distance_names_what_it_cannot_compare():
-    for a, b, name in (("abc", None, "b"), (["AH", None], ["AH"], "a"), (5, "x", "a")):
+    cases = (("abc", None, "b"), (["AH", None], ["AH"], "a"), (5, "x", "a"), (b"", "abc", "a"))
+    for a, b, name in (*cases, (range(0), "x", "a")):  # (empty bytes and ranges passed)
         with pytest.raises(ValueError, match=rf"{name} must be a str or a list of str"):
             metrics.edit_distance(a, b)
 

@@ -54,6 +54,9 @@ def test_non_string_input_is_rejected():
         tokenize(["a", "b"], "char")
     with pytest.raises(ValueError, match="tokens"):
         detokenize("ab", "char")
+    for tokens in ([1, 2], None, ["a", None]):  # TypeErrors from str.join
+        with pytest.raises(ValueError, match="tokens must be a sequence of str"):
+            detokenize(tokens, "space")
 
 
 def test_vocabulary_first_seen_order_and_dedup():

@@ -124,7 +124,10 @@ def detokenize(tokens: Sequence[str], kind: str) -> str:
     check_tokenizer(kind, "kind")
     if isinstance(tokens, str):
         raise ValueError("tokens must be a sequence of str, not a str")
-    return TOKENIZERS[kind][1](tokens)
+    try:  # (no check a token at a time: every prediction comes through here)
+        return TOKENIZERS[kind][1](tokens)
+    except TypeError:  # not iterable, or not all str
+        raise ValueError(f"tokens must be a sequence of str, got {tokens!r:.80}") from None
 
 
 class Vocabulary:
