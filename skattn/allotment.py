@@ -101,13 +101,16 @@ def default_threads(
     return max(1, min(threads, cores))
 
 
-def auto_device(allotment: Allotment, device_count: int) -> str:
+def auto_device(
+    allotment: Allotment, device_count: int, environ: Mapping[str, str] = os.environ
+) -> str:
     """The torch device ``device="auto"`` means, given ``device_count`` visible CUDA devices.
 
     Ray makes only a task's reserved GPUs visible, so its GPU is ``cuda:0``. A Dask worker sees
-    every GPU of its host: worker ``slot`` takes GPU ``slot mod device_count`` (dask-cuda puts
-    each worker's own GPU first in ``CUDA_VISIBLE_DEVICES`` and names workers itself: start
-    one worker per GPU there). A worker without a reserved GPU uses the CPU.
+    every GPU of its host: worker ``slot`` takes GPU ``slot mod device_count``, unless its
+    ``CUDA_VISIBLE_DEVICES`` already puts its own GPU first, as dask-cuda's workers' do (the
+    host's GPUs rotated to start at the worker's index: ``"1,0"`` for worker 1 of 2), when it
+    takes ``cuda:0``. A worker without a reserved GPU uses the CPU.
     """
     if device_count < 1:
         return "cpu"
@@ -115,7 +118,21 @@ def auto_device(allotment: Allotment, device_count: int) -> str:
         return "cuda"
     if allotment.gpus <= 0:
         return "cpu"
-    return f"cuda:{allotment.slot % device_count}" if allotment.engine == "dask" else "cuda:0"
+    if allotment.engine != "dask" or _own_gpu_first(allotment.slot, environ):
+        return "cuda:0"
+    return f"cuda:{allotment.slot % device_count}"
+
+
+def _own_gpu_first(slot: int, environ: Mapping[str, str]) -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` lists the host's GPUs ``0..n-1`` rotated to start at
+    worker ``slot``'s (dask-cuda's per-worker setting); not for one list shared by every
+    worker, as a user sets it (``"0,1"``), nor for GPU UUIDs."""
+    parts = [part.strip() for part in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        return False
+    ids = [int(part) for part in parts]
+    n = len(ids)
+    return n > 1 and ids == [(slot % n + i) % n for i in range(n)] and ids != sorted(ids)
 
 
 @contextmanager

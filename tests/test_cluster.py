@@ -111,7 +111,25 @@ def test_local_dask_cluster_refuses_bad_arguments_before_starting_anything(kwarg
     ],
 )
 def test_each_gpu_worker_gets_its_own_device(given, device_count, device):
-    assert allotment.auto_device(given, device_count) == device
+    assert allotment.auto_device(given, device_count, environ={}) == device
+    shared = {"CUDA_VISIBLE_DEVICES": "0,1"}  # one list for every worker: as if unset
+    assert allotment.auto_device(given, device_count, environ=shared) == device
+
+
+@pytest.mark.parametrize(
+    ("slot", "visible", "device"),
+    [
+        (1, "1,0", "cuda:0"),  # dask-cuda: the worker's own GPU first; cuda:1 was GPU 0's
+        (2, "2,3,0,1", "cuda:0"),
+        (1, "0,1", "cuda:1"),  # a list shared by the workers: slot mod count
+        (1, "GPU-4a1b,GPU-77c0", "cuda:1"),  # UUIDs: no order to read
+        (1, "2,0", "cuda:1"),  # not a rotation of the host's GPUs
+    ],
+)
+def test_a_dask_cuda_worker_takes_the_gpu_its_list_puts_first(slot, visible, device):
+    given = Allotment("dask", gpus=1.0, slot=slot)
+    count = len(visible.split(","))
+    assert allotment.auto_device(given, count, {"CUDA_VISIBLE_DEVICES": visible}) == device
 
 
 @pytest.mark.parametrize(

@@ -535,6 +535,21 @@ def test_model_pickled_on_gpu_loads_on_cpu(fitted_reversal):
     assert model.predict(["1234"]) == fitted_reversal.predict(["1234"])
 
 
+def test_a_model_from_a_gpu_this_machine_lacks_lands_on_its_first(fitted_reversal, monkeypatch):
+    """A model fitted on a Dask worker's second GPU came back to a one-GPU client with
+    "invalid device ordinal": it lands on cuda:0 there (faked: this machine has no GPU)."""
+    state = fitted_reversal.__getstate__()
+    state["device_"] = torch.device("cuda", 1)
+    moved = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        torch.nn.Module, "to", lambda module, device: moved.append(device) or module
+    )
+    Seq2Seq.__new__(Seq2Seq).__setstate__(pickle.loads(pickle.dumps(state)))
+    assert moved == [torch.device("cuda", 0)]
+
+
 def test_export_onnx_writes_the_artifact_directory(tmp_path):
     X, y = make_reversal(30, 3, 6, random_state=10)
     model = Seq2Seq(max_steps=2, **TINY).fit(X, y)

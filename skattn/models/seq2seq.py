@@ -91,10 +91,14 @@ class Seq2SeqModule(nn.Module):
 
     @classmethod
     def from_portable_state(cls, state: dict, device: torch.device) -> Seq2SeqModule:
-        """Rebuild a module (in eval mode) on ``device``, or on the CPU when it is a CUDA device
-        this machine lacks; the device it lands on is ``next(module.parameters()).device``."""
+        """Rebuild a module (in eval mode) on ``device``, or where this machine has none such:
+        ``cuda:0`` for a CUDA device past its count (a model fitted on a Dask worker's second
+        GPU), the CPU without CUDA; the device it lands on is
+        ``next(module.parameters()).device``."""
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
+        elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            device = torch.device("cuda", 0)
         with torch.random.fork_rng(devices=[]):  # the initial weights, soon overwritten, draw
             module = cls(ModelConfig.from_dict(state["config"]))  # from the user's seeded RNG
         module.load_state_dict(state["weights"])
