@@ -38,12 +38,14 @@ This module imports Ray; the plain server never imports it.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
 
 from serving.app import create_app
+from serving.artifact import ArtifactError, read_artifact
 from serving.process import LOG_LEVELS, configure_logging
 from serving.runtime import load
 from serving.settings import ServerSettings, check_model_name
@@ -159,10 +161,19 @@ def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) 
         return flags[value.lower()]
     if kind is tuple:  # allowed_hosts: comma-separated names
         return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+    # from Python, only a value of the kind: int(1.7), int(True) and bool(2) would pass
+    expected = {bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,)}.get(kind, ())
+    if not isinstance(value, str) and (
+        not isinstance(value, expected) or (kind is not bool and isinstance(value, bool))
+    ):
+        raise ValueError(f"{key} must be {_KIND_NAMES[kind]}, got {value!r}")
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}") from None
+        raise ValueError(f"{key} must be {_KIND_NAMES[kind]}, got {value!r}") from None
+
+
+_KIND_NAMES = {int: "an int", float: "a number", bool: "true or false", str: "a str"}
 
 
 def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,7 +191,7 @@ def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
 BUILD_ARGS = (
     "model_dir", "model_name", "num_replicas", "num_cpus", "num_gpus", "device",
     "max_ongoing_requests", "min_replicas", "max_replicas", "target_ongoing_requests",
-    "log_level", "access_log",
+    "log_level", "access_log", "check_model_dir",
 )  # fmt: skip
 
 
@@ -197,7 +208,10 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     ``max_replicas`` / ``target_ongoing_requests`` (autoscaling, in place of
     ``num_replicas``), ``log_level`` (default ``info``: the server's own logs, one line per
     inference request as ``python -m serving`` writes them, and Ray Serve's logger in the
-    replica), ``access_log`` (Ray's own line per HTTP request, default false), and any
+    replica), ``access_log`` (Ray's own line per HTTP request, default false),
+    ``check_model_dir`` (default true: each ``model_dir`` is read here, as ``serving.load``
+    reads it, so that a bad one is this ``ValueError`` and not a replica that fails to start;
+    false where only the replicas' nodes hold the folders), and any
     ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
     Ray's ingress may listen on any interface). Any other key is a ``ValueError``: a
     misspelled setting would have been dropped without a word.
@@ -231,6 +245,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             f"two models are named {twice[0]!r}: name each with model_name=NAME1,NAME2,..."
         )
     model_dirs = dict(zip(names, dirs, strict=True))
+    check_dirs = _number(args, "check_model_dir", bool, True)
     if "max_queue" in args and "max_items_per_request" not in args:  # as python -m serving
         queue = _number(args, "max_queue", int)
         args = {**args, "max_items_per_request": min(ServerSettings.max_items_per_request, queue)}
@@ -274,6 +289,12 @@ def build(args: Mapping[str, Any]) -> serve.Application:
         }
     else:
         options["num_replicas"] = _number(args, "num_replicas", int, 1)
+    if check_dirs:  # last: the arguments' own errors first
+        for directory in dirs:
+            try:
+                read_artifact(directory)
+            except ArtifactError as error:  # (a ValueError: say which argument)
+                raise ValueError(f"model_dir: {error}") from None
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
     threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
     return deployment.bind(model_dirs, settings, threads, log_level, device)

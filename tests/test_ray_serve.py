@@ -109,6 +109,10 @@ def test_health_and_readiness_come_from_a_running_replica(replicas):
     assert deployment.replica_states == {"RUNNING": 2}
 
 
+#: For the tests of build's settings with made-up folders: read by the replicas only.
+UNREAD = {"check_model_dir": "false"}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -140,16 +144,40 @@ def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
         build(args)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [  # from Python: int(1.7) was 1 replica, int(True) 1, bool(2) True
+        ({"num_replicas": 1.7}, "num_replicas must be an int, got 1.7"),
+        ({"num_replicas": True}, "num_replicas must be an int, got True"),
+        ({"max_batch_size": 64.9}, "max_batch_size must be an int"),
+        ({"eager_batching": 2}, "eager_batching must be true or false"),
+        ({"num_cpus": True}, "num_cpus must be a number"),
+    ],
+)
+def test_builder_values_from_python_are_taken_only_of_their_kind(args, message):
+    with pytest.raises(ValueError, match=message):
+        build({**UNREAD, "model_dir": "/m/reverse", **args})
+    assert build({**UNREAD, "model_dir": "/m/reverse", "num_replicas": 2, "num_cpus": 1})
+
+
+def test_a_model_dir_build_cannot_read_is_refused_there(artifact, tmp_path):
+    """A missing folder deployed, then every replica failed to start (serve run exited 0)."""
+    with pytest.raises(ValueError, match=r"model_dir: .*not an artifact directory"):
+        build({"model_dir": str(tmp_path / "nowhere")})
+    assert build({"model_dir": str(artifact)})  # read and found whole
+    assert build({**UNREAD, "model_dir": str(tmp_path / "nowhere")})  # the replicas' own
+
+
 def test_a_small_max_queue_lowers_the_items_a_request_may_hold_as_the_cli_does():
-    replica = build({"model_dir": "/m/reverse", "max_queue": "100"})._bound_deployment
+    replica = build({**UNREAD, "model_dir": "/m/reverse", "max_queue": "100"})._bound_deployment
     assert "max_items_per_request': 100" in str(replica.init_args)
 
 
 def test_builder_sets_replicas_or_autoscaling():
-    fixed = build({"model_dir": "/m/reverse", "num_replicas": "3", "num_cpus": "2"})
+    fixed = build({**UNREAD, "model_dir": "/m/reverse", "num_replicas": "3", "num_cpus": "2"})
     assert fixed._bound_deployment.num_replicas == 3
     assert fixed._bound_deployment.ray_actor_options["num_cpus"] == 2.0
-    scaled = build({"model_dir": "/m/reverse", "min_replicas": "1", "max_replicas": "4"})
+    scaled = build({**UNREAD, "model_dir": "/m/reverse", "min_replicas": "1", "max_replicas": "4"})
     config = scaled._bound_deployment._deployment_config.autoscaling_config
     assert (config.min_replicas, config.max_replicas) == (1, 4)
 
@@ -157,18 +185,18 @@ def test_builder_sets_replicas_or_autoscaling():
 def test_a_replica_runs_on_cuda_only_with_a_gpu_reserved():
     """Ray hides no GPU from a replica that reserved none: device "auto" would have taken
     one unreserved on a GPU node."""
-    default = build({"model_dir": "/m/reverse"})._bound_deployment
+    default = build({**UNREAD, "model_dir": "/m/reverse"})._bound_deployment
     assert default.init_args[-1] == "cpu" and "num_gpus" not in default.ray_actor_options
-    gpu = build({"model_dir": "/m/reverse", "num_gpus": "1"})._bound_deployment
+    gpu = build({**UNREAD, "model_dir": "/m/reverse", "num_gpus": "1"})._bound_deployment
     # serving.load's "auto": CUDA, or the CPU for an int8 artifact ("cuda" refused those)
     assert gpu.init_args[-1] == "auto" and gpu.ray_actor_options["num_gpus"] == 1.0
-    cpu = build({"model_dir": "/m/reverse", "num_gpus": "1", "device": "cpu"})
+    cpu = build({**UNREAD, "model_dir": "/m/reverse", "num_gpus": "1", "device": "cpu"})
     assert cpu._bound_deployment.init_args[-1] == "cpu"
 
 
 def test_a_replicas_instances_share_its_cpus():
     def threads(**args):
-        return build({"model_dir": "/m/reverse", **args})._bound_deployment.init_args[2]
+        return build({**UNREAD, "model_dir": "/m/reverse", **args})._bound_deployment.init_args[2]
 
     assert threads() == 1
     assert threads(num_cpus="4") == 4
@@ -178,11 +206,13 @@ def test_a_replicas_instances_share_its_cpus():
 
 def test_builder_sets_the_replicas_logging():
     # Ray's access log off by default (the app logs its own line per inference request)
-    default = build({"model_dir": "/m/reverse"})._bound_deployment
+    default = build({**UNREAD, "model_dir": "/m/reverse"})._bound_deployment
     config = default.logging_config
     assert (config["log_level"], config["enable_access_log"]) == ("INFO", False)
     assert default.init_args[3] == "info"  # the server's own loggers in each replica
-    custom = build({"model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"})
+    custom = build(
+        {**UNREAD, "model_dir": "/m/reverse", "log_level": "WARNING", "access_log": "true"}
+    )
     config = custom._bound_deployment.logging_config
     assert (config["log_level"], config["enable_access_log"]) == ("WARNING", True)
     assert custom._bound_deployment.init_args[3] == "warning"
