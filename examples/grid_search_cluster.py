@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -78,20 +79,49 @@ def ray_backend(address: str, n_workers: int) -> Iterator[str]:
         ray.shutdown()
 
 
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """``ValueError`` unless ``address`` (``tcp://HOST:PORT``, ``ray://HOST:PORT`` or
+    ``HOST:PORT``) names a port that accepts a TCP connection within ``timeout`` seconds; other
+    schemes are left to the engine."""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp", "ray"):  # (tls://, ucx://, ...: the engine checks its own)
+        return
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("not an address of the form [tcp://]HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise ValueError(f"nothing answers there ({error})") from None
+
+
 def main(argv: list[str] | None = None) -> GridSearchCV:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     engine = parser.add_mutually_exclusive_group()
     engine.add_argument("--scheduler", help="a Dask scheduler's address (tcp://HOST:8786)")
     engine.add_argument("--ray", metavar="ADDRESS", help="a Ray cluster's address, or 'local'")
-    parser.add_argument("--workers", type=int, default=usable_cores(), help="of a local cluster")
-    parser.add_argument("--steps", type=int, default=150, help="training steps per fit")
-    parser.add_argument("--cv", type=int, default=3, help="folds")
+    cores = usable_cores()
+    parser.add_argument("--workers", type=int, default=cores, help="of a local cluster")
+    parser.add_argument("--steps", type=int, help="training steps per fit (150; --quick: 5)")
+    parser.add_argument("--cv", type=int, help="folds (3; --quick: 2)")
     parser.add_argument("--quick", action="store_true", help="a tiny grid: a smoke run")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.cv = 5, 2
+    # --quick's values only where none was given
+    args.steps = args.steps if args.steps is not None else (5 if args.quick else 150)
+    args.cv = args.cv if args.cv is not None else (2 if args.quick else 3)
     if args.steps < 1 or args.cv < 2 or args.workers < 1:
         parser.error("--steps and --workers must be >= 1 and --cv >= 2")
+    if args.workers > cores and args.scheduler is None and args.ray in (None, "local"):
+        parser.error(
+            f"--workers: at most the {cores} cores this process may use, got "
+            f"{args.workers} (each worker trains on a core of its own)"
+        )
+    for flag, address in (("--scheduler", args.scheduler), ("--ray", args.ray)):
+        if address is not None and address not in ("local", "auto"):
+            try:  # before anything starts: a Ray driver waits for ever on a dead address
+                reachable(address)
+            except ValueError as error:
+                parser.error(f"{flag} {address}: {error}")
 
     batch_size = 32
     X, y = make_task("reversal", batch_size * args.steps * args.cv // (args.cv - 1), 0)

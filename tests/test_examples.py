@@ -30,6 +30,7 @@ import demo  # noqa: E402
 import explorer  # noqa: E402
 import g2p_cmudict  # noqa: E402
 import grid_search  # noqa: E402
+import grid_search_cluster  # noqa: E402
 import reversal_attention  # noqa: E402
 import serve_and_query  # noqa: E402
 import temperature_local  # noqa: E402
@@ -273,6 +274,15 @@ def test_bad_example_flags_are_refused_by_name_before_any_work(main, argv, messa
     assert re.search(message, err.err) and "==" not in err.out  # demo printed no part
 
 
+def closed_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_paths_and_estimator_settings_are_refused_before_any_training(
     fitted_reversal, tmp_path, capsys
 ):
@@ -302,6 +312,10 @@ def test_paths_and_estimator_settings_are_refused_before_any_training(
         (explorer.main, ["--g2p-dir", str(damaged)], "--g2p-dir: .*checksum mismatch"),
         (explorer.main, ["--host", ""], "--host: an empty address"),  # every interface
         (explorer.main, ["--out", str(file)], "--out: .*lies inside a file"),
+        # a dead Ray address hung the driver past SIGTERM; a bad Dask one ended in a traceback
+        (grid_search_cluster.main, ["--ray", f"127.0.0.1:{closed_port()}"], "nothing answers"),
+        (grid_search_cluster.main, ["--scheduler", "foo"], "not an address of the form"),
+        (grid_search_cluster.main, ["--workers", "1025"], "--workers: at most the"),
     ]
     for main, argv, message in cases:
         with pytest.raises(SystemExit) as refused:
