@@ -161,11 +161,12 @@ def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) 
         return flags[value.lower()]
     if kind is tuple:  # allowed_hosts: comma-separated names
         return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-    # from Python, only a value of the kind: int(1.7), int(True) and bool(2) would pass
-    expected = {bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,)}.get(kind, ())
-    if not isinstance(value, str) and (
-        not isinstance(value, expected) or (kind is not bool and isinstance(value, bool))
-    ):
+    # from Python (or YAML), only a value of the kind: int(1.7), int(True) and bool(2) would
+    # pass; a flag may be 1 or 0, as its string may
+    if kind is bool and isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    expected = {int: (numbers.Integral,), float: (numbers.Real,)}.get(kind, ())
+    if not isinstance(value, str) and (not isinstance(value, expected) or isinstance(value, bool)):
         raise ValueError(f"{key} must be {_KIND_NAMES[kind]}, got {value!r}")
     try:
         return kind(value)

@@ -62,7 +62,7 @@ class ServerSettings:
         + 1, so a request refused never fills the memory with maps first, and whether a
         request passes depends on its shape only, not on what the model answers.
         2**20 elements are 4 MiB as binary FP32 and about 20 MB as JSON; they hold the
-        attention of 256 items of up to 63 source tokens from a model whose
+        prediction and attention of 256 items of up to 62 source tokens from a model whose
         ``max_output_length`` is 64. A small request (one
         character per source) can otherwise ask for a response thousands of times its size.
     body_timeout_s : float, default=10.0

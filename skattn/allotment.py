@@ -124,15 +124,17 @@ def auto_device(
 
 
 def _own_gpu_first(slot: int, environ: Mapping[str, str]) -> bool:
-    """Whether ``CUDA_VISIBLE_DEVICES`` lists the host's GPUs ``0..n-1`` rotated to start at
-    worker ``slot``'s (dask-cuda's per-worker setting); not for one list shared by every
-    worker, as a user sets it (``"0,1"``), nor for GPU UUIDs."""
+    """Whether ``CUDA_VISIBLE_DEVICES`` lists the cluster's GPUs (the host's, or a subset such
+    as ``"2,3"``) rotated to start at worker ``slot``'s, as dask-cuda sets it per worker
+    (``visible[slot:] + visible[:slot]``); not for one list shared by every worker, in order,
+    as a user sets it (``"0,1"``). GPU UUIDs have no order to read: a rotated list of them is
+    taken as shared (start one worker per GPU with a list of one there)."""
     parts = [part.strip() for part in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
     if not all(part.isascii() and part.isdigit() for part in parts):
         return False
     ids = [int(part) for part in parts]
-    n = len(ids)
-    return n > 1 and ids == [(slot % n + i) % n for i in range(n)] and ids != sorted(ids)
+    base, k = sorted(ids), slot % len(ids)
+    return len(ids) > 1 and ids != base and ids == base[k:] + base[:k]
 
 
 @contextmanager

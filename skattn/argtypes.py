@@ -30,12 +30,12 @@ __all__ = [
 
 
 def input_file(text: str) -> Path:
-    """An existing regular file to read."""
+    """An existing file to read (a pipe too: ``/dev/stdin``, a shell's ``<(...)``)."""
     path = Path(text)
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text}: no such file")
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text}: not a regular file")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: a folder, not a file")
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text}: not readable")
     return path

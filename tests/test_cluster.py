@@ -121,9 +121,11 @@ def test_each_gpu_worker_gets_its_own_device(given, device_count, device):
     [
         (1, "1,0", "cuda:0"),  # dask-cuda: the worker's own GPU first; cuda:1 was GPU 0's
         (2, "2,3,0,1", "cuda:0"),
+        (1, "3,2", "cuda:0"),  # a subset of the host's GPUs, rotated alike
+        (2, "6,7,4,5", "cuda:0"),
         (1, "0,1", "cuda:1"),  # a list shared by the workers: slot mod count
         (1, "GPU-4a1b,GPU-77c0", "cuda:1"),  # UUIDs: no order to read
-        (1, "2,0", "cuda:1"),  # not a rotation of the host's GPUs
+        (1, "2,0,1", "cuda:1"),  # not a rotation starting at the worker's
     ],
 )
 def test_a_dask_cuda_worker_takes_the_gpu_its_list_puts_first(slot, visible, device):

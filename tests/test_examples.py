@@ -303,7 +303,7 @@ def test_paths_and_estimator_settings_are_refused_before_any_training(
         (g2p_cmudict.parse_args, ["--export", str(file)], "--export: path must be a directory"),
         (g2p_cmudict.parse_args, ["--export", str(folder)], "not part of an artifact"),
         (g2p_cmudict.parse_args, ["--ensemble", str(tmp_path / "no")], "no such file"),
-        (g2p_cmudict.parse_args, ["--extra-pairs", str(folder)], "not a regular file"),
+        (g2p_cmudict.parse_args, ["--extra-pairs", str(folder)], "a folder, not a file"),
         (g2p_cmudict.parse_args, ["--dropout", "2"], "'dropout' parameter of Seq2Seq"),
         (g2p_cmudict.parse_args, ["--threads", "5000"], "'n_threads' parameter"),
         (serve_and_query.main, ["--model-dir", str(folder)], "--model-dir: .*missing manifest"),
@@ -322,6 +322,9 @@ def test_paths_and_estimator_settings_are_refused_before_any_training(
             main(argv)
         assert refused.value.code == 2, argv
         assert re.search(message, capsys.readouterr().err), argv
+    pipe = tmp_path / "pipe"  # a shell's <(...) or /dev/stdin: read as before
+    os.mkfifo(pipe)
+    assert g2p_cmudict.parse_args(["--extra-pairs", str(pipe)]).extra_pairs == pipe
     args = g2p_cmudict.parse_args(["--continue-from", str(file), "--max-minutes", "0"])
     with pytest.raises(SystemExit, match=r"--continue-from .*file: not a saved model"):
         g2p_cmudict.train_or_load(args, ["ABC"], [["EY1"]])

@@ -158,6 +158,8 @@ def test_builder_values_from_python_are_taken_only_of_their_kind(args, message):
     with pytest.raises(ValueError, match=message):
         build({**UNREAD, "model_dir": "/m/reverse", **args})
     assert build({**UNREAD, "model_dir": "/m/reverse", "num_replicas": 2, "num_cpus": 1})
+    logging = build({**UNREAD, "model_dir": "/m/reverse", "access_log": 1, "eager_batching": 0})
+    assert logging._bound_deployment.logging_config["enable_access_log"] is True  # (YAML's 1)
 
 
 def test_a_model_dir_build_cannot_read_is_refused_there(artifact, tmp_path):

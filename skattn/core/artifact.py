@@ -4,8 +4,10 @@ The layout and the manifest's fields are :mod:`skattn.core.manifest`'s (the cont
 exporter writes). :func:`read_artifact` checks, in order: the directory exists;
 ``manifest.json`` reads as UTF-8, parses and validates (:meth:`Manifest.from_json`: keys, types,
 bounds, format version, the manifest's own binding digest); both step graphs are listed
-(``decode.onnx`` and ``attention.onnx`` may be); every listed graph exists and matches its
-SHA-256. Any failure raises :class:`ArtifactError` (a ``ValueError``) naming the file at fault.
+(``decode.onnx`` and ``attention.onnx`` may be); every listed graph is a regular file and
+matches its SHA-256 (unless ``hash_files=False``: ``serving.load`` hashes each graph's bytes as
+it opens them instead, and the others with :func:`check_file`). Any failure raises
+:class:`ArtifactError` (a ``ValueError``) naming the file at fault.
 
 Both halves read artifacts through it: the runtime (:mod:`serving.artifact` adds the graphs'
 binding, read when onnxruntime opens them) and :func:`skattn.quantize.quantize_artifact`.
@@ -48,7 +50,8 @@ class Artifact:
     directory : Path
     manifest : Manifest
     encoder_path, decoder_path : Path
-        The graphs, whose bytes matched the manifest's checksums when read.
+        The graphs, whose bytes matched the manifest's checksums when read (with
+        ``read_artifact(hash_files=False)``, whoever reads them checks them).
     decode_path, attention_path : Path or None
         ``decode.onnx``, ``attention.onnx`` when the manifest lists them (checked likewise).
     """
