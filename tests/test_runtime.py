@@ -745,6 +745,20 @@ def test_swapped_graphs_are_named(copy_of):
         serving.load(copy_of)
 
 
+def not_a_file(path, kind: str) -> None:
+    """Put a folder, a FIFO, a link to /dev/zero or a link to itself in the place of ``path``
+    (``kind``; ``"missing"``: nothing)."""
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "loop":
+        path.symlink_to(path)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -761,14 +775,8 @@ def test_swapped_graphs_are_named(copy_of):
 )
 def test_a_malformed_manifest_is_named(copy_of, text, message):
     path = copy_of / "manifest.json"
-    if text in ("directory", "fifo", "/dev/zero", "huge"):
-        path.unlink()
-    if text == "directory":
-        path.mkdir()
-    elif text == "fifo":
-        os.mkfifo(path)
-    elif text == "/dev/zero":
-        path.symlink_to("/dev/zero")
+    if text in ("directory", "fifo", "/dev/zero"):
+        not_a_file(path, text)
     elif text == "huge":
         with open(path, "wb") as file:  # sparse: no 64 MiB written
             file.truncate((64 << 20) + 1)
@@ -783,16 +791,7 @@ def test_a_malformed_manifest_is_named(copy_of, text, message):
 @pytest.mark.parametrize("kind", ["directory", "fifo", "/dev/zero", "missing", "loop"])
 def test_a_graph_that_is_not_a_regular_file_is_named_as_such(copy_of, kind):
     """A folder, a FIFO or a link to a device read as "missing file"; a FIFO would block."""
-    path = copy_of / "decoder_step.onnx"
-    path.unlink()
-    if kind == "directory":
-        path.mkdir()
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "loop":
-        path.symlink_to(path)
+    not_a_file(copy_of / "decoder_step.onnx", kind)
     message = {"missing": "missing file listed", "loop": "cannot be read"}.get(
         kind, "not a regular file"
     )
