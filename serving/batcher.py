@@ -27,30 +27,29 @@ free. Batchers that share an executor (the server's models) share its free threa
 its own previous batch ended. Every item gets exactly one result; when a
 runtime call raises, the batch is split in halves and each run again (down to single items), so
 that only the items that fail on their own get the error, and the batcher carries on. Items
-whose caller has gone (a cancelled future) are skipped.
+whose caller has gone (a cancelled future) are skipped. Running a batch (the thread calls, the
+bisection, the workers they hold, ending calls no one waits for) lives in :mod:`serving.batch_runs`;
+this module queues, schedules and answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-
-import numpy as np
 
 from serving.batch_items import (
     BatcherClosedError,
     BatchError,
     BatchMetrics,
     ItemResult,
-    Maps,
     QueuedItem,
     QueueFullError,
 )
 from serving.batch_policy import choose_batch
+from serving.batch_runs import BatchRuns
 from serving.interface import Runtime
 from skattn.core.checks import check_int, check_real
 
@@ -69,14 +68,8 @@ __all__ = [
     "QueueFullError",
 ]
 
-logger = logging.getLogger(__name__)
 
-
-class AbandonedBatchError(Exception):
-    """Raised in the worker thread for a batch no one waits for any more (not a failure)."""
-
-
-class Batcher:
+class Batcher(BatchRuns):
     """Batch the items of concurrent requests into ``runtime.predict_batch`` calls.
 
     Parameters
@@ -152,21 +145,14 @@ class Batcher:
         self._executor = executor
         self._metrics = metrics
         self._pending: list[QueuedItem] = []  # arrival order
-        # The runtime calls in progress (their futures) and their batches; those told to
-        # terminate that have not ended yet.
-        self._in_calls: dict[asyncio.Future, list[QueuedItem]] = {}
-        self._terminating: set[asyncio.Future] = set()
-        self._terminated: set[asyncio.Future] = set()  # calls terminate() ended (not failed)
+        self._init_runs()  # (BatchRuns: the calls in progress, those told to terminate)
         self._submits = 0  # submit() calls so far
         # The rotation's clock: a request's items are stamped with it when queued, and again
         # when the request takes its turn (_rotate), which puts them behind those queued then.
         self._clock = 0
         self._wakeup: asyncio.Event | None = None
-        # The free inference threads, shared by the batchers of one executor (start()), and
-        # the tasks cancelled while their call still ran in a thread, whose worker that call
-        # frees when it ends (_in_thread), not the task (_free_worker).
+        # The free inference threads, shared by the batchers of one executor (start()).
         self._workers: asyncio.Semaphore | None = None
-        self._held_by_threads: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._hurrying = False  # hurry(): no more requests come, so waiting buys nothing
@@ -367,16 +353,7 @@ class Batcher:
         if withdrawn:
             self._drop_cancelled()
         # (a future the caller awaited is cancelled with it already)
-        if self._in_calls and all(
-            all(item.future.cancelled() for item in group) for group in self._in_calls.values()
-        ):
-            # no one waits for any runtime call in progress: end them (runtimes that can; a
-            # runtime's terminate ends every call in it, so not while one still has a caller)
-            terminate = getattr(self.runtime, "terminate", None)
-            if callable(terminate):
-                terminate()
-                self._terminating.update(self._in_calls)  # no call starts before they end
-                self._terminated.update(self._in_calls)
+        self._terminate_unawaited()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -470,155 +447,6 @@ class Batcher:
         chosen.sort(key=lambda item: len(item.source))
         return chosen
 
-    async def _run(self, batch: list[QueuedItem]) -> None:
-        """Run one batch in the worker thread and resolve every item's future."""
-        batch = [item for item in batch if not item.future.cancelled()]
-        if not batch:
-            return
-        started = time.monotonic()
-        if self._metrics is not None:
-            for item in batch:
-                self._metrics.queue_wait(started - item.enqueued)
-        with_attention = any(item.with_attention for item in batch)
-        await self._run_batch(batch, batch[0].temperature, with_attention)
-
-    async def _run_batch(
-        self, batch: list[QueuedItem], temperature: float | None, with_attention: bool
-    ) -> None:
-        """:meth:`_run_group` over a batch taken out of the queue: if it is cancelled (the
-        batcher stops) or raises, every item of the batch not answered yet gets an error, also
-        those of a half the bisection had not reached."""
-        try:
-            await self._run_group(batch, temperature, with_attention)
-        except BaseException:
-            self._fail(batch, BatcherClosedError("the batcher stopped"))
-            raise
-
-    async def _run_group(
-        self, group: list[QueuedItem], temperature: float | None, with_attention: bool
-    ) -> None:
-        """One runtime call for ``group``; if it raises, its halves are run apart (bisection),
-        so that only the items that fail on their own get the error.
-
-        Bounded: a batch of n items with one failing item costs at most 2 log2(n) more calls
-        (12 for 64 items), and 2n - 2 when every item fails (a broken model fails fast).
-        """
-        sources, maps = [item.source for item in group], group[0].maps  # one maps per batch
-        started = time.monotonic()
-        try:
-            predictions, attentions = await self._call(
-                group, sources, temperature, with_attention, maps
-            )
-        except Exception as exc:  # (cancelled: _run_batch answers the whole batch)
-            # stopped on purpose since no one waits (clients gone, a shutdown's deadline), or
-            # never started for that: not a failure of the model (the requests counter has the
-            # disconnects); a failure whose callers left meanwhile still counts, and is logged
-            abandoned = isinstance(exc, AbandonedBatchError)
-            self._record(len(group), started, failed=not abandoned)
-            if all(item.future.cancelled() for item in group):  # no one waits for an answer
-                if not abandoned:
-                    logger.warning(
-                        "batch failed after its callers left",
-                        extra={"batch_size": len(group), "error": repr(exc)},
-                    )
-                return
-            if len(group) > 1:
-                logger.warning(
-                    "batch failed; running its halves apart",
-                    extra={"batch_size": len(group), "error": repr(exc)},
-                )
-                half = len(group) // 2
-                for part in (group[:half], group[half:]):
-                    part = [item for item in part if not item.future.cancelled()]
-                    if part:
-                        await self._run_group(part, temperature, with_attention)
-                return
-            logger.exception("item failed", extra={"error": repr(exc)})
-            error = BatchError(f"inference failed: {exc}")
-            error.__cause__ = exc
-            self._fail(group, error)
-            return
-        self._record(len(group), started, failed=False)
-        for i, item in enumerate(group):
-            self._answer(item, predictions[i], attentions[i] if item.with_attention else None)
-
-    async def _call(self, group: list[QueuedItem], *args) -> tuple:
-        """:meth:`_predict` of ``args`` in a worker thread; ``group`` is one of the running
-        batches meanwhile, which :meth:`withdraw` terminates once none of their items is
-        awaited.
-
-        A call starts only once the calls told to terminate have ended: a runtime's terminate
-        is one flag for every call in it (``serving.Runtime``), which would end a call started
-        meanwhile too (or, cleared by its start, let a terminated call run to its end).
-        """
-        while self._terminating:
-            await asyncio.wait(self._terminating)
-            self._terminating = {call for call in self._terminating if not call.done()}
-        call = self._in_thread(self._predict_if_awaited, group, *args)
-        self._in_calls[call] = group
-        try:
-            return await call
-        except Exception as exc:
-            if call in self._terminated:  # terminate() ended it: no one waited
-                raise AbandonedBatchError("terminated: no one waits for this batch") from exc
-            raise
-        finally:
-            del self._in_calls[call]
-            self._terminating.discard(call)
-            self._terminated.discard(call)
-
-    def _in_thread(self, fn, *args) -> asyncio.Future:
-        """``fn(*args)`` in the executor, as a future of the running loop.
-
-        A task that holds a worker and is cancelled while its call runs (a stop cut short at
-        shutdown) leaves that call running: the thread is not free before the call ends, so
-        the call, not the task, frees the worker then, and the other batchers sharing the
-        workers never run more calls at once than there are threads.
-        """
-        loop, task = asyncio.get_running_loop(), asyncio.current_task()
-        running = self._executor.submit(fn, *args)
-        call = asyncio.wrap_future(running, loop=loop)
-
-        def cancelled(call: asyncio.Future) -> None:
-            if call.cancelled() and not running.done():
-                self._held_by_threads.add(task)
-                running.add_done_callback(lambda _: _call_soon(loop, self._workers.release))
-
-        call.add_done_callback(cancelled)
-        return call
-
-    def _free_worker(self, task: asyncio.Task) -> None:
-        """``task`` ended, holding a worker: free it, unless a call of its still runs."""
-        if task in self._held_by_threads:
-            self._held_by_threads.discard(task)
-        else:
-            self._workers.release()
-
-    def _predict_if_awaited(self, group: list[QueuedItem], *args) -> tuple:
-        """:meth:`_predict`, unless every caller of ``group`` left while the call waited for a
-        thread (behind another batcher's call, on an executor shared without shared
-        ``workers``): ``terminate`` reaches calls in progress only, so a batch abandoned in
-        that queue ran in full for no one."""
-        if all(item.future.cancelled() for item in group):  # (a stale read only runs it)
-            raise AbandonedBatchError("every caller of the batch left before it started")
-        return self._predict(*args)
-
-    def _predict(
-        self, sources: list[str], temperature: float | None, with_attention: bool, maps: Maps
-    ) -> tuple[list[str], list[np.ndarray] | None]:
-        """The runtime call (in the worker thread), with its answer checked: one per item."""
-        selected = {} if maps is None else dict(zip(("layer", "head"), maps, strict=True))
-        predictions, attentions = self.runtime.predict_batch(
-            sources, temperature=temperature, with_attention=with_attention, **selected
-        )
-        if len(predictions) != len(sources):
-            raise RuntimeError(
-                f"runtime returned {len(predictions)} predictions for {len(sources)} sources"
-            )
-        if with_attention and (attentions is None or len(attentions) != len(sources)):
-            raise RuntimeError("runtime returned no attention map for some sources")
-        return list(predictions), attentions
-
     # -- helpers -----------------------------------------------------------------------------
 
     def _rotate(self, requests: Sequence[int]) -> None:
@@ -637,33 +465,6 @@ class Batcher:
             self._pending = [item for item in self._pending if not item.future.cancelled()]
             self._report_depth()
 
-    @staticmethod
-    def _answer(item: QueuedItem, prediction, attention: np.ndarray | None) -> None:
-        """Resolve an item's future (unless its caller has gone), with its map if it asked."""
-        if not item.future.done():
-            item.future.set_result(
-                ItemResult(prediction, attention if item.with_attention else None)
-            )
-
-    @staticmethod
-    def _fail(items: list[QueuedItem], error: Exception) -> None:
-        for item in items:
-            if not item.future.done():
-                item.future.set_exception(error)
-
-    def _record(self, size: int, started: float, failed: bool) -> None:
-        if self._metrics is not None:
-            self._metrics.batch(size, time.monotonic() - started, failed)
-
     def _report_depth(self) -> None:
         if self._metrics is not None:
             self._metrics.queue_depth(len(self._pending))
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
-    """``callback()`` on ``loop`` from another thread, unless the loop has closed meanwhile
-    (nothing is left to run it for)."""
-    try:
-        loop.call_soon_threadsafe(callback)
-    except RuntimeError:  # closed
-        pass
