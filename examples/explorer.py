@@ -34,7 +34,8 @@ from serving.app import ServerSettings, create_app
 from serving.explorer import mount_explorer
 from serving.layout import default_intra_op_threads
 from skattn import Seq2Seq
-from skattn.argtypes import artifact_directory, export_directory
+from skattn.argtypes import artifact_directory
+from skattn.artifact_writer import check_export_directory
 from skattn.datasets import make_reversal
 
 ALPHABET = "abcdefgh"
@@ -210,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("reverse-attention", "reverse-none"):  # where the models go, before training
         if args.out is not None:
             try:
-                export_directory(str(args.out / name))
-            except argparse.ArgumentTypeError as error:
+                check_export_directory(args.out / name)
+            except ValueError as error:
                 parser.error(f"--out: {error}")
     try:  # an address that does not resolve: one line now, not a traceback after training
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)

@@ -30,7 +30,8 @@ import httpx
 import numpy as np
 
 import serving
-from skattn.argtypes import artifact_directory, export_directory
+from skattn.argtypes import artifact_directory
+from skattn.artifact_writer import check_export_directory
 from skattn.core.inference import as_text
 from skattn.core.text import tokenize
 
@@ -171,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--model-dir needs --sources (what to send to that model)")
     if args.out is not None:
         try:
-            export_directory(str(args.out / "reversal"))
-        except argparse.ArgumentTypeError as error:
+            check_export_directory(args.out / "reversal")
+        except ValueError as error:
             parser.error(f"--out: {error}")
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from skattn.core.checks import MAX_THREADS
+from skattn.core.checks import MAX_THREADS, file_above
 
 __all__ = [
     "artifact_directory",
@@ -46,9 +46,9 @@ def output_file(text: str) -> Path:
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it")
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {parent} is a file, not a folder")
+    blocked = file_above(path)
+    if blocked is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
     return path
 
 

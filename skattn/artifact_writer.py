@@ -23,7 +23,7 @@ from pathlib import Path
 
 import onnx
 
-from skattn.core.checks import check_path
+from skattn.core.checks import check_path, file_above
 from skattn.core.manifest import (
     ATTENTION_FILE,
     DECODE_FILE,
@@ -169,9 +169,9 @@ def check_export_directory(path: str | os.PathLike) -> Path:
     directory = check_path(path, "path")
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path must be a directory, got an existing file: {directory}")
-    parent = next((p for p in directory.absolute().parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"path {directory} lies inside a file: {parent}")
+    blocked = file_above(directory)
+    if blocked is not None:
+        raise ValueError(f"path {directory} lies inside a file: {blocked}")
     if not directory.is_dir():
         return directory
     others = sorted(

@@ -110,14 +110,7 @@ def read_artifact(path: str | os.PathLike, *, hash_files: bool = True) -> Artifa
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: not an artifact directory (no such directory)")
     manifest_path = directory / MANIFEST_FILE
-    try:  # one stat: two calls could each see a different file while an export swaps them in
-        regular = stat.S_ISREG(manifest_path.stat().st_mode)
-    except FileNotFoundError:
-        raise ArtifactError(f"{manifest_path}: missing manifest file") from None
-    except OSError as error:  # no permission, a symbolic link loop
-        raise ArtifactError(f"{manifest_path}: cannot be read ({error})") from None
-    if not regular:  # a FIFO would block the read, /dev/zero never end it
-        raise ArtifactError(f"{manifest_path}: not a regular file")
+    _check_regular(manifest_path, "missing manifest file", "not a regular file")
     try:
         with open(manifest_path, "rb") as file:
             data = file.read(MAX_MANIFEST_BYTES + 1)
@@ -136,17 +129,28 @@ def read_artifact(path: str | os.PathLike, *, hash_files: bool = True) -> Artifa
         )
     for name, expected in manifest.files.items():
         file_path = directory / name
-        try:  # one stat, as for the manifest
-            regular = stat.S_ISREG(file_path.stat().st_mode)
-        except FileNotFoundError:
-            raise ArtifactError(f"{file_path}: missing file listed in {MANIFEST_FILE}") from None
-        except OSError as error:  # no permission, a symbolic link loop
-            raise ArtifactError(f"{file_path}: cannot be read ({error})") from None
-        if not regular:  # a folder, a FIFO, a link to /dev/zero
-            raise ArtifactError(f"{file_path}: not a regular file (listed in {MANIFEST_FILE})")
+        _check_regular(
+            file_path,
+            f"missing file listed in {MANIFEST_FILE}",
+            f"not a regular file (listed in {MANIFEST_FILE})",
+        )
         if hash_files:
             check_file(file_path, expected)
     return Artifact(directory=directory, manifest=manifest)
+
+
+def _check_regular(path: Path, missing: str, irregular: str) -> None:
+    """``ArtifactError`` naming ``path`` (``missing``, ``irregular``) unless it is a regular
+    file: a FIFO would block a read, a link to /dev/zero never end one. One stat: two calls
+    could each see a different file while an export swaps them in."""
+    try:
+        regular = stat.S_ISREG(path.stat().st_mode)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: {missing}") from None
+    except OSError as error:  # no permission, a symbolic link loop
+        raise ArtifactError(f"{path}: cannot be read ({error})") from None
+    if not regular:  # a folder, a FIFO, a device
+        raise ArtifactError(f"{path}: {irregular}")
 
 
 def check_file(path: Path, expected: object) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "check_int",
     "check_path",
     "check_real",
+    "file_above",
     "parse_device",
     "usable_cores",
 ]
@@ -58,6 +59,13 @@ def check_path(value: object, name: str, error: type[ValueError] = ValueError) -
     if not isinstance(value, str | os.PathLike):
         raise error(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
     return Path(value)
+
+
+def file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is not a folder (a file: ``path``
+    cannot be made), else None."""
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    return parent if parent is not None and not parent.is_dir() else None
 
 
 def check_int(
