@@ -138,6 +138,7 @@ def build_model(args: argparse.Namespace) -> Seq2Seq:
         dropout=args.dropout,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
         lr_schedule=args.lr_schedule,
         warmup_steps=args.warmup_steps,
         average_checkpoints=args.average_checkpoints,
@@ -367,6 +368,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dropout", type=float, default=0.3)
     add("--batch-size", type=int, default=64)
     add("--learning-rate", type=float, default=1e-3)
+    add("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
     add(
         "--lr-schedule", choices=["constant", "plateau", "cosine", "inverse_sqrt"], default="cosine"
     )

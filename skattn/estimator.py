@@ -94,6 +94,10 @@ class Seq2Seq(PortableModule, BaseEstimator):
         way is still validated). Unlike the other budgets, it depends on the machine's speed.
     learning_rate : float, default=3e-3
         Adam's initial learning rate.
+    weight_decay : float, default=0.0
+        Decoupled weight decay (AdamW, Loshchilov & Hutter 2019): before each step every weight
+        matrix and embedding is scaled by ``1 - lr_t * weight_decay``; biases and norms' gains
+        are not decayed (nanoGPT's rule: tensors of two or more dimensions). 0 is plain Adam.
     lr_schedule : {"constant", "plateau", "cosine", "inverse_sqrt"}, default="cosine"
         ``"plateau"`` halves the rate after each epoch in which the monitored quantity did not
         improve by ``tol``; ``"cosine"``: ``lr_t = learning_rate * (1 + cos(pi p)) / 2`` after
@@ -224,6 +228,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         max_steps: int | None = None,
         max_time: float | None = None,
         learning_rate: float = 3e-3,
+        weight_decay: float = 0.0,
         lr_schedule: str = "cosine",
         warmup_steps: int = 0,
         average_checkpoints: int = 1,
@@ -266,6 +271,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         self.max_steps = max_steps
         self.max_time = max_time
         self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
         self.lr_schedule = lr_schedule
         self.warmup_steps = warmup_steps
         self.average_checkpoints = average_checkpoints

@@ -99,6 +99,7 @@ PARAMETER_CONSTRAINTS: dict[str, list] = {
     "max_steps": [*_at_least(1), None],
     "max_time": [*_reals(0.0), None],
     "learning_rate": _reals(0.0),
+    "weight_decay": _reals(0.0, closed="both"),
     "lr_schedule": [StrOptions({"constant", "plateau", "cosine", "inverse_sqrt"})],
     "warmup_steps": _at_least(0),
     "average_checkpoints": _at_least(1),

@@ -285,6 +285,18 @@ def test_plateau_schedule_halves_the_rate_after_an_epoch_without_progress():
     assert [h["lr"] for h in model.history_] == pytest.approx([0.01, 0.01, 0.005, 0.0025])
 
 
+def test_weight_decay_reaches_the_optimizer_and_shrinks_the_fitted_weights():
+    X, y = make_reversal(60, 3, 6, random_state=7)
+    models = {w: Seq2Seq(max_epochs=2, weight_decay=w, learning_rate=1e-2, **TINY) for w in (0, 5)}
+    norms = {}
+    for w, model in models.items():
+        matrices = [p.detach() for p in model.fit(X, y).module_.parameters() if p.dim() >= 2]
+        norms[w] = sum(float(p.square().sum()) for p in matrices)
+    assert norms[5] < 0.8 * norms[0]
+    groups = trainer_of(models[5], X, y).optimizer.param_groups  # matrices decay, biases not
+    assert [g["weight_decay"] for g in groups] == [5, 0.0]
+
+
 def test_label_smoothing_trains_on_the_smoothed_loss_and_validates_on_the_plain_one():
     X, y = make_reversal(60, 3, 6, random_state=7)
     e = 0.2
@@ -610,6 +622,8 @@ BAD_VALUES = [
     ("max_time", float("inf")),
     ("max_time", "60"),
     ("learning_rate", 0.0),
+    ("weight_decay", -0.1),
+    ("weight_decay", float("nan")),
     ("lr_schedule", "linear"),
     ("label_smoothing", 1.5),
     ("max_grad_norm", -1.0),

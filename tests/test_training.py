@@ -219,6 +219,25 @@ def test_the_trainer_steps_a_fused_adam_that_updates_as_torchs_per_tensor_loop()
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_weight_decay_scales_matrices_before_the_adam_step_and_leaves_biases_alone():
+    """AdamW's first step, by hand: Adam's bias-corrected moments are g and g ** 2, so the step
+    is lr * g / (|g| + eps), after the decay scaled a matrix by 1 - lr * w (Loshchilov & Hutter
+    2019's decoupled form); a bias only takes the step."""
+    lr, w, eps = 1e-2, 0.5, 1e-8
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(5, 3)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    optimizer = training.adam(layer.parameters(), lr, weight_decay=w)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]
+    layer(torch.randn(7, 5)).square().sum().backward()
+    g_weight, g_bias = layer.weight.grad.clone(), layer.bias.grad.clone()
+    optimizer.step()
+    step = lambda g: lr * g / (g.abs() + eps)  # noqa: E731
+    torch.testing.assert_close(layer.weight, weight * (1 - lr * w) - step(g_weight))
+    torch.testing.assert_close(layer.bias, bias - step(g_bias))
+    assert type(training.adam(layer.parameters(), lr)) is torch.optim.Adam  # 0: plain Adam
+
+
 def test_validation_batches_hold_a_bounded_number_of_logits(monkeypatch):
     """Validation took 256 items a batch whatever the vocabulary: with 100,000 target tokens
     a batch's logits took gigabytes, however small batch_size was."""
