@@ -1,8 +1,8 @@
 """Export a model, serve it with ``python -m serving``, query it two ways, and stop it.
 
 1. Train a digit-reversal model (or take an exported artifact with ``--model-dir``) and export
-   it: ``Seq2Seq.export_onnx(dir)`` writes ``encoder.onnx``, ``decoder_step.onnx`` and
-   ``manifest.json``.
+   it: ``Seq2Seq.export_onnx(dir)`` writes ``encoder.onnx``, ``decoder_step.onnx``,
+   ``decode.onnx`` (the whole search in one graph) and ``manifest.json``.
 2. Start the server in a subprocess on a free loopback port and wait for ``/v2/health/ready``.
 3. Query it over the Open Inference Protocol (KServe v2) with Triton's own client
    (``tritonclient.http``, binary tensors) and with plain HTTP/JSON (``httpx``); both answers
