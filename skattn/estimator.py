@@ -86,7 +86,11 @@ class Seq2Seq(PortableModule, BaseEstimator):
         Most output tokens per item, at most 4,096 (what an artifact may carry); ``None`` uses
         ``2 * (longest training target) + 10``, capped at 4,096.
     batch_size : int, default=64
+        Items per training step. Each epoch shuffles the items, sorts windows of 50 batches'
+        worth by length, cuts them into batches (of at most this many) and shuffles the
+        batches: a batch pads little.
     max_epochs : int, default=100
+        Passes over the training items at most (the first of the three budgets to end stops).
     max_steps : int or None, default=None
         Stop after this many optimizer steps (the first of the three budgets to end stops).
     max_time : float or None, default=None
@@ -129,6 +133,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         forced loss, or the greedy exact match (what G2P is judged by) with ties broken by the
         loss. Without ``early_stopping``, the training loss.
     validation_fraction : float, default=0.1
+        With ``early_stopping``, the share of the distinct sources held out for validation.
     n_iter_no_change : int, default=5
         Epochs without an improvement by ``tol`` after which training stops (scikit-learn's
         MLP waits one epoch more).
