@@ -42,7 +42,7 @@ from serving.responses import (  # the responses' half; its names stay importabl
     serialize_bytes_tensor,
 )
 from skattn.core.checks import FLOAT32_MAX
-from skattn.core.text import encodes_to_utf8
+from skattn.core.items import encodes_to_utf8
 
 INPUT_NAME = "source"
 #: Request parameters that select the attention maps' layer and head.

@@ -51,19 +51,9 @@ from serving.sessions import providers as providers_for
 from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import FLOAT32_MAX, check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
+from skattn.core.items import as_outputs, check_output_lengths, check_utf8, ordered_items
 from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH
-from skattn.core.text import (
-    BOS,
-    EOS,
-    SPECIAL_TOKENS,
-    Vocabulary,
-    as_outputs,
-    check_output_lengths,
-    check_utf8,
-    detokenize,
-    ordered_items,
-    tokenize,
-)
+from skattn.core.text import BOS, EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
 

@@ -20,7 +20,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from skattn.core.checks import check_bool
-from skattn.core.text import ordered_items
+from skattn.core.items import ordered_items
 
 __all__ = [
     "group_pronunciations",

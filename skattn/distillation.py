@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from skattn.core.text import SPECIAL_TOKENS, as_token_lists, ordered_items
+from skattn.core.items import as_token_lists, ordered_items
+from skattn.core.text import SPECIAL_TOKENS
 from skattn.scoring import output_facts
 
 __all__ = ["distill", "teacher_targets"]
@@ -56,7 +57,7 @@ def teacher_targets(teacher, X: Sequence, *, tokenizer: str = "char") -> tuple[l
 
 def _labelled(teacher, X: Sequence, tokenizer: str) -> tuple[list, list, str]:
     """:func:`teacher_targets`, and the kind of the teacher's outputs (``"str"`` or
-    ``"tokens"``, as :func:`~skattn.core.text.as_token_lists` names it)."""
+    ``"tokens"``, as :func:`~skattn.core.items.as_token_lists` names it)."""
     if not callable(getattr(teacher, "predict", None)):
         raise ValueError(f"teacher must have a predict method, got {type(teacher).__name__}")
     if isinstance(teacher, BaseEstimator):

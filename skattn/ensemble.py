@@ -33,8 +33,8 @@ from skattn import allotment
 from skattn.backend import TorchBackend
 from skattn.core.checks import check_int
 from skattn.core.inference import SearchSettings, Translator
+from skattn.core.items import as_scored_pairs, as_token_lists
 from skattn.core.manifest import MAX_OUTPUT_LENGTH
-from skattn.core.text import as_scored_pairs, as_token_lists
 from skattn.estimator import Seq2Seq
 from skattn.metrics import exact_match
 from skattn.models.ensemble import EnsembleModule

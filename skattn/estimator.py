@@ -26,15 +26,14 @@ from sklearn.utils.validation import check_is_fitted
 from skattn import allotment, training
 from skattn.backend import Index, TorchBackend, translate
 from skattn.core.inference import SearchSettings, Translator, source_ids
-from skattn.core.manifest import MAX_OUTPUT_LENGTH
-from skattn.core.text import (
-    SPECIAL_TOKENS,
-    Vocabulary,
+from skattn.core.items import (
     as_scored_pairs,
     as_token_lists,
     as_token_pairs,
     refuse_reserved_tokens,
 )
+from skattn.core.manifest import MAX_OUTPUT_LENGTH
+from skattn.core.text import SPECIAL_TOKENS, Vocabulary
 from skattn.metrics import exact_match
 from skattn.models import ModelConfig, Seq2SeqModule
 from skattn.parameters import PARAMETER_CONSTRAINTS

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from skattn.core.text import TOKENIZERS, check_tokenizer, ordered_items, tokenize
+from skattn.core.items import ordered_items
+from skattn.core.text import TOKENIZERS, check_tokenizer, tokenize
 
 __all__ = [
     "character_error_rate",

@@ -32,15 +32,15 @@ from sklearn.utils.validation import check_is_fitted
 
 from skattn import allotment
 from skattn.core.checks import FLOAT32_MAX
-from skattn.core.manifest import MAX_OUTPUT_LENGTH
-from skattn.core.text import (
+from skattn.core.items import (
     as_outputs,
     as_token_lists,
     check_output_lengths,
     check_references,
-    detokenize,
     ordered_items,
 )
+from skattn.core.manifest import MAX_OUTPUT_LENGTH
+from skattn.core.text import detokenize
 from skattn.metrics import check_reference_items, exact_match
 from skattn.scoring import output_facts
 

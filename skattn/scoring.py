@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from skattn.core.text import check_references
+from skattn.core.items import check_references
 from skattn.metrics import (
     corpus_bleu,
     exact_match,

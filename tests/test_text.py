@@ -5,17 +5,8 @@ import numpy as np
 import pytest
 
 from skattn.core import text
-from skattn.core.text import (
-    BOS,
-    EOS,
-    PAD,
-    UNK,
-    Vocabulary,
-    as_token_lists,
-    detokenize,
-    pad_batch,
-    tokenize,
-)
+from skattn.core.items import as_token_lists
+from skattn.core.text import BOS, EOS, PAD, UNK, Vocabulary, detokenize, pad_batch, tokenize
 
 
 def test_special_ids_are_fixed():

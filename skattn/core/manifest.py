@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from skattn.core.checks import FLOAT32_MAX
-from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS, encodes_to_utf8
+from skattn.core.items import encodes_to_utf8
+from skattn.core.text import SPECIAL_TOKENS, TOKENIZERS
 
 __all__ = [
     "ATTENTION_FILE",
