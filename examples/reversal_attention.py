@@ -99,7 +99,7 @@ def save_heatmap(model: Seq2Seq, path: Path, source: str = "31415926") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from skattn.plot import plot_attention
+    from skattn.plotting import plot_attention
 
     (prediction,) = model.predict([source])
     (weights,) = model.predict_attention([source])

@@ -88,7 +88,7 @@ def save_figure(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from skattn.plot import plot_attention
+    from skattn.plotting import plot_attention
 
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.4))
     for ax, row in zip(np.atleast_1d(axes), rows, strict=True):

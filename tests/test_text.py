@@ -174,3 +174,14 @@ def test_a_one_column_string_array_warns_that_rows_are_one_token_lists():
         warnings.simplefilter("error")
         as_token_lists(column.ravel(), "X", "char")  # strings: no warning
         as_token_lists(np.array([["a", "b"], ["c", "d"]]), "X", "char")  # two tokens a row
+
+
+def test_skattn_text_is_the_core_modules_public_names():
+    # DESIGN.md's layout: skattn.text, tokenization and vocabularies (torch-free)
+    import skattn.core.text
+    import skattn.text
+
+    assert skattn.text.__all__ == skattn.core.text.__all__
+    for name in skattn.text.__all__:
+        assert getattr(skattn.text, name) is getattr(skattn.core.text, name)
+    assert skattn.text.tokenize("ab c", "char") == ["a", "b", " ", "c"]

@@ -5,7 +5,7 @@ import matplotlib
 import numpy as np
 import pytest
 
-from skattn.plot import plot_attention
+from skattn.plotting import plot_attention
 
 matplotlib.use("Agg")
 
@@ -62,7 +62,7 @@ def test_plot_validates_shapes(weights, source, output, name):
 
 
 def test_importing_plot_does_not_import_matplotlib():
-    code = "import sys, skattn.plot; print('matplotlib' in sys.modules)"
+    code = "import sys, skattn.plotting; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -70,7 +70,15 @@ def test_importing_plot_does_not_import_matplotlib():
 def test_docstring_examples():
     import doctest
 
-    import skattn.plot
+    import skattn.plotting
 
-    result = doctest.testmod(skattn.plot)
+    result = doctest.testmod(skattn.plotting)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_old_module_name_is_the_same_function():
+    # DESIGN.md's layout names skattn.plotting; code written for skattn 0.1 imports skattn.plot
+    import skattn.plot
+    import skattn.plotting
+
+    assert skattn.plot.plot_attention is skattn.plotting.plot_attention
