@@ -34,6 +34,13 @@ and WER on the test words, words/s.
   K-best plus its own beam answer (``skattn.rescoring.NBestReranker``: ``log p_model + w *
   Phonetisaurus' score``, ``w`` and the length exponent chosen on the dev words); training time:
   both systems'.
+- **Rescorers** (``--rescorer NAME=PATH``, with ``--rerank``): joblib-saved models that learned
+  differently (``examples/g2p_cmudict.py --right-to-left --save``: a
+  ``skattn.right_to_left.RightToLeft``) join each model's and artifact's reranking: their
+  log-likelihoods weighted in (``NBestReranker(rescorers=...)``, each weight chosen on the dev
+  words) and their own answers added to the candidates; once with Phonetisaurus' K-best and once
+  with the networks' own answers only (no Phonetisaurus: the networks alone). Training time: every
+  system's.
 
     python benchmarks/bench_g2p_peers.py --quick          # a smoke run: about a minute
     python benchmarks/bench_g2p_peers.py --skattn bigru=runs/g2p/member0.joblib \\
@@ -249,6 +256,63 @@ def rerank_row(name: str, model, train_seconds, phonetisaurus, data, args) -> di
     return row
 
 
+def load_rescorer(path: Path):
+    """A joblib-saved model for ``--rescorer`` (a ``RightToLeft``, a ``Seq2Seq`` or an
+    ensemble), with its training wall time."""
+    model = joblib.load(path)
+    if not all(callable(getattr(model, n, None)) for n in ("predict", "log_likelihood")):
+        raise ValueError(f"--rescorer {path}: a {type(model).__name__}, not a fitted skattn model")
+    network = getattr(model, "estimator_", model)  # a RightToLeft's model of reversed outputs
+    members = getattr(network, "estimators_", [network])
+    results = path.with_suffix(".json")
+    if results.is_file() and "train_seconds" in (meta := json.loads(results.read_text())):
+        return model, meta["train_seconds"]
+    return model, (g2p_cmudict.training_seconds(members) or None)
+
+
+def rescored_rows(name: str, model, train_seconds, phonetisaurus, data, args) -> list[dict]:
+    """The model with every ``--rescorer`` (``NBestReranker(rescorers=...)``): reranking the
+    dev-chosen Phonetisaurus' K-best, then the networks' own answers alone; every weight chosen
+    on the dev words, the test words scored once."""
+    from skattn.rescoring import NBestReranker
+
+    names = ", ".join(args.rescorers)
+    rescorers = [m for m, _ in args.rescorers.values()]
+    extra = [s for _, s in args.rescorers.values()]
+    known = train_seconds is not None and None not in extra
+    networks_seconds = train_seconds + sum(extra) if known else None
+    k, jobs = args.rerank, usable_cores()
+    dev_words, dev_references = group_pronunciations(*data["dev"])
+    rows = []
+    for listed, label in (
+        (lambda words: phonetisaurus.nbest(words, k, n_jobs=jobs), f"Phonetisaurus' {k}-best"),
+        (lambda words: [[] for _ in words], "the networks' own answers"),
+    ):
+        reranker = NBestReranker(model, listed, rescorers=rescorers).fit(dev_words, dev_references)
+        scores = evaluate(reranker.predict, *data["test"])
+        chosen = (reranker.weight_, reranker.length_exponent_, *reranker.rescorer_weights_)
+        with_ps = label.startswith("Phonetisaurus")
+        terms = ["log p_model"]
+        terms += [f"{v:g} x log p_{r}" for v, r in zip(chosen[2:], args.rescorers, strict=True)]
+        terms += [f"{chosen[0]:g} x Phonetisaurus' score"] if with_ps else []
+        listed_too = f"{label} and " if with_ps else ""
+        note = (
+            f"candidates: {listed_too}each network's beam answer, scored ({' + '.join(terms)}) "
+            f"/ length ** {chosen[1]:g} (chosen on the dev words: exact match "
+            f"{reranker.fit_scores_[chosen]:.4f})"
+        )
+        seconds = networks_seconds
+        if with_ps and seconds is not None:
+            seconds += phonetisaurus.train_cost_.seconds
+        systems = len(rescorers) + 1 + with_ps
+        system = f"{name} with {names}, reranking {label} ({systems} systems)"
+        row = make_row(system, scores, seconds, None, note)
+        row["rerank"] = {"weights": chosen, "k": k if with_ps else 0, "rescorers": names}
+        print(f"  {format_row(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def served_row(name: str, artifact: Path, data, args, train_seconds=None, train_cpu=None) -> dict:
     """An exported artifact decoded by ``serving.load(dir).predict`` over all test words at
     once: the runtime's length-sorted chunks (of 64), ``--serving-workers`` of them at a time
@@ -381,6 +445,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="K",
         help="also each joblib model reranking the dev-chosen Phonetisaurus' K-best (0: not)",
     )
+    add(
+        "--rescorer",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="with --rerank: a joblib-saved model whose scores join each joblib model's "
+        "reranking (a RightToLeft from g2p_cmudict.py --right-to-left; repeatable)",
+    )
     add("--g2p-en", action=argparse.BooleanOptionalAction, default=True)
     add("--out", type=Path, default=None, help="write the results as JSON here")
     add("--table", type=Path, default=None, help="write the markdown table here")
@@ -395,6 +467,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--dev-words must be >= 1, --serving-workers >= 0, --max-minutes > 0")
     if args.rerank < 0 or (args.rerank and not args.phonetisaurus):
         parser.error("--rerank K must be >= 0, and needs --phonetisaurus")
+    if args.rescorer and not args.rerank:
+        parser.error("--rescorer needs --rerank K")
+    args.rescorers = {}
+    for item in args.rescorer:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            parser.error(f"--rescorer {item!r}: expected NAME=PATH to an existing file")
+        try:
+            args.rescorers[name] = load_rescorer(Path(path))
+        except ValueError as error:
+            parser.error(str(error))
     return args
 
 
@@ -410,7 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
         data = load_splits(args.dev_words, None, args.seed)
     sizes = {split: len(set(X)) for split, (X, _) in data.items()}
     print(f"CMUdict words: {sizes}; {machine.describe()}", flush=True)
-    results = {"config": {k: str(v) for k, v in vars(args).items()}, "words": sizes}
+    config = {k: str(v) for k, v in vars(args).items() if k != "rescorers"}  # (models)
+    results = {"config": config, "words": sizes}
     results |= {"rows": [], "skipped": {}}
     rows, skipped = results["rows"], results["skipped"]
 
@@ -441,7 +525,10 @@ def main(argv: list[str] | None = None) -> dict:
 
                 workers = args.serving_workers or None
                 runtime = serving.load(path, "cpu", intra_op_num_threads=1, workers=workers)
-                rows.append(rerank_row(f"{name}, served", runtime, None, phonetisaurus, data, args))
+                served = f"{name}, served"
+                rows.append(rerank_row(served, runtime, None, phonetisaurus, data, args))
+                if args.rescorers:
+                    rows += rescored_rows(served, runtime, None, phonetisaurus, data, args)
         else:
             model, seconds, note = load_skattn(path)
             models.append((name, model, seconds, None, note))
@@ -453,6 +540,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows += skattn_rows(name, model, seconds, cpu, note, data, args)
         if args.rerank and phonetisaurus is not None:
             rows.append(rerank_row(name, model, seconds, phonetisaurus, data, args))
+            if args.rescorers:
+                rows += rescored_rows(name, model, seconds, phonetisaurus, data, args)
 
     if args.g2p_en:
         row, reason = g2p_en_row(data)

@@ -15,6 +15,7 @@ and, when it is installed, the neural model of ``g2p_en`` (measured here on the 
     python examples/g2p_cmudict.py --quick          # a smoke run in seconds
     python examples/g2p_cmudict.py --eval dev --train-words 30000 --max-minutes 12  # tuning
     python examples/g2p_cmudict.py --threads 2 --export g2p_model --out g2p.json    # < 1 hour
+    python examples/g2p_cmudict.py --right-to-left --save r2l.joblib  # a rescorer (below)
 
 The defaults are the configuration chosen on the dev set: Bahdanau's decoder with additive
 attention over a bi-GRU of 256 units per direction, batches of 64, Adam at 1e-3 decayed to 0 over
@@ -41,6 +42,11 @@ given only the options it reads. ``--precision bfloat16`` trains in mixed precis
 epochs in 55 minutes on two threads instead of 5 (test WER 27.80 %, against 24.23 % for the
 two-layer bi-GRU in the same hour); the bi-GRU gains only 1.2-1.3x per step from it.
 docs/results.md (its G2P section) gives the Transformer runs' figures.
+
+``--right-to-left`` trains the same network on every pronunciation reversed
+(``skattn.right_to_left.RightToLeft``; scored in the usual order): a second opinion that commits
+to a word's ending first, for ``NBestReranker``'s ``rescorers`` (``bench_g2p_peers.py
+--rescorer``).
 
 ``--max-minutes`` becomes the estimator's ``max_time``: training stops when the budget is spent
 (the epoch under way is still validated), and the cosine schedule reaches 0 there, however the
@@ -72,6 +78,7 @@ from skattn.datasets import group_pronunciations, load_cmudict, split_by_word
 from skattn.distillation import teacher_targets
 from skattn.metrics import phoneme_error_rate, word_error_rate
 from skattn.models import ModelConfig
+from skattn.right_to_left import RightToLeft
 
 #: Published single-split figures on this test set: (system, PER %, WER %).
 PUBLISHED = [
@@ -162,13 +169,20 @@ def system_name(args: argparse.Namespace, model=None) -> str:
     saved model's)."""
     if args.ensemble:
         return f"skattn ensemble of {len(args.ensemble)}"
-    p = SimpleNamespace(**(model.get_params() if model is not None else vars(args)))
+    network = network_of(model) if model is not None else None
+    p = SimpleNamespace(**(network.get_params() if network is not None else vars(args)))
     if p.encoder == "rnn":
-        return f"skattn {p.decoder}/{p.scorer} bi-{p.cell.upper()} {p.hidden_size}"
+        direction = ", right to left" if args.right_to_left else ""
+        return f"skattn {p.decoder}/{p.scorer} bi-{p.cell.upper()} {p.hidden_size}{direction}"
     layers = f"{p.num_layers} x {p.hidden_size}, {p.num_heads} heads"
     if p.decoder == "transformer":
         return f"skattn Transformer ({layers})"
     return f"skattn Transformer encoder ({layers}) / {p.decoder}/{p.scorer} {p.cell.upper()}"
+
+
+def network_of(model):
+    """The fitted network: a ``RightToLeft``'s model of reversed outputs, else the model."""
+    return model.estimator_ if isinstance(model, RightToLeft) else model
 
 
 # ---------------------------------------------------------------- evaluation
@@ -281,23 +295,27 @@ def train_or_load(args: argparse.Namespace, X: list[str], y: list[list[str]]) ->
         model.set_params(warm_start=True)
     else:
         model = build_model(args)
+    if args.right_to_left:  # the same network, trained on reversed pronunciations
+        model = RightToLeft(model)
     print(model)
     start = time.perf_counter()
     model.fit(X, y)
     seconds = time.perf_counter() - start
+    network = network_of(model)
     print(
-        f"trained in {seconds / 60:.1f} min: {model.n_iter_} epochs, {model.n_steps_} "
-        f"steps, best epoch {model.best_epoch_}"
+        f"trained in {seconds / 60:.1f} min: {network.n_iter_} epochs, {network.n_steps_} "
+        f"steps, best epoch {network.best_epoch_}"
     )
     return (
         model,
         seconds,
         {
-            "model": {k: v for k, v in model.get_params().items() if k != "random_state"},
-            "epochs": model.n_iter_,
-            "steps": model.n_steps_,
-            "best_epoch": model.best_epoch_,
-            "history": model.history_,
+            "model": {k: v for k, v in network.get_params().items() if k != "random_state"},
+            "right_to_left": args.right_to_left,
+            "epochs": network.n_iter_,
+            "steps": network.n_steps_,
+            "best_epoch": network.best_epoch_,
+            "history": network.history_,
         },
     )
 
@@ -376,6 +394,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--average-checkpoints", type=int, default=1, help="keep the mean of the last k epochs")
     add("--continue-from", type=input_file, default=None, help="a joblib model to warm-start from")
     add(
+        "--right-to-left",
+        action="store_true",
+        help="train on reversed pronunciations (RightToLeft; scored in the usual order)",
+    )
+    add(
         "--ensemble", type=input_file, nargs="+", help="evaluate the ensemble of these saved models"
     )
     add(
@@ -437,6 +460,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--decoder transformer needs --encoder transformer")
     if args.distill_from and args.ensemble:
         parser.error("--distill-from trains a student; --ensemble evaluates saved models: not both")
+    if args.right_to_left and (args.ensemble or args.continue_from):
+        parser.error("--right-to-left trains a new network: not with --ensemble or --continue-from")
     if args.distill_references and not args.distill_from:
         parser.error("--distill-references needs --distill-from")
     if not (math.isfinite(args.max_minutes) and args.max_minutes >= 0):
@@ -490,9 +515,9 @@ def main(argv: list[str] | None = None) -> dict:
     name = system_name(args, model)
     results["systems"][f"{name}, beam {args.beam_size}"] = results[f"skattn_{args.eval}"]
     if args.beam_size > 1:  # greedy too: g2p_en decodes greedily
-        model.set_params(beam_size=1)  # a prediction-time setting: no refit
+        network_of(model).set_params(beam_size=1)  # a prediction-time setting: no refit
         row = evaluate(model.predict, *data[args.eval])
-        model.set_params(beam_size=args.beam_size)
+        network_of(model).set_params(beam_size=args.beam_size)
         results[f"skattn_{args.eval}_greedy"] = row
         results["systems"][f"{name}, greedy"] = row
 
@@ -514,9 +539,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None:  # before exporting, so that the measurements survive any failure
         write_json(results, args.out)
     if args.export is not None:
-        model.export_onnx(args.export)
+        network_of(model).export_onnx(args.export)
         results["export"] = str(args.export)
         print(f"exported to {args.export} (python -m serving --model-dir {args.export})")
+        if args.right_to_left:
+            print("  it writes right to left: RightToLeft.fitted(serving.load(dir)) reads it")
         if args.out is not None:
             write_json(results, args.out)
     return results

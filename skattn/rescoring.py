@@ -7,12 +7,15 @@ LSTM with a joint-sequence n-gram model and took CMUdict's word error rate from 
     log_likelihood                 log p(y | x) = sum_i log p(y_i | y_<i, x), EOS included,
                                    of given (source, output) pairs, teacher forced
     NBestReranker                  candidates: the other system's n-best and the model's own
-                                   answer; each scored
-                                       s(c) = (log p_model(c | x) + weight * e(c))
+                                   answer (and each rescorer's); each scored
+                                       s(c) = (log p_model(c | x)
+                                               + sum_k v_k log p_k(c | x) + weight * e(c))
                                               / (|c| + 1) ** a
-                                   with e(c) the other system's score (higher is better); the
-                                   best kept. ``fit`` chooses ``weight`` and ``a`` on held-out
-                                   data (a dev set).
+                                   with e(c) the other system's score (higher is better) and
+                                   p_k the rescorers' models (a right-to-left one,
+                                   :class:`skattn.right_to_left.RightToLeft`, say); the best
+                                   kept. ``fit`` chooses ``weight``, the ``v_k`` and ``a`` on
+                                   held-out data (a dev set).
 
 The model side is ``log_likelihood`` (``Seq2Seq``, ``Seq2SeqEnsemble`` and a ``serving.load``
 runtime, all through :meth:`skattn.core.inference.Translator.log_likelihoods`: the decoder
@@ -22,6 +25,7 @@ teacher-forced pass over the candidates, besides the other system's n-best.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -80,12 +84,14 @@ class NBestReranker(BaseEstimator):
 
     Each candidate ``c`` of a source ``x`` scores
 
-        s(c) = (log p_model(c | x) + weight * e(c)) / (|c| + 1) ** length_exponent
+        s(c) = (log p_model(c | x) + sum_k v_k log p_k(c | x) + weight * e(c))
+               / (|c| + 1) ** length_exponent
 
     where ``e(c)`` is the other system's score (higher is better: Phonetisaurus' ``nbest``
-    gives the log of each path's probability over the paths it returned); a candidate it did
-    not list (the model's own answer) gets the lowest score of its list minus
-    ``missing_penalty``. The best-scoring candidate is the prediction.
+    gives the log of each path's probability over the paths it returned) and ``p_k`` are the
+    ``rescorers``' models; a candidate it did not list (the model's own answer, and each
+    rescorer's) gets the lowest score of its list minus ``missing_penalty``. The best-scoring
+    candidate is the prediction.
 
     Parameters
     ----------
@@ -103,14 +109,24 @@ class NBestReranker(BaseEstimator):
     length_exponents : sequence of float, default=(0.0, 1.0)
         The ``length_exponent`` values :meth:`fit` chooses from.
     missing_penalty : float, default=2.0
+    rescorers : sequence of models, default=()
+        More fitted models (each as ``estimator`` may be, with its tokenizer and output kind)
+        whose log-likelihoods join the score, and whose own answers join the candidates: a
+        model that learned differently, such as a right-to-left one
+        (:class:`skattn.right_to_left.RightToLeft`).
+    rescorer_weights : sequence of float, default=(0, 0.25, 0.5, 0.75, 1)
+        The ``v_k`` values :meth:`fit` chooses from, for each rescorer (the grid is their
+        product with ``weights`` and ``length_exponents``).
 
     Attributes
     ----------
     weight_, length_exponent_ : float
         The chosen pair (the highest exact match on ``fit``'s data; ties: the first in grid
         order).
+    rescorer_weights_ : tuple of float
+        The chosen ``v_k``, one per rescorer (empty without rescorers).
     fit_scores_ : dict
-        ``(weight, length_exponent) -> exact match`` over the grid.
+        ``(weight, length_exponent, *rescorer_weights) -> exact match`` over the grid.
     """
 
     def __init__(
@@ -120,24 +136,20 @@ class NBestReranker(BaseEstimator):
         weights: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0),
         length_exponents: Sequence[float] = (0.0, 1.0),
         missing_penalty: float = 2.0,
+        rescorers: Sequence = (),
+        rescorer_weights: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
     ) -> None:
         self.estimator = estimator
         self.nbest = nbest
         self.weights = weights
         self.length_exponents = length_exponents
         self.missing_penalty = missing_penalty
+        self.rescorers = rescorers
+        self.rescorer_weights = rescorer_weights
 
     def _facts(self) -> tuple[str, str]:
         """The model's tokenizer and output kind: a fitted estimator's or a runtime's."""
-        model = self.estimator
-        if not all(callable(getattr(model, name, None)) for name in ("predict", "log_likelihood")):
-            raise ValueError(
-                "estimator must be a fitted Seq2Seq or Seq2SeqEnsemble or a serving.load "
-                f"runtime (with predict and log_likelihood), got {type(model).__name__}"
-            )
-        if getattr(model, "manifest", None) is None:  # not serving.load(...): an estimator
-            check_is_fitted(model)
-        return output_facts(model)
+        return _model_facts(self.estimator, "estimator")
 
     @property
     def tokenizer_(self) -> str | None:
@@ -149,11 +161,34 @@ class NBestReranker(BaseEstimator):
         """The model's output kind, ``"str"`` or ``"tokens"``."""
         return self._facts()[1]
 
+    def _models(self) -> list:
+        """The estimator, then the rescorers, each checked (the rescorers must read outputs
+        as the estimator does: one tokenizer, one output kind)."""
+        facts = self._facts()
+        rescorers = self.rescorers
+        if not isinstance(rescorers, Sequence) or isinstance(rescorers, str):
+            raise ValueError(
+                f"rescorers must be a sequence (a list or a tuple) of fitted models, got "
+                f"{type(rescorers).__name__}"
+            )
+        for k, model in enumerate(rescorers):
+            theirs = _model_facts(model, f"rescorers[{k}]")
+            if theirs != facts:
+                raise ValueError(
+                    f"rescorers[{k}] reads outputs as (tokenizer, output kind) {theirs}, the "
+                    f"estimator as {facts}: they must agree"
+                )
+        return [self.estimator, *rescorers]
+
     def _check(self) -> None:
-        self._facts()
+        self._models()
         if not callable(self.nbest):
             raise ValueError(f"nbest must be callable, got {type(self.nbest).__name__}")
-        for name, high in (("weights", FLOAT32_MAX), ("length_exponents", MAX_LENGTH_EXPONENT)):
+        for name, high in (
+            ("weights", FLOAT32_MAX),
+            ("length_exponents", MAX_LENGTH_EXPONENT),
+            ("rescorer_weights", FLOAT32_MAX),
+        ):
             grid = getattr(self, name)
             if not (
                 isinstance(grid, Sequence | np.ndarray)  # not a generator: fit reads it again
@@ -172,9 +207,11 @@ class NBestReranker(BaseEstimator):
             )
 
     def _candidates(self, X: Sequence) -> tuple[list[list[list[str]]], np.ndarray, np.ndarray]:
-        """Per source its candidates' tokens, and flat arrays of their model log-likelihoods
-        and the other system's scores (the missing ones filled in)."""
+        """Per source its candidates' tokens; their log-likelihoods under each model (the
+        estimator's row first, then the rescorers', ``(n_models, n_candidates)``) and the
+        other system's scores (the missing ones filled in), flat over the sources."""
         tokenizer, output_kind = self._facts()
+        models = self._models()
         X = ordered_items(X, "X")
         sources, _ = as_token_lists(X, "X", tokenizer)
         lists = self.nbest(list(X))
@@ -183,13 +220,17 @@ class NBestReranker(BaseEstimator):
             raise ValueError(
                 f"nbest must return a list of one list per source: {len(X)}, got {got}"
             )
-        own = self.estimator.predict(X)
-        if len(own) != len(sources):
-            raise ValueError(
-                f"estimator.predict returned {len(own)} outputs for {len(sources)} sources"
-            )
+        answers = []  # each model's own answer to every source
+        for k, model in enumerate(models):
+            own = model.predict(X)
+            if len(own) != len(sources):
+                name = "estimator" if k == 0 else f"rescorers[{k - 1}]"
+                raise ValueError(
+                    f"{name}.predict returned {len(own)} outputs for {len(sources)} sources"
+                )
+            answers.append(own)
         candidates, external = [], []
-        for i, (listed, answer) in enumerate(zip(lists, own, strict=True)):
+        for i, listed in enumerate(lists):
             scored: dict[tuple, float] = {}
             if not isinstance(listed, list | tuple):
                 raise ValueError(f"nbest's list for source {i} must be a list, got {listed!r:.60}")
@@ -206,8 +247,9 @@ class NBestReranker(BaseEstimator):
                 tokens = as_outputs([output], name, tokenizer, output_kind)
                 scored.setdefault(tuple(tokens[0]), float(score))
             floor = min(scored.values(), default=0.0) - self.missing_penalty
-            answer_tokens, _ = as_token_lists([answer], "prediction", tokenizer)
-            scored.setdefault(tuple(answer_tokens[0]), floor)
+            for own in answers:
+                answer_tokens, _ = as_token_lists([own[i]], "prediction", tokenizer)
+                scored.setdefault(tuple(answer_tokens[0]), floor)
             candidates.append([list(c) for c in scored])
             external.extend(scored.values())
         pairs_x = [s for s, cands in zip(X, candidates, strict=True) for _ in cands]
@@ -215,18 +257,24 @@ class NBestReranker(BaseEstimator):
         # a candidate longer than any model writes scores -inf, unscored: the model cannot
         # write it (and log_likelihood refuses it)
         fits = np.array([len(c) <= MAX_OUTPUT_LENGTH for c in pairs_y], dtype=bool)
-        model = np.full(len(pairs_y), -np.inf)
+        likelihoods = np.full((len(models), len(pairs_y)), -np.inf)
         if fits.any():
-            model[fits] = self.estimator.log_likelihood(
-                [x for x, f in zip(pairs_x, fits, strict=True) if f],
-                [c for c, f in zip(pairs_y, fits, strict=True) if f],
-            )
-        return candidates, model, np.asarray(external)
+            fit_x = [x for x, f in zip(pairs_x, fits, strict=True) if f]
+            fit_y = [c for c, f in zip(pairs_y, fits, strict=True) if f]
+            for k, model in enumerate(models):
+                likelihoods[k, fits] = model.log_likelihood(fit_x, fit_y)
+        return candidates, likelihoods, np.asarray(external)
 
     @staticmethod
-    def _choose(candidates, model, external, weight, length_exponent) -> list[list[str]]:
+    def _choose(
+        candidates, likelihoods, external, weight, length_exponent, rescorer_weights=()
+    ) -> list[list[str]]:
         lengths = np.asarray([len(c) + 1 for cands in candidates for c in cands], dtype=float)
-        scores = (model + weight * external) / lengths**length_exponent
+        total = likelihoods[0] + weight * external
+        for v, rescored in zip(rescorer_weights, likelihoods[1:], strict=True):
+            if v:  # (0 * -inf would be nan: a weight of 0 leaves the rescorer out)
+                total = total + v * rescored
+        scores = total / lengths**length_exponent
         chosen, start = [], 0
         for cands in candidates:
             best = int(np.argmax(scores[start : start + len(cands)]))  # first of equal scores
@@ -234,10 +282,17 @@ class NBestReranker(BaseEstimator):
             start += len(cands)
         return chosen
 
+    def _grid(self) -> list[tuple[float, ...]]:
+        """``(weight, length_exponent, *rescorer_weights)`` settings in grid order."""
+        axes = [self.weights, self.length_exponents]
+        axes += [self.rescorer_weights] * len(self.rescorers)
+        return [tuple(float(v) for v in point) for point in itertools.product(*axes)]
+
     def fit(self, X: Sequence, y: Sequence) -> NBestReranker:
-        """Choose ``weight`` and ``length_exponent`` by exact match on ``(X, y)``: held-out
-        data (a dev set), never the data the scores are reported on. ``y`` items may be lists
-        of references (any one counts, as in :func:`skattn.metrics.exact_match`)."""
+        """Choose ``weight``, ``length_exponent`` and the rescorers' weights by exact match on
+        ``(X, y)``: held-out data (a dev set), never the data the scores are reported on.
+        ``y`` items may be lists of references (any one counts, as in
+        :func:`skattn.metrics.exact_match`)."""
         self._check()
         X, y = ordered_items(X, "X"), ordered_items(y, "y", "reference")
         if len(X) != len(y) or not len(X):
@@ -245,20 +300,21 @@ class NBestReranker(BaseEstimator):
         tokenizer, output_kind = self._facts()
         check_references(y, "y", output_kind)  # else no candidate matched: weight_ 0, silently
         check_reference_items(y, tokenizer, "y")  # before the passes that take minutes
-        candidates, model, external = self._candidates(X)
+        candidates, likelihoods, external = self._candidates(X)
         scores = {}
-        for weight in self.weights:
-            for exponent in self.length_exponents:
-                chosen = self._choose(candidates, model, external, weight, exponent)
-                scores[(float(weight), float(exponent))] = exact_match(
-                    y, chosen, tokenizer=tokenizer
-                )
+        for weight, exponent, *rescorer_weights in self._grid():
+            chosen = self._choose(
+                candidates, likelihoods, external, weight, exponent, rescorer_weights
+            )
+            scores[(weight, exponent, *rescorer_weights)] = exact_match(
+                y, chosen, tokenizer=tokenizer
+            )
         best = max(scores.values())
+        chosen_point = next(point for point, score in scores.items() if score == best)
         # set together, once nothing can fail: a failed fit leaves a fitted reranker as it was
         self.fit_scores_ = scores
-        self.weight_, self.length_exponent_ = next(
-            pair for pair, score in scores.items() if score == best
-        )
+        self.weight_, self.length_exponent_ = chosen_point[:2]
+        self.rescorer_weights_ = tuple(chosen_point[2:])
         return self
 
     def score(self, X: Sequence, y: Sequence) -> float:
@@ -271,12 +327,33 @@ class NBestReranker(BaseEstimator):
         """The best candidate of each source, as the estimator's ``predict`` gives outputs."""
         check_is_fitted(self, "weight_")
         self._check()
-        candidates, model, external = self._candidates(X)
-        chosen = self._choose(candidates, model, external, self.weight_, self.length_exponent_)
+        rescorer_weights = getattr(self, "rescorer_weights_", ())  # (fitted before rescorers)
+        if len(rescorer_weights) != len(self.rescorers):
+            raise ValueError(
+                f"the reranker was fitted with {len(rescorer_weights)} rescorers and has "
+                f"{len(self.rescorers)} now: fit it again"
+            )
+        candidates, likelihoods, external = self._candidates(X)
+        chosen = self._choose(
+            candidates, likelihoods, external, self.weight_, self.length_exponent_,
+            rescorer_weights,
+        )  # fmt: skip
         tokenizer, output_kind = self._facts()
         if output_kind == "str":
             return [detokenize(tokens, tokenizer) for tokens in chosen]
         return chosen
+
+
+def _model_facts(model, name: str) -> tuple[str, str]:
+    """A scoring model's tokenizer and output kind: a fitted estimator's or a runtime's."""
+    if not all(callable(getattr(model, attr, None)) for attr in ("predict", "log_likelihood")):
+        raise ValueError(
+            f"{name} must be a fitted Seq2Seq or Seq2SeqEnsemble or a serving.load "
+            f"runtime (with predict and log_likelihood), got {type(model).__name__}"
+        )
+    if getattr(model, "manifest", None) is None:  # not serving.load(...): an estimator
+        check_is_fitted(model)
+    return output_facts(model)
 
 
 def _finite_reals(values, allow_empty: bool = True) -> bool:

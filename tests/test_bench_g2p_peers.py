@@ -17,6 +17,7 @@ import bench_g2p_peers  # noqa: E402
 import phonetisaurus_g2p  # noqa: E402
 
 from skattn import Seq2Seq  # noqa: E402
+from skattn.right_to_left import RightToLeft  # noqa: E402
 
 N_TEST = bench_g2p_peers.QUICK_SIZES[2]
 
@@ -177,8 +178,12 @@ def test_a_saved_model_reranks_phonetisaurus_nbest_with_a_weight_chosen_on_dev(t
     joblib.dump(model.fit(X, y), saved)
     saved.with_suffix(".json").write_text(json.dumps({"train_seconds": 123.0}))
     artifact = model.export_onnx(tmp_path / "artifact")
+    r2l = RightToLeft(Seq2Seq(hidden_size=8, embedding_dim=8, max_epochs=2, random_state=1))
+    joblib.dump(r2l.fit(X, y), tmp_path / "r2l.joblib")
+    (tmp_path / "r2l.json").write_text(json.dumps({"train_seconds": 50.0}))
     argv = ["--quick", "--no-g2p-en", "--serving-workers", "0", "--no-serving-int8"]
     argv += ["--rerank", "3", "--skattn", f"m={saved}", "--skattn", f"a={artifact}"]
+    argv += ["--rescorer", f"r={tmp_path / 'r2l.joblib'}"]
     results = bench_g2p_peers.main(argv)
     rows = {row["system"]: row for row in results["rows"]}
     served = rows["a, served, reranking Phonetisaurus' 3-best (two systems)"]
@@ -191,9 +196,24 @@ def test_a_saved_model_reranks_phonetisaurus_nbest_with_a_weight_chosen_on_dev(t
     assert reranked["rerank"]["k"] == 3 and reranked["rerank"]["weight"] >= 0
     # the toy model knows nothing of real words: trusting Phonetisaurus must win on dev
     assert reranked["wer"] <= rows["m, beam 2"]["wer"]
+    three = rows["m with r, reranking Phonetisaurus' 3-best (3 systems)"]
+    assert_scored(three, max_per=float("inf"))
+    assert three["train_seconds"] == pytest.approx(reranked["train_seconds"] + 50.0, abs=1e-6)
+    weight, exponent, v = three["rerank"]["weights"]
+    assert min(weight, exponent, v) >= 0 and three["rerank"]["rescorers"] == "r"
+    networks = rows["m with r, reranking the networks' own answers (2 systems)"]
+    assert_scored(networks, max_per=float("inf"))
+    assert networks["train_seconds"] == pytest.approx(173.0) and networks["rerank"]["k"] == 0
+    served_pair = rows["a, served with r, reranking the networks' own answers (2 systems)"]
+    assert_scored(served_pair, max_per=float("inf"))  # the artifact with a joblib rescorer
+    assert served_pair["train_seconds"] is None
 
 
 def test_rerank_needs_phonetisaurus(capsys):
     with pytest.raises(SystemExit):
         bench_g2p_peers.parse_args(["--rerank", "5", "--no-phonetisaurus"])
     assert "--rerank" in capsys.readouterr().err
+    for argv in (["--rescorer", "r=x"], ["--rerank", "5", "--rescorer", "r=/no/such.joblib"]):
+        with pytest.raises(SystemExit):
+            bench_g2p_peers.parse_args(argv)
+        assert "--rescorer" in capsys.readouterr().err

@@ -21,6 +21,7 @@ import pytest
 
 import serving
 from skattn import Seq2Seq
+from skattn.right_to_left import RightToLeft
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -205,6 +206,22 @@ def test_g2p_cmudict_quick_distils_a_saved_teacher(tmp_path):
 
 
 @pytest.mark.slow
+def test_g2p_cmudict_quick_trains_right_to_left_and_scores_in_the_usual_order(tmp_path):
+    saved, results_path, artifact = tmp_path / "r2l.joblib", tmp_path / "r2l.json", tmp_path / "a"
+    args = ["--no-g2p-en", "--right-to-left", "--save", str(saved), "--out", str(results_path)]
+    run_example("g2p_cmudict.py", *args, "--export", str(artifact))
+    results = json.loads(results_path.read_text())
+    assert results["right_to_left"] is True and results["skattn_test"]["words"] == 100
+    assert "right to left" in next(iter(results["systems"]))
+    r2l = joblib.load(saved)
+    assert isinstance(r2l, RightToLeft)
+    words = ["CAT", "DOG", "HELLO"]
+    served = RightToLeft.fitted(serving.load(artifact, device="cpu"))
+    assert served.predict(words) == r2l.predict(words)
+    assert r2l.predict(words) == [p[::-1] for p in r2l.estimator_.predict(words)]
+
+
+@pytest.mark.slow
 def test_serve_and_query_quick(tmp_path):
     out = run_example("serve_and_query.py", "--out", str(tmp_path))
     answers = re.findall(r"^\s+'(\d+)' -> '(\d*)'\s+ok$", out, flags=re.MULTILINE)
@@ -306,6 +323,11 @@ def test_paths_and_estimator_settings_are_refused_before_any_training(
         (g2p_cmudict.parse_args, ["--extra-pairs", str(folder)], "a folder, not a file"),
         (g2p_cmudict.parse_args, ["--dropout", "2"], "'dropout' parameter of Seq2Seq"),
         (g2p_cmudict.parse_args, ["--threads", "5000"], "'n_threads' parameter"),
+        (
+            g2p_cmudict.parse_args,
+            ["--right-to-left", "--continue-from", str(file)],
+            "--right-to-left trains a new network",
+        ),
         (serve_and_query.main, ["--model-dir", str(folder)], "--model-dir: .*missing manifest"),
         (serve_and_query.main, ["--out", str(file)], "--out: .*lies inside a file"),
         (serve_and_query.main, ["--model-dir", str(damaged)], "checksum mismatch"),

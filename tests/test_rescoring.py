@@ -249,7 +249,8 @@ def test_a_candidate_longer_than_any_model_writes_scores_minus_infinity(model):
 
     reranker = NBestReranker(model, nbest, weights=(10.0,)).fit(sources, [s[::-1] for s in sources])
     assert reranker.predict(sources) == [s[::-1] for s in sources]  # never the unwritable one
-    candidates, scores, _ = reranker._candidates(sources)
+    candidates, likelihoods, _ = reranker._candidates(sources)
+    scores = likelihoods[0]
     assert [scores[i] for i, c in enumerate(c for cs in candidates for c in cs) if len(c) > 4096]
     assert all(
         s == -np.inf

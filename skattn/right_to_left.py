@@ -1,0 +1,161 @@
+"""Outputs read right to left: :class:`RightToLeft`, a model of each output's last token first.
+
+A left-to-right decoder commits to an output's first tokens before it sees how the output ends;
+a right-to-left one commits to the end first. The two make different mistakes, so the second
+is a useful rescorer of the first's candidates (Liu et al. 2016, "Agreement on
+target-bidirectional neural machine translation"; Sennrich et al. 2016's WMT systems reranked
+their n-best lists the same way): :class:`skattn.rescoring.NBestReranker` takes it as one of its
+``rescorers``.
+
+The model itself is unchanged: :class:`RightToLeft` trains a clone of any ``Seq2Seq`` on every
+output reversed, token by token, and reverses what it gives back, so its ``predict``,
+``log_likelihood``, ``predict_attention`` and ``score`` read outputs in their usual order, as
+scikit-learn's ``TransformedTargetRegressor`` does for a regressor's target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils.validation import check_is_fitted
+
+from skattn.core.items import check_references, ordered_items
+from skattn.core.text import check_tokenizer, detokenize, tokenize
+from skattn.metrics import exact_match
+from skattn.scoring import output_facts
+
+__all__ = ["RightToLeft", "reverse_outputs"]
+
+
+def reverse_outputs(items: Sequence, tokenizer: str, name: str = "y") -> list:
+    """Each output with its tokens in reverse order, of the kind it came as: a string is split
+    by ``tokenizer`` and joined again (``"K AE T"`` -> ``"T AE K"`` with ``"space"``), a token
+    list is reversed. Reversing twice gives each output back, up to the tokenizer's spacing."""
+    check_tokenizer(tokenizer, "tokenizer")
+    reversed_items = []
+    for i, item in enumerate(ordered_items(items, name)):
+        if isinstance(item, str):
+            reversed_items.append(detokenize(tokenize(item, tokenizer)[::-1], tokenizer))
+        elif isinstance(item, list | tuple) and all(isinstance(t, str) for t in item):
+            reversed_items.append(list(item)[::-1])
+        else:
+            raise ValueError(
+                f"{name} items must be str or lists of str tokens, got {item!r:.60} at {i}"
+            )
+    return reversed_items
+
+
+class RightToLeft(BaseEstimator):
+    """A sequence-to-sequence model that writes each output from its last token to its first.
+
+    Parameters
+    ----------
+    estimator : Seq2Seq
+        The model to train on reversed outputs (cloned by :meth:`fit`). Its tokenizer splits
+        string outputs into the tokens that are reversed.
+
+    Attributes
+    ----------
+    estimator_ : fitted Seq2Seq, or a ``serving.load`` runtime (see :meth:`fitted`)
+        The model of reversed outputs. Export it with ``estimator_.export_onnx(path)``: the
+        artifact holds the right-to-left model, and ``RightToLeft.fitted(serving.load(path))``
+        reads its outputs in the usual order again.
+
+    Examples
+    --------
+    >>> from skattn import Seq2Seq
+    >>> r2l = RightToLeft(Seq2Seq(max_steps=5, random_state=0)).fit(["ab", "cd"], ["ba", "dc"])
+    >>> len(r2l.predict(["ab"]))
+    1
+    """
+
+    def __init__(self, estimator) -> None:
+        self.estimator = estimator
+
+    @classmethod
+    def fitted(cls, model) -> RightToLeft:
+        """Wrap a model already trained on reversed outputs (a fitted ``Seq2Seq``, say one
+        loaded with joblib, or the ``serving.load`` runtime of its export) without training.
+        ``sklearn.base.clone`` of the result gives an unfitted ``RightToLeft`` of ``model``
+        (wrap a fitted estimator in ``sklearn.frozen.FrozenEstimator`` to keep it fitted)."""
+        _check_model(model)
+        wrapper = cls(model)
+        wrapper.estimator_ = model
+        return wrapper
+
+    def fit(self, X: Sequence, y: Sequence, **fit_params) -> RightToLeft:
+        """Train a clone of ``estimator`` on ``(X, reversed y)``; ``fit_params`` go to its
+        ``fit``."""
+        if not all(callable(getattr(self.estimator, n, None)) for n in ("fit", "get_params")):
+            raise ValueError(
+                f"estimator must be an unfitted Seq2Seq (with fit and get_params), got "
+                f"{type(self.estimator).__name__}"
+            )
+        model = clone(self.estimator)
+        tokenizer = _tokenizer(model)
+        model.fit(X, reverse_outputs(y, tokenizer), **fit_params)
+        self.estimator_ = model
+        return self
+
+    def _model(self):
+        check_is_fitted(self, "estimator_")
+        return self.estimator_
+
+    def _fitted_tokenizer(self) -> str:
+        """The tokenizer the fitted model splits outputs with (as :func:`output_facts` reads
+        it from a ``Seq2Seq``)."""
+        return _tokenizer(self._model())
+
+    @property
+    def output_kind_(self) -> str | None:
+        """``"str"`` or ``"tokens"``: how the fitted model gives its outputs."""
+        return output_facts(self._model())[1]
+
+    @property
+    def manifest(self):
+        """The runtime's manifest when the model is a ``serving.load`` runtime, else None."""
+        return getattr(self.estimator_, "manifest", None) if hasattr(self, "estimator_") else None
+
+    def predict(self, X: Sequence) -> list:
+        """The model's outputs, each read from its first token to its last."""
+        model = self._model()
+        return reverse_outputs(model.predict(X), _tokenizer(model), "prediction")
+
+    def log_likelihood(self, X: Sequence, y: Sequence) -> np.ndarray:
+        """``log p(y | x)`` under the right-to-left model: the model's score of each ``y``
+        reversed (:meth:`skattn.Seq2Seq.log_likelihood`)."""
+        model = self._model()
+        return model.log_likelihood(X, reverse_outputs(y, _tokenizer(model)))
+
+    def predict_attention(self, X: Sequence, **kwargs) -> list:
+        """Attention maps of :meth:`predict`'s outputs: one row per output token, in the
+        outputs' usual order (the model's rows reversed)."""
+        maps = self._model().predict_attention(X, **kwargs)
+        return [m[..., ::-1, :].copy() for m in maps]
+
+    def score(self, X: Sequence, y: Sequence) -> float:
+        """Exact match of :meth:`predict` against ``y`` (any of an item's references counts)."""
+        tokenizer, output_kind = output_facts(self)
+        check_references(y, "y", output_kind)
+        return exact_match(y, self.predict(X), tokenizer=tokenizer)
+
+
+def _check_model(model) -> None:
+    missing = [n for n in ("predict", "log_likelihood") if not callable(getattr(model, n, None))]
+    if missing:
+        raise ValueError(
+            f"model must be a fitted Seq2Seq or a serving.load runtime, got "
+            f"{type(model).__name__} (no {', '.join(missing)})"
+        )
+    _tokenizer(model)
+
+
+def _tokenizer(model) -> str:
+    tokenizer, _ = output_facts(model)
+    if tokenizer is None:
+        raise ValueError(
+            f"{type(model).__name__} names no tokenizer: its outputs cannot be reversed"
+        )
+    return tokenizer
