@@ -523,7 +523,7 @@ def print_ratios(results: list[LevelResult]) -> None:
             p99 = result.p99_ms / base.p99_ms if base.p99_ms else math.inf
             p99_text = f"{p99:8.2f}x" if not math.isnan(p99) else "     n/a"  # paired wrk
             lines.append(
-                f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.2f}x "
+                f"{model:<9}{client:<7}{mix:<6}{concurrency:>5}:  {speed:8.2f}x  {cpu:12.3f}x "
                 f"{p99_text}"
             )
         if lines:

@@ -117,6 +117,7 @@ def test_ratios_come_from_the_medians(capsys):
     bench_server.print_ratios(results)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("reversal"))
     assert line.split()[4] == "1.00x"  # 300 / 300, not the mean 236.7 / 300
+    assert line.split()[5] == "1.000x"  # CPU a request: three decimals (the 1/4 goal's bound)
 
 
 def test_the_batcher_overhead_benchmark_alternates_sizes_and_prints_their_ratio(
