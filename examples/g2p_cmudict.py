@@ -171,13 +171,14 @@ def system_name(args: argparse.Namespace, model=None) -> str:
         return f"skattn ensemble of {len(args.ensemble)}"
     network = network_of(model) if model is not None else None
     p = SimpleNamespace(**(network.get_params() if network is not None else vars(args)))
+    direction = ", right to left" if args.right_to_left else ""
     if p.encoder == "rnn":
-        direction = ", right to left" if args.right_to_left else ""
         return f"skattn {p.decoder}/{p.scorer} bi-{p.cell.upper()} {p.hidden_size}{direction}"
     layers = f"{p.num_layers} x {p.hidden_size}, {p.num_heads} heads"
     if p.decoder == "transformer":
-        return f"skattn Transformer ({layers})"
-    return f"skattn Transformer encoder ({layers}) / {p.decoder}/{p.scorer} {p.cell.upper()}"
+        return f"skattn Transformer ({layers}){direction}"
+    decoder = f"{p.decoder}/{p.scorer} {p.cell.upper()}"
+    return f"skattn Transformer encoder ({layers}) / {decoder}{direction}"
 
 
 def network_of(model):

@@ -113,7 +113,8 @@ class NBestReranker(BaseEstimator):
         More fitted models (each as ``estimator`` may be, with its tokenizer and output kind)
         whose log-likelihoods join the score, and whose own answers join the candidates: a
         model that learned differently, such as a right-to-left one
-        (:class:`skattn.right_to_left.RightToLeft`).
+        (:class:`skattn.right_to_left.RightToLeft`). ``clone`` unfits them as it would the
+        estimator: wrap fitted ones in ``sklearn.frozen.FrozenEstimator`` for a search.
     rescorer_weights : sequence of float, default=(0, 0.25, 0.5, 0.75, 1)
         The ``v_k`` values :meth:`fit` chooses from, for each rescorer (the grid is their
         product with ``weights`` and ``length_exponents``).
