@@ -21,8 +21,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
-from skattn.core.items import check_references, ordered_items
-from skattn.core.text import check_tokenizer, detokenize, tokenize
+from skattn.core.items import as_token_lists, check_references, ordered_items
+from skattn.core.text import check_tokenizer, detokenize
 from skattn.metrics import exact_match
 from skattn.scoring import output_facts
 
@@ -32,19 +32,16 @@ __all__ = ["RightToLeft", "reverse_outputs"]
 def reverse_outputs(items: Sequence, tokenizer: str, name: str = "y") -> list:
     """Each output with its tokens in reverse order, of the kind it came as: a string is split
     by ``tokenizer`` and joined again (``"K AE T"`` -> ``"T AE K"`` with ``"space"``), a token
-    list is reversed. Reversing twice gives each output back, up to the tokenizer's spacing."""
+    list is reversed (items read as :func:`~skattn.core.items.as_token_lists` reads ``X`` and
+    ``y``). Reversing twice gives each output back, up to the tokenizer's spacing."""
     check_tokenizer(tokenizer, "tokenizer")
-    reversed_items = []
-    for i, item in enumerate(ordered_items(items, name)):
-        if isinstance(item, str):
-            reversed_items.append(detokenize(tokenize(item, tokenizer)[::-1], tokenizer))
-        elif isinstance(item, list | tuple) and all(isinstance(t, str) for t in item):
-            reversed_items.append(list(item)[::-1])
-        else:
-            raise ValueError(
-                f"{name} items must be str or lists of str tokens, got {item!r:.60} at {i}"
-            )
-    return reversed_items
+    if not ordered_items(items, name):  # (as_token_lists refuses an empty sequence)
+        return []
+    token_lists, kind = as_token_lists(items, name, tokenizer)
+    reversed_lists = [tokens[::-1] for tokens in token_lists]
+    if kind == "str":
+        return [detokenize(tokens, tokenizer) for tokens in reversed_lists]
+    return reversed_lists
 
 
 class RightToLeft(BaseEstimator):

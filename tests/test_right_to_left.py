@@ -26,8 +26,11 @@ def test_outputs_reverse_token_by_token_as_the_tokenizer_splits_them():
     assert reverse_outputs([["K", "AE", "T"], ("B",)], "space") == [["T", "AE", "K"], ["B"]]
     words = ["K AE T", "B IY"]
     assert reverse_outputs(reverse_outputs(words, "space"), "space") == words
-    with pytest.raises(ValueError, match=r"^y items must be str or lists of str tokens, got 3"):
+    assert reverse_outputs([], "char") == []
+    with pytest.raises(ValueError, match=r"^y\[1\] must be a str or a list of str tokens, got 3"):
         reverse_outputs(["ab", 3], "char")
+    with pytest.raises(ValueError, match="only str items or only token lists"):
+        reverse_outputs(["ab", ["b", "a"]], "char")
     with pytest.raises(ValueError, match="tokenizer must be one of"):
         reverse_outputs(["ab"], "words")
 
