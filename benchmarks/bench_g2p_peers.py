@@ -201,11 +201,19 @@ def load_skattn(path: Path):
     members = getattr(model, "estimators_", [model])  # an ensemble: its members one after another
     threads = sorted({getattr(m, "n_threads_", None) for m in members} - {None})
     fitted_with = f"; fit with {'/'.join(map(str, threads))} torch thread(s)" if threads else ""
+    seconds, source = saved_training_seconds(path, members)
+    return model, seconds, f"{source}{fitted_with}"
+
+
+def saved_training_seconds(path: Path, members: list) -> tuple[float | None, str]:
+    """The training wall time of the model saved at ``path``, and where it came from:
+    ``train_seconds`` of the JSON beside it (what ``examples/g2p_cmudict.py --out`` writes),
+    else the sum of its members' ``history_`` epoch seconds (None without either)."""
     results = path.with_suffix(".json")
     if results.is_file() and "train_seconds" in (meta := json.loads(results.read_text())):
-        return model, meta["train_seconds"], f"training time from {results.name}{fitted_with}"
+        return meta["train_seconds"], f"training time from {results.name}"
     seconds = g2p_cmudict.training_seconds(members)
-    return model, (seconds or None), f"training time: history_'s epoch seconds{fitted_with}"
+    return (seconds or None), "training time: history_'s epoch seconds"
 
 
 def skattn_rows(name: str, model, train_seconds, train_cpu, note: str, data, args) -> list[dict]:
@@ -264,10 +272,7 @@ def load_rescorer(path: Path):
         raise ValueError(f"--rescorer {path}: a {type(model).__name__}, not a fitted skattn model")
     network = getattr(model, "estimator_", model)  # a RightToLeft's model of reversed outputs
     members = getattr(network, "estimators_", [network])
-    results = path.with_suffix(".json")
-    if results.is_file() and "train_seconds" in (meta := json.loads(results.read_text())):
-        return model, meta["train_seconds"]
-    return model, (g2p_cmudict.training_seconds(members) or None)
+    return model, saved_training_seconds(path, members)[0]
 
 
 def rescored_rows(name: str, model, train_seconds, phonetisaurus, data, args) -> list[dict]:
@@ -284,14 +289,15 @@ def rescored_rows(name: str, model, train_seconds, phonetisaurus, data, args) ->
     k, jobs = args.rerank, usable_cores()
     dev_words, dev_references = group_pronunciations(*data["dev"])
     rows = []
-    for listed, label in (
-        (lambda words: phonetisaurus.nbest(words, k, n_jobs=jobs), f"Phonetisaurus' {k}-best"),
-        (lambda words: [[] for _ in words], "the networks' own answers"),
-    ):
+    for with_ps in (True, False):
+        if with_ps:
+            label = f"Phonetisaurus' {k}-best"
+            listed = lambda words: phonetisaurus.nbest(words, k, n_jobs=jobs)  # noqa: E731
+        else:
+            label, listed = "the networks' own answers", lambda words: [[] for _ in words]
         reranker = NBestReranker(model, listed, rescorers=rescorers).fit(dev_words, dev_references)
         scores = evaluate(reranker.predict, *data["test"])
         chosen = (reranker.weight_, reranker.length_exponent_, *reranker.rescorer_weights_)
-        with_ps = label.startswith("Phonetisaurus")
         terms = ["log p_model"]
         terms += [f"{v:g} x log p_{r}" for v, r in zip(chosen[2:], args.rescorers, strict=True)]
         terms += [f"{chosen[0]:g} x Phonetisaurus' score"] if with_ps else []
