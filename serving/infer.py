@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import protocol
 from serving.batcher import Batcher, BatcherClosedError, BatchError, ItemResult, QueueFullError
+from serving.connections import SIGNALS, RequestSignals
 from serving.interface import ModelInfo, Runtime
 from serving.metrics import ModelMetrics, ServerMetrics
 from serving.settings import ServerSettings
@@ -143,8 +144,9 @@ class InferHandler:
         try:
             headers = request_headers(scope)
             with model.batcher.receiving():  # an eager batcher waits for these items
+                signals = scope.get(SIGNALS)
                 body = await _read_body(
-                    receive, headers, settings.max_body_bytes, settings.body_timeout_s
+                    receive, headers, settings.max_body_bytes, settings.body_timeout_s, signals
                 )
                 parsed = _parse(headers, body, model, settings)
                 items, request_id = len(parsed.sources), parsed.id
@@ -155,7 +157,7 @@ class InferHandler:
                     layer=parsed.attention_layer,
                     head=parsed.attention_head,
                 )
-            results = await _until_disconnect(model.batcher, futures, receive)
+            results = await _until_disconnect(model.batcher, futures, receive, signals)
             # (within the bound _parse checked, unless the runtime broke its own limit)
             rows, columns = map_extent(results)
             elements = _check_output_size(parsed, rows, columns, settings, "would hold")
@@ -349,10 +351,16 @@ def _check_output_size(
 
 
 async def _read_body(
-    receive: Receive, headers: Mapping[str, str], limit: int, timeout: float
+    receive: Receive,
+    headers: Mapping[str, str],
+    limit: int,
+    timeout: float,
+    signals: RequestSignals | None = None,
 ) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit`` bytes, and with 408
-    (closing the connection) if it has not all arrived ``timeout`` seconds from now."""
+    (closing the connection) if it has not all arrived ``timeout`` seconds from now. Once the
+    connection's ``signals`` say the body has all arrived, ``receive()`` cannot wait: it runs
+    without the timer."""
     declared = protocol.over_limit(headers.get("content-length", ""), limit)
     if declared is not None:
         shown = protocol.shown_number(declared)
@@ -361,7 +369,10 @@ async def _read_body(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            message = await _within(receive(), deadline - time.monotonic())
+            if signals is not None and signals.body_complete:
+                message = await receive()
+            else:
+                message = await _within(receive(), deadline - time.monotonic())
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
             raise ApiError(
                 408,
@@ -400,33 +411,43 @@ def _cancelling() -> bool:
 
 
 async def _until_disconnect(
-    batcher: Batcher, futures: Sequence[asyncio.Future], receive: Receive
+    batcher: Batcher,
+    futures: Sequence[asyncio.Future],
+    receive: Receive,
+    signals: RequestSignals | None = None,
 ) -> list[ItemResult]:
     """The results of a request's futures; if the client leaves first, its items are withdrawn.
 
-    Once the body is read, the next ASGI ``receive()`` returns only on ``http.disconnect``: a
-    watcher task waits for it and withdraws the items still queued, which cancels their
-    futures, so the wait for them ends at once (one task a request and no ``asyncio.wait``).
+    Withdrawing them cancels their futures, so the wait for them ends at once. The
+    connection's ``signals`` call back when the client goes; without them (another server),
+    a watcher task waits for the ``http.disconnect`` that the next ASGI ``receive()`` returns
+    once the body is read (one task a request, and no ``asyncio.wait``).
     """
     gone = False
 
-    async def wait_disconnect() -> None:
+    def on_gone() -> None:
         nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
         gone = True
         batcher.withdraw(futures)
 
-    watcher = asyncio.ensure_future(wait_disconnect())
+    async def wait_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        on_gone()
+
+    if signals is not None:
+        unregister = signals.on_disconnect(on_gone)
+    else:
+        unregister = asyncio.ensure_future(wait_disconnect()).cancel
     try:
         # a failed item's BatchError answers the request
         return [await future for future in futures]
     except asyncio.CancelledError:
-        if gone and not _cancelling():  # the watcher cancelled the futures, not this task
+        if gone and not _cancelling():  # its going cancelled the futures, not this task
             raise _ClientGoneError from None
         raise
     finally:
-        watcher.cancel()
+        unregister()
         batcher.withdraw(futures)
 
 

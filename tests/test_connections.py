@@ -740,3 +740,129 @@ def test_the_readme_lists_every_limit_and_timeout_with_its_default():
         assert flag in rows, f"{flag} is not in the README's table of limits"
         if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
             assert float(rows[flag]) == action.default, flag
+
+
+class RecordingTransport:
+    """A transport that records each write call (``writelines`` as one)."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data):
+        if data:  # (h11 writes an empty end of message; a transport ignores it)
+            self.writes.append(bytes(data))
+
+    def writelines(self, chunks):
+        self.writes.append(b"".join(chunks))
+
+    def close(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+    def get_extra_info(self, name, default=None):
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(
+            name, default
+        )
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+    def set_protocol(self, protocol):
+        pass
+
+
+def drive_protocol(request: bytes, app, http_impl: str) -> RecordingTransport:
+    """Feed ``request`` to the guarded protocol over a recording transport, with ``app``."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from serving.connections import uvicorn_config
+
+    async def scenario():
+        config = uvicorn_config(app, http_impl=http_impl, log_level="warning")
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(request)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport
+
+    assert uvicorn  # (imported for its server state)
+    return asyncio.run(scenario())
+
+
+async def answer_in_two_messages(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"2")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_an_answers_head_and_body_leave_in_one_write(http_impl):
+    """uvicorn writes a head, then a body: the guarded protocol sends them in one system call
+    (one TCP segment for a small answer); 100 Continue still goes ahead on its own."""
+    plain = drive_protocol(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+                           answer_in_two_messages, http_impl)  # fmt: skip
+    assert len(plain.writes) == 1
+    assert plain.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and plain.writes[0].endswith(
+        b"\r\n\r\nok"
+    )
+    expecting = drive_protocol(
+        b"POST /x HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}",
+        answer_in_two_messages,
+        http_impl,
+    )
+    assert expecting.writes[0] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert len(expecting.writes) == 2 and expecting.writes[1].endswith(b"\r\n\r\nok")
+
+
+async def answer_a_head_request(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"2")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b"ok"})  # uvicorn writes no body
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_head_answer_without_a_body_write_is_sent_whole(http_impl):
+    answered = drive_protocol(
+        b"HEAD /x HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n",
+        answer_a_head_request,
+        http_impl,
+    )
+    both = b"".join(answered.writes)
+    assert both.count(b"HTTP/1.1 200 OK") == 2 and both.endswith(b"\r\n\r\nok")  # GET's body
+    assert not both.startswith(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+
+def test_a_held_head_is_sent_when_its_connection_closes():
+    from serving.connections import _HeadWithBody
+
+    transport = RecordingTransport()
+    held = _HeadWithBody(transport)
+    held.write(b"HTTP/1.1 500 Internal Server Error\r\n\r\n")
+    assert transport.writes == []  # held for the body
+    held.close()  # (an app that failed after the head: uvicorn closes the connection)
+    assert transport.writes == [b"HTTP/1.1 500 Internal Server Error\r\n\r\n"]
+    assert transport.closed and held.is_closing()

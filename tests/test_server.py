@@ -742,6 +742,78 @@ def test_a_cancelled_request_stays_cancelled_when_its_client_also_leaves():
     asyncio.run(scenario())
 
 
+def test_the_connections_signals_replace_the_watcher_and_the_body_timer(monkeypatch):
+    """Under the server's own protocol a request learns that its body has come and that its
+    client has gone from ``scope[SIGNALS]``: no timer for a body that has all arrived, no
+    watcher task, and its items are withdrawn when the client goes, before or while it waits."""
+    from serving import infer
+    from serving.connections import RequestSignals
+
+    async def no_timer(awaitable, seconds):
+        raise AssertionError("a body that has all arrived was read under a timer")
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def never():
+        raise AssertionError("the watcher task ran: the signals should have been used")
+
+    async def scenario():
+        signals = RequestSignals()
+        signals.body_complete = True
+        monkeypatch.setattr(infer, "_within", no_timer)
+        assert await infer._read_body(receive, {}, 100, 1.0, signals) == b"{}"
+
+        loop = asyncio.get_running_loop()
+        batcher = Batcher()
+        futures = [loop.create_future(), loop.create_future()]
+        waiting = asyncio.ensure_future(infer._until_disconnect(batcher, futures, never, signals))
+        await asyncio.sleep(0)
+        signals.disconnect()  # the protocol's connection_lost
+        with pytest.raises(infer._ClientGoneError):
+            await waiting
+        assert batcher.withdrawn == [futures] and all(f.cancelled() for f in futures)
+
+        late = [loop.create_future()]  # the client went before its request waited
+        with pytest.raises(infer._ClientGoneError):
+            await infer._until_disconnect(batcher, late, never, signals)
+
+        answered = RequestSignals()  # answered in time: nothing is left registered
+        ready = [loop.create_future()]
+        ready[0].set_result("ok")
+        assert await infer._until_disconnect(batcher, ready, never, answered) == ["ok"]
+        answered.disconnect()
+        assert not ready[0].cancelled()
+
+    class Batcher:
+        def __init__(self):
+            self.withdrawn = []
+
+        def withdraw(self, futures):
+            if any(not f.done() for f in futures):
+                self.withdrawn.append(futures)
+            for future in futures:
+                future.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_disconnect_callback_does_not_keep_the_others_from_running(caplog):
+    from serving.connections import RequestSignals
+
+    signals, told = RequestSignals(), []
+    signals.on_disconnect(lambda: 1 / 0)
+    signals.on_disconnect(lambda: told.append("second"))
+    unregister = signals.on_disconnect(lambda: told.append("unregistered"))
+    unregister()
+    signals.disconnect()
+    signals.disconnect()  # once only
+    assert told == ["second"] and signals.disconnected
+    assert "a disconnect callback failed" in caplog.text
+    signals.on_disconnect(lambda: told.append("late"))  # registered after: told at once
+    assert told == ["second", "late"]
+
+
 def test_the_server_process_collects_garbage_less_often(monkeypatch):
     import serving.process as entry
 
@@ -762,9 +834,10 @@ def test_the_server_process_collects_garbage_less_often(monkeypatch):
     assert gc.get_threshold() == previous  # restored when serve() returns
 
 
-def test_a_client_that_disconnects_leaves_no_work_behind(serve):
+@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
+def test_a_client_that_disconnects_leaves_no_work_behind(serve, http_impl):
     runtime = ReverseRuntime(gated=True)
-    server = serve(runtime, max_batch_size=4, max_delay_ms=0)
+    server = serve(runtime, http_impl=http_impl, max_batch_size=4, max_delay_ms=0)
     url = f"/v2/models/{MODEL}/infer"
     holder = threading.Thread(target=httpx.post, args=(server.url + url,), kwargs={
         "json": infer_body(["hold"]), "timeout": 20})  # fmt: skip
