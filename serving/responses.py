@@ -108,6 +108,21 @@ def encode_infer_response(
     headers : dict
         ``Content-Type``, plus ``Inference-Header-Content-Length`` when binary data follows.
     """
+    header: dict = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        header["id"] = request_id
+    if not any(binary or _size(tensor) > JSON_CHUNK for tensor, binary in outputs):
+        # small and all JSON (the usual answer): one document, one encoder call
+        header["outputs"] = [
+            {
+                "name": tensor.name,
+                "datatype": tensor.datatype,
+                "shape": list(tensor.shape),
+                "data": _json_data(tensor),
+            }
+            for tensor, _ in outputs
+        ]
+        return _json(header), {"Content-Type": "application/json"}
     entries = []
     chunks = []
     for tensor, binary in outputs:
@@ -123,9 +138,6 @@ def encode_infer_response(
             entries.append(_json(entry))
         else:  # the entry's JSON with its data spliced in: '{..., "data": [...]}'
             entries.append(_json(entry)[:-1] + b',"data":' + _tensor_json(tensor) + b"}")
-    header: dict = {"model_name": model_name, "model_version": model_version}
-    if request_id is not None:
-        header["id"] = request_id
     header_bytes = b"".join([_json(header)[:-1], b',"outputs":[', b",".join(entries), b"]}"])
     if not chunks:
         return header_bytes, {"Content-Type": "application/json"}
@@ -136,8 +148,22 @@ def encode_infer_response(
     return b"".join([header_bytes, *chunks]), headers
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # (made once, not per call)
+
+
 def _json(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
+
+
+def _size(tensor: OutputTensor) -> int:
+    return len(tensor.data) if tensor.datatype == "BYTES" else int(np.size(tensor.data))
+
+
+def _json_data(tensor: OutputTensor) -> list:
+    """A tensor's data as the list its JSON array holds (flattened, row-major)."""
+    if tensor.datatype == "BYTES":
+        return list(tensor.data)
+    return np.asarray(tensor.data).ravel().tolist()
 
 
 # Numbers are encoded this many at a time: one json.dumps call holds the GIL throughout, and a
@@ -156,7 +182,7 @@ def _tensor_bytes(tensor: OutputTensor) -> bytes:
 def _tensor_json(tensor: OutputTensor) -> bytes:
     """A tensor's data as a JSON array (flattened, row-major), numbers a slice at a time."""
     if tensor.datatype == "BYTES":
-        return _json(list(tensor.data))
+        return _json(_json_data(tensor))
     flat = np.asarray(tensor.data).ravel()
     parts = [
         _json(flat[i : i + JSON_CHUNK].tolist())[1:-1] for i in range(0, flat.size, JSON_CHUNK)

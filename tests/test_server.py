@@ -980,6 +980,32 @@ def test_bytes_tensor_roundtrip(elements):
         assert raw[:4] == struct.pack("<I", len(elements[0]))
 
 
+@pytest.mark.parametrize("request_id", [None, "r-日本"])
+def test_a_small_json_answer_is_one_document_with_the_sliced_encodings_bytes(
+    monkeypatch, request_id
+):
+    """Answers of at most JSON_CHUNK elements a tensor, all JSON, are encoded as one document
+    (one encoder call): byte for byte what the slice-at-a-time encoding gives."""
+    from serving import responses
+
+    attention, lengths = protocol.attention_tensors(
+        [np.float32([[0.25, 0.75], [1.0, 0.0]]), np.float32([[0.5, 0.5, 0.0]])]
+    )
+    predictions = protocol.prediction_tensor(["a é", ""])
+    cases = [[(predictions, False)], [(lengths, False), (predictions, False), (attention, False)]]
+    for outputs in cases:
+        small = protocol.encode_infer_response(
+            model_name="m", model_version="1", request_id=request_id, outputs=outputs
+        )
+        with monkeypatch.context() as patched:
+            patched.setattr(responses, "JSON_CHUNK", 1)  # every tensor sliced
+            sliced = protocol.encode_infer_response(
+                model_name="m", model_version="1", request_id=request_id, outputs=outputs
+            )
+        assert small == sliced
+        assert [o["name"] for o in json.loads(small[0])["outputs"]] == [t.name for t, _ in outputs]
+
+
 def test_bytes_tensor_split_stops_past_the_declared_count():
     """The split read the whole body before the count was compared: a megabyte of empty
     elements (262,144) held the event loop for 0.4 s. It stops at one more than declared: a
