@@ -237,6 +237,7 @@ class _GuardedProtocol:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._header_timer: asyncio.TimerHandle | None = None
+        self._header_deadline = 0.0  # (the loop's clock)
         self._awaiting_headers = False
         self._parser_stopped = False  # httptools stopped at an Upgrade request's headers
         super().__init__(*args, **kwargs)
@@ -402,10 +403,14 @@ class _GuardedProtocol:
             if self.transport.is_closing():
                 return
         elif answered and not self._awaiting_headers:
-            self._await_headers()  # the first byte of the next request on this connection
+            # the first byte of the next request on this connection: its header deadline
+            # starts now, and a timer is armed only if this read does not complete the headers
+            self._await_headers(arm=False)
         if self._awaiting_headers:
             self._header_bytes += len(data)
         super().data_received(data)
+        if self._awaiting_headers and self._header_timer is None:
+            self._arm_header_timer()
         if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools' queued requests
             logger.info("connection aborted: too many pipelined requests")
             self._cancel_header_timer()
@@ -491,13 +496,18 @@ class _GuardedProtocol:
         self._cancel_header_timer()
         self.transport.close()
 
-    def _await_headers(self) -> None:
+    def _await_headers(self, arm: bool = True) -> None:
+        """A request's headers are awaited from now; ``arm=False`` leaves the timer to
+        :meth:`_arm_header_timer`, for a read that may complete them."""
         self._cancel_header_timer()
         self._awaiting_headers = True
         self._header_bytes = 0
-        self._header_timer = self.loop.call_later(
-            self.limits.header_timeout_s, self._header_timeout
-        )
+        self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+        if arm:
+            self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
 
     def _headers_complete(self, scope: dict) -> None:
         self._cancel_header_timer()
