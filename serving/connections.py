@@ -290,9 +290,9 @@ class _GuardedProtocol:
     def on_response_complete(self) -> None:
         """A response is complete (before httptools starts a pipelined request's task): its
         head is sent if it was held (a HEAD answer has no body write to carry it)."""
-        for cycle in (self._running, self.cycle):  # httptools' answering cycle, h11's
-            if cycle is not None and cycle.response_complete:
-                cycle.transport.flush()
+        cycle = self._running if self._running is not None else self.cycle  # httptools', h11's
+        if cycle is not None:
+            cycle.transport.flush()
         super().on_response_complete()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools' (h11 has none)
