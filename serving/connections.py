@@ -50,14 +50,11 @@ answer was sent already; when the declared length is already longer, the answer 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import http
 import logging
 import operator
 import struct
 import time
-from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -68,13 +65,12 @@ from serving import protocol
 # ConnectionLimits, fit_to_file_limit and MAX_TIMEOUT_S lived here until 2026-12-06: the
 # old import path still works.
 from serving.settings import MAX_TIMEOUT_S, ConnectionLimits, fit_to_file_limit
+from serving.signals import SIGNALS, RequestSignals
 
 __all__ = [
     "MAX_TIMEOUT_S",
     "REFUSE",
-    "SIGNALS",
     "ConnectionLimits",
-    "RequestSignals",
     "fit_to_file_limit",
     "protocol_class",
     "uvicorn_config",
@@ -86,8 +82,6 @@ logger = logging.getLogger("serving.connections")
 #: ``(status, message, headers)``.
 REFUSE = "skattn.refuse"
 
-#: The scope key of a request's :class:`RequestSignals` (absent under another server).
-SIGNALS = "skattn.signals"
 
 HEALTH_PREFIX = "/v2/health/"
 
@@ -114,68 +108,17 @@ except (ImportError, AttributeError):
 STALL_EVICT_S = 5.0
 
 
-class RequestSignals:
-    """What the connection tells one request's handler, so that the handler needs no timer and
-    no task of its own to learn it (under concurrency 64 those cost about a tenth of the
-    batched server's CPU a request):
-
-    - ``body_complete``: the request's whole body has arrived (httptools' parser says so), so
-      reading it cannot wait and needs no body timeout;
-    - ``disconnected``, and :meth:`on_disconnect`'s callbacks: the client has gone, so its
-      items still queued can be withdrawn at once.
-
-    The protocol puts one in each request's scope (``scope[SIGNALS]``); an app served by
-    another server finds none and reads the body under a timeout and watches ``receive()``.
-    """
-
-    __slots__ = ("_callbacks", "body_complete", "disconnected")
-
-    def __init__(self) -> None:
-        self.body_complete = False
-        self.disconnected = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def on_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback()`` when the client goes (at once if it has gone); returns the
-        function that unregisters it."""
-        if self.disconnected:
-            callback()
-            return _nothing
-        self._callbacks.append(callback)
-        return functools.partial(_discard_from, self._callbacks, callback)
-
-    def disconnect(self) -> None:
-        """The client has gone: tell every callback once."""
-        if self.disconnected:
-            return
-        self.disconnected = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # one broken callback must not keep the others from running
-                logger.exception("a disconnect callback failed")
-
-
-def _nothing() -> None:
-    pass
-
-
-def _discard_from(callbacks: list, callback: Callable[[], None]) -> None:
-    with contextlib.suppress(ValueError):  # (told already)
-        callbacks.remove(callback)
-
-
 class _HeadWithBody:
     """The transport as one request's cycle sees it: the response's head (status line and
     headers) waits for the body's first write, and the two leave in one system call.
 
     uvicorn writes them in two (``http.response.start``, then ``http.response.body``): two
     sends and two TCP segments for every answer, where the server's small JSON answers fit in
-    one. Go's ``net/http`` buffers a response's head the same way until the handler writes.
-    The cycle's first write other than ``100 Continue`` is its head; it is held until the next
-    write, and sent at the latest when the response completes (a HEAD answer writes no body)
-    or the cycle closes the connection.
+    one. Go's ``net/http`` buffers a response's head the same way until the handler writes
+    (so a streaming response's head leaves with its first chunk). The cycle's first write
+    other than an interim ``1xx`` response (``100 Continue``) is its head; it is held until
+    the next write, and sent at the latest when the response completes (a HEAD answer writes
+    no body) or the cycle closes the connection.
     """
 
     __slots__ = ("_head", "_state", "_transport")
@@ -191,7 +134,7 @@ class _HeadWithBody:
         if self._state == self._HOLDING:
             head, self._head, self._state = self._head, None, self._SENT
             self._transport.writelines((head, data))  # one writev
-        elif self._state == self._BEFORE and data != _CONTINUE:
+        elif self._state == self._BEFORE and not data.startswith(_INTERIM):
             self._head, self._state = data, self._HOLDING
         else:
             self._transport.write(data)
@@ -210,7 +153,7 @@ class _HeadWithBody:
         return getattr(self._transport, name)
 
 
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # what uvicorn writes before a body it awaits
+_INTERIM = b"HTTP/1.1 1"  # an interim 1xx answer (uvicorn: 100 Continue, before a body)
 
 
 class _GuardedProtocol:
@@ -232,7 +175,7 @@ class _GuardedProtocol:
         self.__dict__["_cycle"] = cycle
         if cycle is not None:
             cycle.transport = _HeadWithBody(cycle.transport)
-            cycle.scope[SIGNALS] = RequestSignals()
+            cycle.scope[SIGNALS] = RequestSignals(cycle.flow.resume_reading)
             self._headers_complete(cycle.scope)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -24,10 +24,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import protocol
 from serving.batcher import Batcher, BatcherClosedError, BatchError, ItemResult, QueueFullError
-from serving.connections import SIGNALS, RequestSignals
 from serving.interface import ModelInfo, Runtime
 from serving.metrics import ModelMetrics, ServerMetrics
 from serving.settings import ServerSettings
+from serving.signals import SIGNALS, RequestSignals
 from skattn.core.inference import as_text
 from skattn.core.text import tokenize
 
@@ -419,9 +419,10 @@ async def _until_disconnect(
     """The results of a request's futures; if the client leaves first, its items are withdrawn.
 
     Withdrawing them cancels their futures, so the wait for them ends at once. The
-    connection's ``signals`` call back when the client goes; without them (another server),
-    a watcher task waits for the ``http.disconnect`` that the next ASGI ``receive()`` returns
-    once the body is read (one task a request, and no ``asyncio.wait``).
+    connection's ``signals`` call back when it sees the client go (reading the connection
+    meanwhile); without them (another server), a watcher task waits for the
+    ``http.disconnect`` that the next ASGI ``receive()`` returns once the body is read (one
+    task a request, and no ``asyncio.wait``).
     """
     gone = False
 

@@ -747,7 +747,7 @@ def test_the_connections_signals_replace_the_watcher_and_the_body_timer(monkeypa
     client has gone from ``scope[SIGNALS]``: no timer for a body that has all arrived, no
     watcher task, and its items are withdrawn when the client goes, before or while it waits."""
     from serving import infer
-    from serving.connections import RequestSignals
+    from serving.signals import RequestSignals
 
     async def no_timer(awaitable, seconds):
         raise AssertionError("a body that has all arrived was read under a timer")
@@ -771,7 +771,7 @@ def test_the_connections_signals_replace_the_watcher_and_the_body_timer(monkeypa
         await asyncio.sleep(0)
         signals.disconnect()  # the protocol's connection_lost
         with pytest.raises(infer._ClientGoneError):
-            await waiting
+            await asyncio.wait_for(waiting, 5)  # (ignored signals would wait for ever)
         assert batcher.withdrawn == [futures] and all(f.cancelled() for f in futures)
 
         late = [loop.create_future()]  # the client went before its request waited
@@ -799,10 +799,12 @@ def test_the_connections_signals_replace_the_watcher_and_the_body_timer(monkeypa
 
 
 def test_a_broken_disconnect_callback_does_not_keep_the_others_from_running(caplog):
-    from serving.connections import RequestSignals
+    from serving.signals import RequestSignals
 
-    signals, told = RequestSignals(), []
+    resumed = []
+    signals, told = RequestSignals(lambda: resumed.append(True)), []
     signals.on_disconnect(lambda: 1 / 0)
+    assert resumed == [True]  # reading resumes, so that the connection sees its client go
     signals.on_disconnect(lambda: told.append("second"))
     unregister = signals.on_disconnect(lambda: told.append("unregistered"))
     unregister()
@@ -832,6 +834,38 @@ def test_the_server_process_collects_garbage_less_often(monkeypatch):
     entry.serve({MODEL: ReverseRuntime()}, ServerSettings(), port=0)
     assert seen == [entry.GC_THRESHOLDS] and entry.GC_THRESHOLDS[0] > 700
     assert gc.get_threshold() == previous  # restored when serve() returns
+
+
+@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
+@pytest.mark.parametrize("tail", ["pipelined", "large"])
+def test_a_client_that_leaves_is_seen_when_uvicorn_had_stopped_reading(serve, http_impl, tail):
+    """uvicorn stops reading a connection while a pipelined request waits, or a request's
+    buffered body is over 64 KiB; the request's wait resumes reading (as a watcher waiting on
+    receive() did), so the client's going is seen and its queued items withdrawn."""
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, http_impl=http_impl, max_batch_size=4, max_delay_ms=0)
+    url = f"/v2/models/{MODEL}/infer"
+    holder = threading.Thread(target=httpx.post, args=(server.url + url,), kwargs={
+        "json": infer_body(["hold"]), "timeout": 20})  # fmt: skip
+    holder.start()
+    assert runtime.started.acquire(timeout=10)
+    body = json.dumps(infer_body(["gone"])).encode()
+    after = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    if tail == "large":
+        body, after = body + b" " * 100_000, b""  # (JSON's whitespace)
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:
+        raw.sendall(
+            f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        time.sleep(0.3)  # the handler waits for the rest of its body
+        raw.sendall(body[10:] + after)
+        wait_until(lambda: server.batcher.queue_depth == 1)
+    wait_until(lambda: server.metric("skattn_requests_total", model=MODEL, outcome="disconnected"))
+    runtime.release()
+    holder.join(timeout=20)
+    assert runtime.seen == ["hold"]
 
 
 @pytest.mark.parametrize("http_impl", ["httptools", "h11"])
@@ -992,11 +1026,20 @@ def test_a_small_json_answer_is_one_document_with_the_sliced_encodings_bytes(
         [np.float32([[0.25, 0.75], [1.0, 0.0]]), np.float32([[0.5, 0.5, 0.0]])]
     )
     predictions = protocol.prediction_tensor(["a é", ""])
-    cases = [[(predictions, False)], [(lengths, False), (predictions, False), (attention, False)]]
+    odd = responses.OutputTensor("attention", "FP32", (1, 3), np.float32([[np.nan, -np.inf, -0.0]]))
+    empty = responses.OutputTensor("attention", "FP32", (0, 0, 0), np.zeros((0, 0, 0), np.float32))
+    cases = [
+        [(predictions, False)],
+        [(lengths, False), (predictions, False), (attention, False)],
+        [(odd, False)],
+        [(empty, False)],
+    ]
     for outputs in cases:
-        small = protocol.encode_infer_response(
-            model_name="m", model_version="1", request_id=request_id, outputs=outputs
-        )
+        with monkeypatch.context() as patched:  # the one-document path, not the slices
+            patched.setattr(responses, "_tensor_json", None)
+            small = protocol.encode_infer_response(
+                model_name="m", model_version="1", request_id=request_id, outputs=outputs
+            )
         with monkeypatch.context() as patched:
             patched.setattr(responses, "JSON_CHUNK", 1)  # every tensor sliced
             sliced = protocol.encode_infer_response(
