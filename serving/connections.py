@@ -352,6 +352,8 @@ class _GuardedProtocol:
         if self._awaiting_headers:
             self._header_bytes += len(data)
         super().data_received(data)
+        if getattr(self, "conn", None) is not None:  # h11: its request's end came in this read
+            self._body_completed()
         if self._awaiting_headers and self._header_timer is None:
             self._arm_header_timer()
         if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools' queued requests
@@ -383,8 +385,13 @@ class _GuardedProtocol:
         self._reading_body = False
         self._began = False
         super().on_message_complete()
+        self._body_completed()
+
+    def _body_completed(self) -> None:
+        """Tell the newest request that its body has all come, once uvicorn has marked it so
+        (not an early answer's dropped body)."""
         cycle = self.cycle
-        if cycle is not None and not cycle.more_body:  # (not an early answer's dropped body)
+        if cycle is not None and not cycle.more_body:
             cycle.scope[SIGNALS].body_complete = True
 
     def on_message_begin(self) -> None:

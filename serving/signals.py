@@ -25,8 +25,8 @@ SIGNALS = "skattn.signals"
 class RequestSignals:
     """What the connection tells one request's handler:
 
-    - ``body_complete``: the request's whole body has arrived (httptools' parser says so; h11's
-      requests never set it), so reading it cannot wait and needs no body timeout;
+    - ``body_complete``: the request's whole body has arrived (the parser says so), so reading
+      it cannot wait and needs no body timeout;
     - ``disconnected``, and :meth:`on_disconnect`'s callbacks: the connection has seen its
       client go, so the items still queued can be withdrawn at once.
 

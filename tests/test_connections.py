@@ -832,7 +832,7 @@ async def answer_in_two_messages(scope, receive, send):
 def test_an_answers_head_and_body_leave_in_one_write(http_impl):
     """uvicorn writes a head, then a body: the guarded protocol sends them in one system call
     (one TCP segment for a small answer); 100 Continue still goes ahead on its own. A body
-    that came in the request's read is complete before the app reads it (httptools)."""
+    that came in the request's read is complete before the app reads it."""
     BODIES_COMPLETE.clear()
     plain = drive_protocol(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
                            answer_in_two_messages, http_impl)  # fmt: skip
@@ -847,8 +847,7 @@ def test_an_answers_head_and_body_leave_in_one_write(http_impl):
     )
     assert expecting.writes[0] == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert len(expecting.writes) == 2 and expecting.writes[1].endswith(b"\r\n\r\nok")
-    # (h11's requests do not say so: their bodies are read under the body timeout)
-    assert BODIES_COMPLETE == ([True, True] if http_impl == "httptools" else [False, False])
+    assert BODIES_COMPLETE == [True, True]
 
 
 async def answer_a_head_request(scope, receive, send):
