@@ -836,12 +836,10 @@ def test_the_server_process_collects_garbage_less_often(monkeypatch):
     assert gc.get_threshold() == previous  # restored when serve() returns
 
 
-@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
-@pytest.mark.parametrize("tail", ["pipelined", "large"])
-def test_a_client_that_leaves_is_seen_when_uvicorn_had_stopped_reading(serve, http_impl, tail):
-    """uvicorn stops reading a connection while a pipelined request waits, or a request's
-    buffered body is over 64 KiB; the request's wait resumes reading (as a watcher waiting on
-    receive() did), so the client's going is seen and its queued items withdrawn."""
+def leave_while_queued(serve, http_impl: str, body: bytes, after: bytes = b"", pause=0.0):
+    """A gated runtime holds one item; a raw client POSTs ``body`` (its first 10 bytes, then
+    ``pause`` seconds later the rest and ``after``), leaves once its item is queued, and the
+    server counts it disconnected. Returns the server and its runtime, released."""
     runtime = ReverseRuntime(gated=True)
     server = serve(runtime, http_impl=http_impl, max_batch_size=4, max_delay_ms=0)
     url = f"/v2/models/{MODEL}/infer"
@@ -849,47 +847,42 @@ def test_a_client_that_leaves_is_seen_when_uvicorn_had_stopped_reading(serve, ht
         "json": infer_body(["hold"]), "timeout": 20})  # fmt: skip
     holder.start()
     assert runtime.started.acquire(timeout=10)
-    body = json.dumps(infer_body(["gone"])).encode()
-    after = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
-    if tail == "large":
-        body, after = body + b" " * 100_000, b""  # (JSON's whitespace)
     with socket.create_connection(("127.0.0.1", server.port)) as raw:
         raw.sendall(
             f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body[:10]
         )
-        time.sleep(0.3)  # the handler waits for the rest of its body
+        time.sleep(pause)
         raw.sendall(body[10:] + after)
-        wait_until(lambda: server.batcher.queue_depth == 1)
-    wait_until(lambda: server.metric("skattn_requests_total", model=MODEL, outcome="disconnected"))
-    runtime.release()
-    holder.join(timeout=20)
-    assert runtime.seen == ["hold"]
-
-
-@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
-def test_a_client_that_disconnects_leaves_no_work_behind(serve, http_impl):
-    runtime = ReverseRuntime(gated=True)
-    server = serve(runtime, http_impl=http_impl, max_batch_size=4, max_delay_ms=0)
-    url = f"/v2/models/{MODEL}/infer"
-    holder = threading.Thread(target=httpx.post, args=(server.url + url,), kwargs={
-        "json": infer_body(["hold"]), "timeout": 20})  # fmt: skip
-    holder.start()
-    assert runtime.started.acquire(timeout=10)
-    body = json.dumps(infer_body(["gone"])).encode()
-    with socket.create_connection(("127.0.0.1", server.port)) as raw:
-        raw.sendall(
-            f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
         wait_until(lambda: server.batcher.queue_depth == 1)
     # the connection is closed while "gone" waits in the queue
     wait_until(lambda: server.metric("skattn_requests_total", model=MODEL, outcome="disconnected"))
     runtime.release()
     holder.join(timeout=20)
-    after = httpx.post(server.url + url, json=infer_body(["after"]))
+    return server, runtime
+
+
+@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
+@pytest.mark.parametrize("tail", ["pipelined", "large"])
+def test_a_client_that_leaves_is_seen_when_uvicorn_had_stopped_reading(serve, http_impl, tail):
+    """uvicorn stops reading a connection while a pipelined request waits, or a request's
+    buffered body is over 64 KiB; the request's wait resumes reading (as a watcher waiting on
+    receive() did), so the client's going is seen and its queued items withdrawn."""
+    body = json.dumps(infer_body(["gone"])).encode()
+    after = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    if tail == "large":
+        body, after = body + b" " * 100_000, b""  # (JSON's whitespace)
+    # (the pause: the handler waits for the rest of its body when it comes)
+    _, runtime = leave_while_queued(serve, http_impl, body, after, pause=0.3)
+    assert runtime.seen == ["hold"]
+
+
+@pytest.mark.parametrize("http_impl", ["httptools", "h11"])
+def test_a_client_that_disconnects_leaves_no_work_behind(serve, http_impl):
+    body = json.dumps(infer_body(["gone"])).encode()
+    server, runtime = leave_while_queued(serve, http_impl, body)
+    after = httpx.post(server.url + f"/v2/models/{MODEL}/infer", json=infer_body(["after"]))
     assert after.json()["outputs"][0]["data"] == ["retfa"]
     assert runtime.seen == ["hold", "after"]
 
