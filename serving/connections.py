@@ -45,6 +45,12 @@ body and drops it, then serves the next request. That rest is bounded too: more 
 :data:`DISCARD_BYTES`, or longer than ``header_timeout_s``, and the connection is closed (the
 answer was sent already; when the declared length is already longer, the answer says
 ``Connection: close``).
+
+Two things keep a request cheap on the event loop: an answer's head waits for its body and the
+two leave in one write (``_HeadWithBody``: uvicorn writes them apart), and each request's scope
+carries a :class:`serving.signals.RequestSignals`, by which the protocol tells the handler that
+the body has all come and that the client has gone, so that the handler needs no body timer and
+no watcher task of its own.
 """
 
 from __future__ import annotations
@@ -81,7 +87,6 @@ logger = logging.getLogger("serving.connections")
 #: The scope key under which the protocol asks the app to refuse a request:
 #: ``(status, message, headers)``.
 REFUSE = "skattn.refuse"
-
 
 HEALTH_PREFIX = "/v2/health/"
 
