@@ -222,18 +222,17 @@ class _GuardedProtocol:
         self._cancel_send_timer()
         # uvicorn tells only self.cycle, the newest request, that the client has gone: with
         # requests pipelined, the one in progress ran on for no one (its batch never withdrawn)
-        # and its answer went to a closed transport
+        # and its answer went to a closed transport. Every unfinished request is told here,
+        # through uvicorn's cycle and through its signals (which withdraw its queued items).
         queued = [cycle for cycle, _ in getattr(self, "pipeline", ())]
-        for cycle in (self._running, *queued):
-            if cycle is not None and not cycle.response_complete:
+        for cycle in {self._running, self.cycle, *queued} - {None}:
+            if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
+                cycle.scope[SIGNALS].disconnect()
         if queued:
             self.pipeline.clear()
         super().connection_lost(exc)
-        for cycle in {self._running, self.cycle, *queued} - {None}:
-            if not cycle.response_complete:
-                cycle.scope[SIGNALS].disconnect()
 
     def on_response_complete(self) -> None:
         """A response is complete (before httptools starts a pipelined request's task): its

@@ -114,23 +114,13 @@ def encode_infer_response(
     if not any(binary or _size(tensor) > JSON_CHUNK for tensor, binary in outputs):
         # small and all JSON (the usual answer): one document, one encoder call
         header["outputs"] = [
-            {
-                "name": tensor.name,
-                "datatype": tensor.datatype,
-                "shape": list(tensor.shape),
-                "data": _json_data(tensor),
-            }
-            for tensor, _ in outputs
+            {**_entry(tensor), "data": _json_data(tensor)} for tensor, _ in outputs
         ]
         return _json(header), {"Content-Type": "application/json"}
     entries = []
     chunks = []
     for tensor, binary in outputs:
-        entry: dict = {
-            "name": tensor.name,
-            "datatype": tensor.datatype,
-            "shape": list(tensor.shape),
-        }
+        entry = _entry(tensor)
         if binary:
             raw = _tensor_bytes(tensor)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -153,6 +143,12 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # (made 
 
 def _json(value: object) -> bytes:
     return _ENCODER.encode(value).encode()
+
+
+def _entry(tensor: OutputTensor) -> dict:
+    """An output's JSON entry without its data, its keys in the protocol's order (both
+    encodings splice or add ``data`` after them)."""
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
 
 
 def _size(tensor: OutputTensor) -> int:
