@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from skattn.core.manifest import Manifest
+from skattn.core.manifest import ITEM_MEMORY_KEY, Manifest
 from skattn.core.search import beam_decode, greedy_decode
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.decode_graph_beam import beam_search
@@ -40,7 +40,13 @@ from skattn.decode_graph_greedy import FLOAT, INT64, greedy_search
 from skattn.loop_invariants import hoist_loop_invariants
 from skattn.onnx_graph import GraphBuilder, inline
 
-__all__ = ["build_decode_graph", "random_sources", "reference_search", "verify_decode_graph"]
+__all__ = [
+    "build_decode_graph",
+    "random_sources",
+    "reads_item_memory",
+    "reference_search",
+    "verify_decode_graph",
+]
 
 OPSET = 17
 # Batch shapes checked at export (different from the traced ones) and the steps they run.
@@ -63,6 +69,12 @@ def random_sources(lengths, vocabulary_size: int, rng: np.random.Generator) -> t
     return src, lengths
 
 
+def reads_item_memory(decoder: onnx.ModelProto) -> bool:
+    """Whether ``decoder_step.onnx`` reads ``memory``, ``keys`` and ``mask`` with one row per
+    item for ``R`` rows per item (its ``ITEM_MEMORY_KEY`` entry; the recurrent decoders')."""
+    return any(p.key == ITEM_MEMORY_KEY and p.value == "1" for p in decoder.metadata_props)
+
+
 def build_decode_graph(
     encoder: onnx.ModelProto, decoder: onnx.ModelProto, manifest: Manifest
 ) -> onnx.ModelProto:
@@ -70,8 +82,10 @@ def build_decode_graph(
     b = GraphBuilder("search/")
     encoded = inline(b, encoder, "encoder/", {"src": "src", "src_lengths": "src_lengths"})
     carry = {name: encoded[name] for name in manifest.carry_names()}
-    search = greedy_search if manifest.beam_size == 1 else beam_search
-    results = search(b, decoder, manifest, carry)
+    if manifest.beam_size == 1:
+        results = greedy_search(b, decoder, manifest, carry)
+    else:  # an item's beams read one copy of its memory where the step allows
+        results = beam_search(b, decoder, manifest, carry, reads_item_memory(decoder))
     tokens, lengths, attention, scores = results
     scores = b.cast(scores, FLOAT)
     for value, name in zip(

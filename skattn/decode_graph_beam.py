@@ -22,7 +22,9 @@ grows; one that finished nothing then returns its best live beam, as it does at 
 Two loops, as in greedy search (:mod:`skattn.decode_graph_greedy`), so that an item that stops
 stops costing its ``K`` rows, as in the NumPy search::
 
-    segments  Loop   carries the items still searching (n <= B) and their n K rows
+    segments  Loop   carries the items still searching (n <= B) and their n K rows; the
+                     source's memory, keys and mask one row per item where the step reads
+                     them so (``item_memory``), else once per row
       steps   Loop   beam steps over those items until a step where some item stops
       compact        each stopped item's best hypothesis (its id) written to its place in
                      the (B,) results; Gather of the others' rows for the next segment
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skattn.core.manifest import Manifest
+from skattn.core.manifest import MEMORY_NAMES, Manifest
 from skattn.core.text import BOS, EOS
 from skattn.decode_graph_greedy import (
     BOOL,
@@ -252,18 +254,22 @@ def _rows_of(b: GraphBuilder, items: str, K: int) -> str:
 
 
 # Batches of at least this many items start with one row per item (each item's one live beam)
-# and take their first step alone, before the memory is copied K times; smaller ones start with
-# K rows per item, K - 1 of them dead. Measured on the bi-GRU 256 G2P member (float32, one
-# thread, time against the single-loop graph): one row per item 1.075x for one word, 0.91x at 8,
-# 0.83x at 32, 0.78x at 64; K rows per item 1.015x, 0.96x, 0.90x and 0.85x. With this choice:
-# 1.04x at 1, 1.02x at 2, 0.97x at 4, 0.93x at 8, 0.83x at 32, 0.80x at 64.
+# and take their first step alone, before the carry is copied K times; smaller ones start with
+# K rows per item, K - 1 of them dead. Measured (before ``item_memory``, which copies no memory)
+# on the bi-GRU 256 G2P member (float32, one thread, time against the single-loop graph): one
+# row per item 1.075x for one word, 0.91x at 8, 0.83x at 32, 0.78x at 64; K rows per item
+# 1.015x, 0.96x, 0.90x and 0.85x. With this choice: 1.04x at 1, 1.02x at 2, 0.97x at 4, 0.93x at
+# 8, 0.83x at 32, 0.80x at 64.
 NARROW_START_ITEMS = 2
 
 
-def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict) -> dict:
+def _first_rows_layout(
+    b: GraphBuilder, decoder, manifest: Manifest, carry: dict, item_memory: bool
+) -> dict:
     """The rows the search starts from: ``y_prev``, states, memory, keys, mask, ``row_ids``
     (the history's root, 0) and ``beam_lp (B, r)``, with ``r = 1`` row per item for batches of
-    at least ``NARROW_START_ITEMS`` items, else ``r = K`` (an ``If``: one copy of the carry)."""
+    at least ``NARROW_START_ITEMS`` items, else ``r = K`` (an ``If``: one copy of the carry;
+    with ``item_memory``, one copy of the rest, and the memory, keys and mask as they are)."""
     K, states = manifest.beam_size, list(manifest.state_names)
     names = ["y_prev", *states, "memory", "keys", "mask", "row_ids", "beam_lp"]
     types = {**_TYPES, **state_types(decoder)}
@@ -275,7 +281,12 @@ def _first_rows_layout(b: GraphBuilder, decoder, manifest: Manifest, carry: dict
             rows = {name: sub.op("Identity", carry[name]) for name in carry}
         else:  # item b's rows b K .. b K + K - 1, all copies of its carry
             copies = _each_k_times(sub, sub.arange(B), K)
-            rows = {name: sub.gather_rows(value, copies) for name, value in carry.items()}
+            rows = {
+                name: sub.op("Identity", value)
+                if item_memory and name in MEMORY_NAMES
+                else sub.gather_rows(value, copies)
+                for name, value in carry.items()
+            }
         N = sub.op("Mul", B, sub.const([r], np.int64))  # (1,)
         start_lp = np.full((1, r), -np.inf)
         start_lp[0, 0] = 0.0  # one live beam per item
@@ -304,7 +315,7 @@ def _write(b: GraphBuilder, outs: dict, at: str, results: list[str]) -> list[str
 
 
 def beam_search(
-    b: GraphBuilder, decoder, manifest: Manifest, carry: dict[str, str]
+    b: GraphBuilder, decoder, manifest: Manifest, carry: dict[str, str], item_memory: bool = False
 ) -> tuple[str, str, str, str]:
     """Add the beam search; returns ``tokens (B, L), lengths (B,), attention (B, L, T),
     scores (B,)`` (length-normalised, float64) of each item's best hypothesis.
@@ -313,6 +324,11 @@ def beam_search(
     their places in the batch, and the history; the results ``out_*`` are ``(B,)``, each item's
     written once, when it stops (or after the loop, for those still searching at
     ``max_length``), and read back from the history at the end (:func:`trace_history`).
+
+    ``item_memory``: the step reads one row of memory, keys and mask per item for its ``r``
+    rows per item (:data:`~skattn.core.manifest.ITEMMEMORY_NAMES_KEY`), so the search carries one
+    copy of each, not ``K``: at 32 to 256 items of the G2P member (int8, beam 5) 0.96x to 0.87x
+    the time, with the same answers (``benchmarks/bench_item_memory.py``).
     """
     K, alpha = manifest.beam_size, manifest.length_penalty
     states = list(manifest.state_names)
@@ -322,7 +338,7 @@ def beam_search(
     carried += ["items", "done", *HISTORY_TYPES]
     names = [*carried, *_OUTS]
     initial = {
-        **_first_rows_layout(b, decoder, manifest, carry),
+        **_first_rows_layout(b, decoder, manifest, carry, item_memory),
         "n_finished": fill(b, B, 0, np.int64),  # (B,)
         "best_score": fill(b, B, -np.inf, np.float64),  # (B,)
         "best_length": fill(b, B, 0, np.int64),  # (B,)
@@ -344,10 +360,12 @@ def beam_search(
     stop = body.squeeze(body.op("NonZero", body.op("Not", still)), 0)  # (f,)
     rows = _rows_of(body, keep, K)  # (m K,)
     kept = {name: body.gather_rows(after[name], rows) for name in ["y_prev", *states, "row_ids"]}
-    # The segment's memory has r rows per item (1 or K, as beam_lp), all equal: row 0 K times.
-    r = body.dim(ins["beam_lp"], 1)  # (1,)
-    copies = _each_k_times(body, body.op("Mul", keep, r), K)  # (m K,)
-    kept.update({name: body.gather_rows(ins[name], copies) for name in ("memory", "keys", "mask")})
+    if item_memory:  # the segment's memory has one row per item
+        kept.update({name: body.gather_rows(ins[name], keep) for name in MEMORY_NAMES})
+    else:  # r rows per item (1 or K, as beam_lp), all equal: row 0 K times
+        r = body.dim(ins["beam_lp"], 1)  # (1,)
+        copies = _each_k_times(body, body.op("Mul", keep, r), K)  # (m K,)
+        kept.update({name: body.gather_rows(ins[name], copies) for name in MEMORY_NAMES})
     kept.update({name: body.gather_rows(after[name], keep) for name in _ITEM_NAMES})
     kept["items"] = body.gather_rows(ins["items"], keep)
     kept["done"] = body.op("Add", ins["done"], body.squeeze(body.dim(after["token"], 0), 0))

@@ -56,6 +56,7 @@ from skattn.core.manifest import (
     DECODE_FILE,
     DECODER_FILE,
     ENCODER_FILE,
+    ITEM_MEMORY_KEY,
     MAX_SOURCE_LENGTH,
     QUANTIZATIONS,
     SEARCH_KEY,
@@ -186,6 +187,8 @@ def export_module(
         manifest.decoder_inputs(),
         manifest.decoder_outputs(),
     )
+    if model.item_memory:  # beam search carries one memory row per item (decode_graph_beam)
+        onnx.helper.set_model_props(decoder, {ITEM_MEMORY_KEY: "1"})
     # The GRU / LSTM nodes as products (all of them for int8), checked against torch below.
     if quantize == "int8":
         encoder, decoder = (expand_recurrent(graph)[0] for graph in (encoder, decoder))
@@ -213,6 +216,8 @@ def export_module(
         props = {BINDING_KEY: manifest.binding, TEXT_KEY: json.dumps(manifest.text_form())}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())
+        if name == DECODER_FILE and model.item_memory:
+            props[ITEM_MEMORY_KEY] = "1"
         onnx.helper.set_model_props(graph, props)
         finished.append((graph, name))
     write_artifact(directory, finished, manifest)

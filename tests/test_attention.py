@@ -21,6 +21,7 @@ from skattn.attention import (
 from skattn.attention import attention as attention_module
 from skattn.attention import softmax as softmax_module
 from skattn.attention.softmax import EXP_FLOOR
+from skattn.models.decoders import FinalStateContext
 
 LOCALS = [None, "local-m", "local-p"]
 # (scorer, num_heads, query_size, key_size): dot needs d_s == d_h, the others may differ.
@@ -340,7 +341,10 @@ def test_bad_constructor_arguments(kwargs, match):
     [
         (dict(s=torch.zeros(2, 5)), r"s must have shape \(B, 4\).*got s of shape \(2, 5\)"),
         (dict(s=torch.zeros(2)), "got s of shape"),
-        (dict(H=torch.zeros(3, 7, 6)), r"H must have shape.*B = 2.*got H of shape \(3, 7, 6\)"),
+        (
+            dict(H=torch.zeros(3, 7, 6)),
+            r"H must have shape.*B dividing 2 \(s's rows\).*got H of shape \(3, 7, 6\)",
+        ),
         (dict(H=torch.zeros(2, 7, 5)), "H must have shape"),
         (dict(keys=torch.zeros(2, 6, 4)), r"keys must have shape \(2, 7, k\)"),
         (dict(keys=torch.zeros(2, 7, 5)), r"keys must have shape \(B, T, 4\)"),
@@ -498,3 +502,54 @@ def test_local_p_refuses_an_attention_size_that_is_not_a_positive_int(size):
             Attention(scorer, 8, 8, local="local-p", attention_size=size)
     predictor = Attention("dot", 8, 8, local="local-p", attention_size=5).position_predictor
     assert predictor.W_p.shape == (8, 5)
+
+
+@pytest.mark.parametrize("local", [None, "local-m", "local-p"])
+@pytest.mark.parametrize(
+    "scorer, heads",
+    [(s, h) for s in ("dot", "general", "scaled_dot") for h in (1, 2)] + [("additive", 1)],
+)
+def test_rows_per_item_read_their_items_memory(scorer, local, heads):
+    """One step's ``B R`` queries, ``R`` per item (beam search's beams), against the item's one
+    row of ``H``: the same contexts and weights as with ``H`` copied ``R`` times, local-m's
+    window at the step's one position for all of an item's rows."""
+    torch.manual_seed(0)
+    B, T, R, d = 3, 7, 4, 8
+    att = Attention(scorer, d, d, num_heads=heads, local=local, window=2)
+    H = torch.randn(B, T, d)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 5:] = False
+    mask[2, 2:] = False
+    keys = att.precompute(H)
+    s = torch.randn(B * R, d)
+    context, weights = att(s, H, keys, mask, 0.8, 3)
+    copies = [x.repeat_interleave(R, dim=0) for x in (H, keys, mask)]
+    expected_context, expected_weights = att(s, *copies, 0.8, 3)
+    assert context.shape == (B * R, d) and weights.shape == (B * R, T)
+    torch.testing.assert_close(context, expected_context, rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights, expected_weights, rtol=0, atol=1e-6)
+    assert not weights[R * 2 :, 2:].any()  # item 2's rows: its own padding
+
+
+def test_final_state_context_rows_per_item():
+    B, T, R, d = 2, 5, 3, 4
+    H = torch.randn(B, T, d)
+    mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
+    context, weights = FinalStateContext()(torch.randn(B * R, d), H, H, mask)
+    assert torch.equal(context, H[[0, 0, 0, 1, 1, 1], [4, 4, 4, 1, 1, 1]])
+    assert torch.equal(weights.argmax(dim=1), torch.tensor([4, 4, 4, 1, 1, 1]))
+
+
+@pytest.mark.parametrize("rows, items", [(7, 3), (0, 2), (3, 0)])
+def test_rows_not_a_multiple_of_items_are_refused(rows, items):
+    att = Attention("general", 4, 6)
+    H = torch.zeros(items, 7, 6)
+    with pytest.raises(ValueError, match=rf"B dividing {rows} \(s's rows\)"):
+        att(torch.zeros(rows, 4), H, att.precompute(H), torch.ones(items, 7, dtype=torch.bool))
+
+
+def test_no_items_no_rows():
+    att = Attention("additive", 4, 6)
+    H = torch.zeros(0, 7, 6)
+    context, weights = att(torch.zeros(0, 4), H, att.precompute(H), None)
+    assert context.shape == (0, 6) and weights.shape == (0, 7)

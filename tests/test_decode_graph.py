@@ -27,16 +27,22 @@ from test_export import (
     export,
     kind_id,
     make_module,
+    make_transformer,
     random_source,
 )
 
 import serving
 from serving.artifact import ArtifactError
 from skattn import Seq2Seq
-from skattn.core.manifest import DECODE_FILE, Manifest
+from skattn.core.manifest import DECODE_FILE, ITEM_MEMORY_KEY, Manifest
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.datasets import make_reversal
-from skattn.decode_graph import build_decode_graph, compare_with_search, reference_search
+from skattn.decode_graph import (
+    build_decode_graph,
+    compare_with_search,
+    reads_item_memory,
+    reference_search,
+)
 from skattn.export import export_module
 from skattn.models import Seq2SeqModule
 from skattn.models.config import ModelConfig
@@ -257,6 +263,54 @@ def test_build_refuses_graphs_of_other_signatures(tmp_path):
     encoder = onnx.load(directory / "encoder.onnx")
     with pytest.raises(ValueError, match="inputs must name the graph's inputs"):
         build_decode_graph(encoder, encoder, manifest)
+
+
+def _op_count(graph: onnx.GraphProto, op_type: str) -> int:
+    """``op_type`` nodes in ``graph`` and its subgraphs."""
+    count = 0
+    for node in graph.node:
+        count += node.op_type == op_type
+        for attribute in node.attribute:
+            count += _op_count(attribute.g, op_type) if attribute.g.node else 0
+            count += sum(_op_count(g, op_type) for g in attribute.graphs)
+    return count
+
+
+@pytest.mark.parametrize("B", [1, 6])
+def test_beams_read_one_memory_per_item_and_a_step_that_cannot_gets_one_per_beam(B, tmp_path):
+    """A recurrent decoder's step says it reads one memory row per item; the beam graph then
+    carries one copy of each item's memory. A step without that entry (an artifact written
+    before it) gets the graph that copies the memory per beam, with the same answers."""
+    kind = dict(decoder="bahdanau", scorer="additive", attention="global")
+    estimator = briefly_trained(tuple(sorted(kind.items())))
+    directory = export_estimator(estimator, tmp_path / "m", beam_size=3, length_penalty=0.7)
+    manifest, *_, decode = sessions(directory)
+    encoder = onnx.load(directory / "encoder.onnx")
+    step = onnx.load(directory / "decoder_step.onnx")
+    assert {p.key: p.value for p in step.metadata_props}[ITEM_MEMORY_KEY] == "1"
+    assert reads_item_memory(step)
+    del step.metadata_props[:]
+    per_row = build_decode_graph(encoder, step, manifest)
+    as_exported = onnx.load(directory / DECODE_FILE)
+    # per beam: the first step's If copies memory, keys and mask K times for one item
+    assert _op_count(per_row.graph, "Gather") > _op_count(as_exported.graph, "Gather")
+    per_row_session = ort.InferenceSession(
+        per_row.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    src, lengths = digit_sources(B, 9, seed=B)
+    got = run_decode(decode, src, lengths, 12, 0.9)
+    want = run_decode(per_row_session, src, lengths, 12, 0.9)
+    for name, a, b in zip(("tokens", "lengths"), got[:2], want[:2], strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for a, b in zip(got[2:], want[2:], strict=True):  # the same sums in another order
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_transformer_step_reads_one_memory_row_per_row(tmp_path):
+    directory = export(make_transformer(), tmp_path / "t", beam_size=2)  # verified at export
+    step = onnx.load(directory / "decoder_step.onnx")
+    assert ITEM_MEMORY_KEY not in {p.key for p in step.metadata_props}
+    assert not reads_item_memory(step)
 
 
 # -- the graph outside Python's skattn: numpy + onnxruntime only -----------------------------

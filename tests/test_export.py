@@ -18,7 +18,13 @@ import torch
 import serving
 from serving.artifact import read_artifact
 from skattn import Seq2Seq, Seq2SeqEnsemble
-from skattn.core.manifest import BINDING_KEY, Manifest, sha256_file
+from skattn.core.manifest import (
+    BINDING_KEY,
+    ITEM_MEMORY_KEY,
+    MEMORY_NAMES,
+    Manifest,
+    sha256_file,
+)
 from skattn.core.text import EOS, SPECIAL_TOKENS
 from skattn.export import export_module, export_onnx
 from skattn.models import Seq2SeqModule
@@ -173,6 +179,20 @@ def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
             for got, want in zip(stepped, (log_probs, *new_state, weights), strict=True):
                 np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-4)
             np.testing.assert_allclose(stepped[-1].sum(axis=1), 1.0, atol=1e-5)
+
+            # R = 3 rows per item (beams), each item's memory, keys and mask once: the rows
+            # of the same step with the memory copied per row
+            R = 3
+            rows = {name: np.repeat(value, R, axis=0) if value.ndim else value
+                    for name, value in feeds.items()}  # fmt: skip
+            rows["y_prev"] = rng.integers(1, len(TARGET_VOCABULARY), size=B * R)
+            per_row = decoder.run(None, rows)
+            per_item = decoder.run(None, {**rows, **{n: feeds[n] for n in MEMORY_NAMES}})
+            for got, want in zip(per_item, per_row, strict=True):
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert {p.key: p.value for p in onnx.load(directory / "decoder_step.onnx").metadata_props}[
+        ITEM_MEMORY_KEY
+    ] == "1"
 
 
 def test_manifest_records_the_model_and_checksums(tmp_path):

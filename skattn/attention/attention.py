@@ -23,6 +23,18 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _rows_fit(rows: int, items: int) -> bool:
+    """Whether ``rows`` queries are ``R >= 1`` per item of ``items`` (0 rows for 0 items)."""
+    return rows == 0 if items == 0 else items > 0 and rows > 0 and rows % items == 0
+
+
+def per_item(s: Tensor, items: int | Tensor, size: int) -> Tensor:
+    """One step's queries ``s (B R, d)``, item-major, as ``(B, R, d)``."""
+    if isinstance(items, int) and items == 0:  # no items (eager only): -1 is undefined for 0
+        return s.unsqueeze(1)
+    return s.reshape(items, -1, size)  # traced, ``items`` is the memory's size: R stays free
+
+
 class Attention(nn.Module):
     r"""Global or local attention over encoder annotations, with a pluggable scorer.
 
@@ -122,7 +134,9 @@ class Attention(nn.Module):
         Parameters
         ----------
         s : Tensor
-            One query per item ``(B, d_s)``, or all decoder steps ``(B, T_y, d_s)``.
+            One step's queries, ``(B R, d_s)``: ``R >= 1`` per item, item-major (an item's
+            beams in beam search, each reading the item's one row of ``H``); or all decoder
+            steps ``(B, T_y, d_s)``.
         H : Tensor
             Encoder annotations ``(B, T, d_h)`` (the values).
         keys : Tensor
@@ -140,9 +154,9 @@ class Attention(nn.Module):
         Returns
         -------
         context : Tensor
-            ``(B, d_h)``, or ``(B, T_y, d_h)`` in the all-steps form.
+            ``(B R, d_h)``, or ``(B, T_y, d_h)`` in the all-steps form.
         weights : Tensor
-            ``(B, T)``, or ``(B, T_y, T)``; rows sum to 1 (0 for a source with no real
+            ``(B R, T)``, or ``(B, T_y, T)``; rows sum to 1 (0 for a source with no real
             position).
 
         Raises
@@ -154,9 +168,11 @@ class Attention(nn.Module):
         mask = self._check_inputs(s, H, keys, mask)
         check_temperature(temperature)
         single = s.dim() == 2
-        q = s.unsqueeze(1) if single else s  # (B, T_y, d_s)
-        B, T_y, _ = q.shape
-        T = H.shape[1]
+        B, T = H.shape[:2]
+        # One step's queries: R = N / B rows per item, item-major (beam search's R beams of an
+        # item read its one row of H), so an item's queries score its keys in one product.
+        q = per_item(s, B, self.query_size) if single else s  # (B, T_y or R, d_s)
+        T_y = q.shape[1]
 
         scores = self.scorer(q, keys)  # (B, T_y, h, T)
         valid = mask.unsqueeze(1)  # (B, 1, T)
@@ -165,7 +181,9 @@ class Attention(nn.Module):
             if self.local == "local-m":
                 if single and step is None:
                     raise ValueError("local-m attention with a single query needs step")
-                centres = monotonic_positions(0 if step is None else step, T_y, lengths)
+                # one step's queries share its position; all steps' are step + arange(T_y)
+                positions = 1 if single else T_y
+                centres = monotonic_positions(0 if step is None else step, positions, lengths)
                 centres = centres.to(_wide(scores.dtype))  # (B, T_y)
             elif torch.is_autocast_enabled(q.device.type):  # mixed precision: bfloat16 counts
                 with torch.autocast(q.device.type, enabled=False):  # exactly only to 256
@@ -190,8 +208,8 @@ class Attention(nn.Module):
             context = torch.einsum("byht,bthd->byhd", weights, values)  # (B, T_y, h, d_h / h)
             context = context.reshape(B, T_y, self.key_size)  # (B, T_y, d_h)
             weights = weights.mean(dim=2)  # (B, T_y, T)
-        if single:
-            return context.squeeze(1), weights.squeeze(1)
+        if single:  # (N, d_h), (N, T)
+            return context.reshape(-1, self.key_size), weights.reshape(-1, T)
         return context, weights
 
     def _check_inputs(self, s: Tensor, H: Tensor, keys: Tensor, mask: Tensor | None) -> Tensor:
@@ -210,9 +228,13 @@ class Attention(nn.Module):
                 f"s must have shape (B, {self.query_size}) or (B, T_y, {self.query_size}), "
                 f"got s of shape {tuple(s.shape)}"
             )
-        if H.dim() != 3 or H.shape[-1] != self.key_size or H.shape[0] != s.shape[0]:
+        rows = s.shape[0]  # one step: B R rows (R >= 1 per item); all steps: B
+        items = H.shape[0] if H.dim() == 3 else -1
+        fits = items == rows if s.dim() == 3 else _rows_fit(rows, items)
+        if H.dim() != 3 or H.shape[-1] != self.key_size or not fits:
+            expected = f"B = {rows} (from s)" if s.dim() == 3 else f"B dividing {rows} (s's rows)"
             raise ValueError(
-                f"H must have shape (B, T, {self.key_size}) with B = {s.shape[0]} (from s), "
+                f"H must have shape (B, T, {self.key_size}) with {expected}, "
                 f"got H of shape {tuple(H.shape)}"
             )
         B, T, _ = H.shape

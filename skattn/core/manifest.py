@@ -60,6 +60,7 @@ __all__ = [
     "ENCODER_FILE",
     "FORMAT_VERSION",
     "GRAPH_FILES",
+    "ITEM_MEMORY_KEY",
     "MANIFEST_FILE",
     "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
@@ -98,6 +99,11 @@ SEARCH_KEY = "skattn.search"
 #: (:meth:`Manifest.text_form`, JSON): outside the binding, which artifacts written before it
 #: keep; graphs written without it are not checked.
 TEXT_KEY = "skattn.text"
+#: The key of ``decoder_step.onnx``'s entry (``"1"``) saying that the step reads ``memory``,
+#: ``keys`` and ``mask`` with one row per item, whatever ``R >= 1`` rows of ``y_prev`` and the
+#: state each item has (item-major): beam search then carries one copy of an item's memory, not
+#: one per beam. Graphs written without it read one memory row per row.
+ITEM_MEMORY_KEY = "skattn.item_memory"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")

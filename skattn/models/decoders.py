@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from skattn.attention.attention import per_item
 from skattn.models.dropout import Dropout
 from skattn.models.encoder import EncoderOutput
 from skattn.models.rnn import CELL_STATE_NAMES, LayerwiseLinear, make_rnn, run_rnn
@@ -52,14 +53,17 @@ class FinalStateContext(nn.Module):
         temperature: float | torch.Tensor = 1.0,
         step: int | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        B, T, _ = H.shape
+        B, T, d = H.shape
         last = mask.sum(dim=-1, keepdim=True) - 1  # (B, 1)
         positions = torch.arange(T, device=H.device).unsqueeze(0)  # (1, T)
         weights = (positions == last).to(H.dtype)  # (B, T), one-hot
         if s.dim() == 3:
             weights = weights.unsqueeze(1).expand(B, s.shape[1], T)  # (B, T_y, T)
             return torch.bmm(weights, H), weights  # (B, T_y, d), (B, T_y, T)
-        return torch.bmm(weights.unsqueeze(1), H).squeeze(1), weights  # (B, d), (B, T)
+        # one step's B R rows, R per item (as Attention.forward reads them): the item's one-hot
+        R = per_item(s, B, s.shape[-1]).shape[1]
+        weights = weights.unsqueeze(1).expand(B, R, T)  # (B, R, T)
+        return torch.bmm(weights, H).reshape(-1, d), weights.reshape(-1, T)  # (B R, d), (B R, T)
 
 
 def _cell_state(cell: str, hidden: torch.Tensor, cell_init: nn.Module | None, x: torch.Tensor):
@@ -75,6 +79,10 @@ class RecurrentDecoder(nn.Module):
     at a time), ``predict(features) -> logits`` (any leading shape) and the teacher-forced
     ``forward``; it holds ``embedding``, ``dropout`` and ``attention``.
     """
+
+    #: ``step`` reads one memory row per item for any ``R >= 1`` rows per item, item-major
+    #: (:meth:`skattn.attention.Attention.forward`): beam search's rows share their item's.
+    item_memory = True
 
     def precompute(self, memory: torch.Tensor) -> torch.Tensor:
         """The attention's query-independent part, once per sentence: ``keys (B, T, k)``."""

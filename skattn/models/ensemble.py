@@ -148,6 +148,7 @@ class EnsembleModule(nn.Module):
             range(len(members))
         )
         self.memory_sizes, self.key_sizes = self._widths()
+        self.item_memory = all(member.item_memory for member in members)
 
     @torch.no_grad()
     def _widths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -108,6 +108,12 @@ class Seq2SeqModule(nn.Module):
     def state_names(self) -> tuple[str, ...]:
         return self.decoder.state_names
 
+    @property
+    def item_memory(self) -> bool:
+        """Whether :meth:`step` reads one memory row per item for ``R`` rows per item (the
+        recurrent decoders), not one per row (the Transformer's)."""
+        return self.decoder.item_memory
+
     def encode(
         self, src: torch.Tensor, src_lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:

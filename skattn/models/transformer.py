@@ -251,6 +251,7 @@ class TransformerDecoder(_Stack):
 
     state_names = ("self_keys", "self_values")
     block = DecoderBlock
+    item_memory = False  # its cross-attention reads one memory row per row
 
     def __init__(self, vocab_size: int, d_model: int, *sizes) -> None:
         super().__init__(vocab_size, d_model, *sizes)

@@ -1,0 +1,155 @@
+"""Beam search in ``decode.onnx`` with one copy of an item's memory against one per beam.
+
+The recurrent decoders' step reads ``memory``, ``keys`` and ``mask`` with one row per item for
+the ``K`` beam rows of the item (``ITEM_MEMORY_KEY``), so the beam graph carries one copy of an
+item's memory, scores an item's beams against its keys in one product and gathers ``n`` rows,
+not ``n K``, when items stop. This script exports one fitted model twice at the same beam,
+as it is and with its step marked as reading one memory row per row (the layout before), and
+times ``session.run`` of the two ``decode.onnx`` over the same batches, the rounds alternating,
+on one core and one onnxruntime thread. It prints ms per item, the ratio, and how many of the
+answers are equal (the two graphs compute the same sums in other orders, so float rounding may
+differ in the last bits).
+
+    python benchmarks/bench_item_memory.py                          # the G2P member, int8
+    python benchmarks/bench_item_memory.py --quantize none --model PATH.joblib
+    python benchmarks/bench_item_memory.py --quick                  # seconds: a small model
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import machine
+import numpy as np
+import onnxruntime as ort
+
+import serving
+from serving.sessions import session_options
+from skattn.core.manifest import DECODE_FILE
+
+HERE = Path(__file__).resolve().parent
+MEMBER = HERE / "results" / "g2p" / "member0cc.joblib"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=MEMBER, help="a joblib-saved estimator")
+    parser.add_argument("--quantize", default="int8", choices=["none", "int8"])
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--n-inputs", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--core", type=int, default=None, help="default: the last usable core")
+    parser.add_argument("--quick", action="store_true", help="a small reversal model")
+    args = parser.parse_args(argv)
+    if args.beam_size < 2:
+        parser.error("--beam-size must be at least 2 (greedy search has one row per item)")
+    if args.quick:
+        args.model, args.n_inputs, args.repeats, args.batch_sizes = None, 128, 1, [1, 8, 32]
+    return args
+
+
+def load_model(args):
+    """The estimator and the sources to decode: the G2P model's CMUdict test words, or
+    ``bench_decode_graph``'s small reversal model and its letter strings."""
+    if args.model is None:
+        import bench_decode_graph
+
+        estimator = bench_decode_graph.fit_reversal("small", "bahdanau", "additive", 64, 32, 60, 0)
+        return estimator, bench_decode_graph.reversal_data(args.n_inputs, 1)
+    import joblib
+
+    from skattn.datasets import load_cmudict
+
+    words = sorted(set(load_cmudict("test")[0]))
+    step = max(1, len(words) // args.n_inputs)
+    return joblib.load(args.model), words[::step][: args.n_inputs]
+
+
+def per_row(estimator):
+    """A copy of ``estimator`` whose step says it reads one memory row per row."""
+    estimator = copy.deepcopy(estimator)  # export_onnx copies the module it traces
+    module = estimator.module_
+    target = module if hasattr(module, "members") else module.decoder
+    target.item_memory = False
+    assert not module.item_memory
+    return estimator
+
+
+def captured_feeds(directory: Path, sources: list[str], batch_size: int) -> list[dict]:
+    """The ``decode.onnx`` feeds ``serving.load(directory).predict`` sends for ``sources`` in
+    batches of ``batch_size`` (one chunk each)."""
+    runtime = serving.load(
+        directory, device="cpu", decode_graph=True, intra_op_num_threads=1, max_batch_size=256
+    )
+    feeds, run = [], ort.InferenceSession.run
+
+    def capture(session, output_names, input_feed, *rest, **kwargs):
+        if "max_length" in input_feed:
+            feeds.append(dict(input_feed))
+        return run(session, output_names, input_feed, *rest, **kwargs)
+
+    ort.InferenceSession.run = capture
+    try:
+        for i in range(0, len(sources), batch_size):
+            runtime.predict(sources[i : i + batch_size])
+    finally:
+        ort.InferenceSession.run = run
+    return feeds
+
+
+def main(argv=None) -> list[tuple]:
+    args = parse_args(argv)
+    core = args.core if args.core is not None else max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    machine.use_threads(1)
+    print(machine.describe(), f" one core ({core}), one onnxruntime thread", flush=True)
+    estimator, sources = load_model(args)
+    estimator.set_params(beam_size=args.beam_size)  # settable after fit
+    quantize = None if args.quantize == "none" else args.quantize
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        layouts, directory = {}, None
+        for label, model in (("per row", per_row(estimator)), ("per item", estimator)):
+            directory = Path(scratch) / label.replace(" ", "_")  # the feeds come from the last
+            model.export_onnx(directory, quantize=quantize)
+            options = session_options(1)
+            layouts[label] = ort.InferenceSession(
+                str(directory / DECODE_FILE), options, providers=["CPUExecutionProvider"]
+            )
+        name = "G2P model" if args.model is not None else "small reversal model"
+        print(f"{name}, beam {args.beam_size}, quantize={args.quantize}, {len(sources)} inputs")
+        print(f"{'batch':>5} {'per row ms/item':>16} {'per item ms/item':>17} {'ratio':>6} "
+              f"{'rounds':>22} {'equal answers':>14}")  # fmt: skip
+        for batch_size in args.batch_sizes:
+            feeds = captured_feeds(directory, sources, batch_size)
+            outputs = {label: [s.run(None, f) for f in feeds] for label, s in layouts.items()}
+            same = sum(
+                np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+                for a, b in zip(outputs["per row"], outputs["per item"], strict=True)
+            )
+            times = {label: [] for label in layouts}
+            for _ in range(args.repeats):  # alternating
+                for label, session in layouts.items():
+                    start = time.process_time()
+                    for f in feeds:
+                        session.run(None, f)
+                    times[label].append((time.process_time() - start) / len(sources))
+            old, new = (statistics.median(times[label]) for label in layouts)
+            ratios = [n / o for o, n in zip(times["per row"], times["per item"], strict=True)]
+            spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+            print(f"{batch_size:>5} {1e3 * old:>16.3f} {1e3 * new:>17.3f} {new / old:>5.3f}x "
+                  f"{spread:>22} {same:>7}/{len(feeds)} batches", flush=True)  # fmt: skip
+            rows.append((batch_size, old, new, same, len(feeds)))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
