@@ -326,7 +326,7 @@ def beam_search(
     ``max_length``), and read back from the history at the end (:func:`trace_history`).
 
     ``item_memory``: the step reads one row of memory, keys and mask per item for its ``r``
-    rows per item (:data:`~skattn.core.manifest.ITEMMEMORY_NAMES_KEY`), so the search carries one
+    rows per item (:data:`~skattn.core.manifest.ITEM_MEMORY_KEY`), so the search carries one
     copy of each, not ``K``: at 32 to 256 items of the G2P member (int8, beam 5) 0.96x to 0.87x
     the time, with the same answers (``benchmarks/bench_item_memory.py``).
     """

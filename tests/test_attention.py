@@ -343,7 +343,7 @@ def test_bad_constructor_arguments(kwargs, match):
         (dict(s=torch.zeros(2)), "got s of shape"),
         (
             dict(H=torch.zeros(3, 7, 6)),
-            r"H must have shape.*B dividing 2 \(s's rows\).*got H of shape \(3, 7, 6\)",
+            r"H must have shape.*R >= 1 rows of s per item \(2 rows.*got H of shape \(3, 7, 6\)",
         ),
         (dict(H=torch.zeros(2, 7, 5)), "H must have shape"),
         (dict(keys=torch.zeros(2, 6, 4)), r"keys must have shape \(2, 7, k\)"),
@@ -544,7 +544,7 @@ def test_final_state_context_rows_per_item():
 def test_rows_not_a_multiple_of_items_are_refused(rows, items):
     att = Attention("general", 4, 6)
     H = torch.zeros(items, 7, 6)
-    with pytest.raises(ValueError, match=rf"B dividing {rows} \(s's rows\)"):
+    with pytest.raises(ValueError, match=rf"R >= 1 rows of s per item \({rows} rows"):
         att(torch.zeros(rows, 4), H, att.precompute(H), torch.ones(items, 7, dtype=torch.bool))
 
 

@@ -194,6 +194,15 @@ def test_every_kind_exports_and_matches_torch_at_dynamic_shapes(kind, tmp_path):
         ITEM_MEMORY_KEY
     ] == "1"
 
+    # no rows: empty outputs, not a Reshape whose -1 is undefined for 0 elements
+    src, lengths = np.zeros((0, 5), np.int64), np.zeros(0, np.int64)
+    encoded = encoder.run(None, {"src": src, "src_lengths": lengths})
+    feeds = dict(zip(manifest.encoder_outputs(), encoded, strict=True))
+    feeds |= {"y_prev": np.zeros(0, np.int64), "temperature": np.array(1.0, np.float32)}
+    stepped = decoder.run(None, feeds | {"position": np.array(0, np.int64)})
+    assert stepped[0].shape == (0, len(TARGET_VOCABULARY)) and stepped[-1].shape == (0, 5)
+    assert all(state.shape[0] == 0 for state in stepped[1:-1])
+
 
 def test_manifest_records_the_model_and_checksums(tmp_path):
     module = make_module(decoder="luong", attention="local-m", scorer="general", cell="lstm")

@@ -29,10 +29,11 @@ def _rows_fit(rows: int, items: int) -> bool:
 
 
 def per_item(s: Tensor, items: int | Tensor, size: int) -> Tensor:
-    """One step's queries ``s (B R, d)``, item-major, as ``(B, R, d)``."""
-    if isinstance(items, int) and items == 0:  # no items (eager only): -1 is undefined for 0
-        return s.unsqueeze(1)
-    return s.reshape(items, -1, size)  # traced, ``items`` is the memory's size: R stays free
+    """One step's queries ``s (B R, d)``, item-major, as ``(B, R, d)``; ``R`` stays free in a
+    traced graph, where ``items`` is the memory's size (a tensor)."""
+    if isinstance(items, Tensor):  # traced: (max(B, 1), -1, d), which 0 rows leave defined
+        return s.reshape(torch.clamp(items, min=1), -1, size)  # (1, 0, d) broadcasts on B = 0
+    return s.reshape(items, -1, size) if items else s.unsqueeze(1)  # -1 is undefined for 0
 
 
 class Attention(nn.Module):
@@ -232,7 +233,11 @@ class Attention(nn.Module):
         items = H.shape[0] if H.dim() == 3 else -1
         fits = items == rows if s.dim() == 3 else _rows_fit(rows, items)
         if H.dim() != 3 or H.shape[-1] != self.key_size or not fits:
-            expected = f"B = {rows} (from s)" if s.dim() == 3 else f"B dividing {rows} (s's rows)"
+            expected = (
+                f"B = {rows} (from s)"
+                if s.dim() == 3
+                else f"R >= 1 rows of s per item ({rows} rows: B = 0 for none)"
+            )
             raise ValueError(
                 f"H must have shape (B, T, {self.key_size}) with {expected}, "
                 f"got H of shape {tuple(H.shape)}"

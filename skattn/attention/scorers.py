@@ -124,9 +124,9 @@ class Scorer(nn.Module, ABC):
         return torch.einsum("byhd,bthd->byht", q, k)  # (B, T_y, h, T)
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, D) -> (B, L, heads, D / heads)``."""
-        B, L, D = x.shape
-        return x.reshape(B, L, self.num_heads, D // self.num_heads)
+        """``(B, L, D) -> (B, L, heads, D / heads)``, ``D = keys_size`` (a query and the keys it
+        is dotted with are as wide): sizes the graph holds as constants, so 0 rows stay defined."""
+        return x.unflatten(-1, (self.num_heads, self.keys_size // self.num_heads))
 
     def extra_repr(self) -> str:
         return f"query_size={self.query_size}, key_size={self.key_size}, num_heads={self.num_heads}"

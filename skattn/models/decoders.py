@@ -177,7 +177,8 @@ class BahdanauDecoder(RecurrentDecoder):
         deep = self.deep_output(features)  # (..., 2H)
         # maxout over pairs (2j, 2j + 1), as the larger of the two members rather than a max over
         # an axis of 2: onnxruntime's Split + Max take half the time of its ReduceMax.
-        t = torch.maximum(*deep.unflatten(-1, (-1, 2)).unbind(dim=-1))  # (..., H)
+        pairs = deep.unflatten(-1, (self.output.in_features, 2))  # (..., H, 2): no -1, so 0 rows
+        t = torch.maximum(*pairs.unbind(dim=-1))  # (..., H)
         return self.output(self.dropout(t))  # (..., V)
 
     def forward(
