@@ -196,6 +196,7 @@ class Runtime:
             manifest.output_kind,
             max_batch_size,
             workers,
+            manifest.output_order == "right_to_left",
         )
         self.step_translator = Translator(*translator_args)
         self.translator = self.step_translator

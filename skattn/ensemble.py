@@ -366,6 +366,8 @@ class Seq2SeqEnsemble(BaseEstimator):
         path: str | os.PathLike,
         quantize: str | None = None,
         max_source_length: int | None = None,
+        *,
+        output_order: str = "left_to_right",
     ) -> Path:
         """Write one artifact directory for the whole ensemble; ``serving.load`` reads it.
 
@@ -389,12 +391,15 @@ class Seq2SeqEnsemble(BaseEstimator):
             The longest source, in tokens, that the runtime and the server accept: they refuse
             longer ones (ValueError; HTTP 400) where ``predict`` translates them. Default:
             ``max(1024, the longest training source)``; at most 65,536.
+        output_order : {"left_to_right", "right_to_left"}, default="left_to_right"
+            ``"right_to_left"``: the model was trained on reversed outputs, and the runtime
+            reverses what it writes (``RightToLeft.export_onnx`` passes it).
         """
         check_is_fitted(self)
         self._validate_params()
         from skattn.export import export_onnx
 
-        return export_onnx(self, path, quantize=quantize, max_source_length=max_source_length)
+        return export_onnx(self, path, quantize, max_source_length, output_order=output_order)
 
 
 def _checked(estimators: object, name: str) -> list:

@@ -520,6 +520,8 @@ class Seq2Seq(PortableModule, BaseEstimator):
         path: str | os.PathLike,
         quantize: str | None = None,
         max_source_length: int | None = None,
+        *,
+        output_order: str = "left_to_right",
     ) -> Path:
         """Write the ONNX artifact directory that ``serving.load`` reads; return its path.
 
@@ -538,6 +540,9 @@ class Seq2Seq(PortableModule, BaseEstimator):
             The longest source, in tokens, that the runtime and the server accept: they refuse
             longer ones (ValueError; HTTP 400) where ``predict`` translates them. Default:
             ``max(1024, the longest training source)``; at most 65,536.
+        output_order : {"left_to_right", "right_to_left"}, default="left_to_right"
+            ``"right_to_left"``: the model was trained on reversed outputs, and the runtime
+            reverses what it writes (``RightToLeft.export_onnx`` passes it).
         """
         check_is_fitted(self)
         self._validate_params()  # set_params may have changed a prediction-time setting
@@ -546,7 +551,7 @@ class Seq2Seq(PortableModule, BaseEstimator):
         if hasattr(self, "module_"):
             self._fitted_tokenizer()  # the artifact's tokenizer must be the vocabulary's
 
-        return export_onnx(self, path, quantize=quantize, max_source_length=max_source_length)
+        return export_onnx(self, path, quantize, max_source_length, output_order=output_order)
 
 
 class _FittedState:

@@ -58,6 +58,7 @@ from skattn.core.manifest import (
     ENCODER_FILE,
     ITEM_MEMORY_KEY,
     MAX_SOURCE_LENGTH,
+    OUTPUT_ORDERS,
     QUANTIZATIONS,
     SEARCH_KEY,
     TEXT_KEY,
@@ -108,6 +109,7 @@ def export_module(
     max_source_length: int = _DEFAULT_MAX_SOURCE_LENGTH,
     max_output_length: int = 100,
     quantize: str | None = None,
+    output_order: str = "left_to_right",
 ) -> Path:
     """Export a ``Seq2SeqModule`` and what decoding needs around it to ``path``.
 
@@ -139,6 +141,9 @@ def export_module(
         ``"float16"``: the float32 graphs, checked as without ``quantize``, then each weight
         stored in float16 and cast back as the graph opens (:mod:`skattn.float16_weights`):
         half the bytes, float32 arithmetic on any device, answers close to float32's.
+    output_order : {"left_to_right", "right_to_left"}, default="left_to_right"
+        ``"right_to_left"`` for a model trained on reversed outputs: the manifest says so, and
+        the runtime reverses what the graphs write (``RightToLeft.export_onnx``).
 
     Returns
     -------
@@ -147,6 +152,8 @@ def export_module(
     """
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be None or one of {list(QUANTIZATIONS)}, got {quantize!r}")
+    if output_order not in OUTPUT_ORDERS:
+        raise ValueError(f"output_order must be one of {list(OUTPUT_ORDERS)}, got {output_order!r}")
     directory = prepare_directory(path)
     model = copy.deepcopy(module).cpu().float().eval()
     config = model.config
@@ -170,6 +177,7 @@ def export_module(
         writer={"opset": OPSET, "torch_version": torch.__version__.split("+")[0]},
         quantization=quantize or "none",
         export_id=weights_digest(model),
+        output_order=output_order,
     )
     Manifest.from_dict(manifest.to_dict(), "the manifest to export")  # bounds, before tracing
 
@@ -260,6 +268,7 @@ def export_onnx(
     path: str | os.PathLike,
     quantize: str | None = None,
     max_source_length: int | None = None,
+    output_order: str = "left_to_right",
 ) -> Path:
     """Export a fitted ``Seq2Seq`` to an artifact directory (see the module docstring).
 
@@ -274,6 +283,8 @@ def export_onnx(
     max_source_length : int, optional
         The longest source, in tokens, that the runtime and the server accept (at most
         65,536). Default: ``max(1024, longest training source)``.
+    output_order : {"left_to_right", "right_to_left"}, default="left_to_right"
+        See :func:`export_module`.
 
     Returns
     -------
@@ -310,4 +321,5 @@ def export_onnx(
         ),
         max_output_length=estimator._output_limit(),
         quantize=quantize,
+        output_order=output_order,
     )

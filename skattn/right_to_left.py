@@ -15,7 +15,9 @@ scikit-learn's ``TransformedTargetRegressor`` does for a regressor's target.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
@@ -56,9 +58,10 @@ class RightToLeft(BaseEstimator):
     Attributes
     ----------
     estimator_ : fitted Seq2Seq, or a ``serving.load`` runtime (see :meth:`fitted`)
-        The model of reversed outputs. Export it with ``estimator_.export_onnx(path)``: the
-        artifact holds the right-to-left model, and ``RightToLeft.fitted(serving.load(path))``
-        reads its outputs in the usual order again.
+        The model of reversed outputs. :meth:`export_onnx` writes its artifact marked right to
+        left, which ``serving.load``, the server and the explorer read in the usual order;
+        ``estimator_.export_onnx(path)`` writes it as it writes, which
+        ``RightToLeft.fitted(serving.load(path))`` reads in the usual order.
 
     Examples
     --------
@@ -78,6 +81,12 @@ class RightToLeft(BaseEstimator):
         ``sklearn.base.clone`` of the result gives an unfitted ``RightToLeft`` of ``model``
         (wrap a fitted estimator in ``sklearn.frozen.FrozenEstimator`` to keep it fitted)."""
         _check_model(model)
+        manifest = getattr(model, "manifest", None)
+        if getattr(manifest, "output_order", None) == "right_to_left":
+            raise ValueError(
+                "model is the runtime of an artifact marked right to left (RightToLeft."
+                "export_onnx), which reads its outputs in the usual order already: use it as it is"
+            )
         wrapper = cls(model)
         wrapper.estimator_ = model
         return wrapper
@@ -131,6 +140,27 @@ class RightToLeft(BaseEstimator):
         outputs' usual order (the model's rows reversed)."""
         maps = self._model().predict_attention(X, **kwargs)
         return [m[..., ::-1, :].copy() for m in maps]
+
+    def export_onnx(
+        self,
+        path: str | os.PathLike,
+        quantize: str | None = None,
+        max_source_length: int | None = None,
+    ) -> Path:
+        """Write the model's ONNX artifact marked right to left (its manifest's
+        ``output_order``): ``serving.load(path)``, the server and the explorer then give its
+        outputs, attention rows and scores in the usual order, and the runtime is itself a
+        rescorer for :class:`~skattn.rescoring.NBestReranker`. ``quantize`` and
+        ``max_source_length`` are :meth:`skattn.Seq2Seq.export_onnx`'s."""
+        model = self._model()
+        if getattr(model, "manifest", None) is not None or not callable(
+            getattr(model, "export_onnx", None)
+        ):
+            raise ValueError(
+                f"the model is a {type(model).__name__}, not a fitted estimator: a serving.load "
+                "runtime's artifact is already written (export the estimator it came from)"
+            )
+        return model.export_onnx(path, quantize, max_source_length, output_order="right_to_left")
 
     def score(self, X: Sequence, y: Sequence) -> float:
         """Exact match of :meth:`predict` against ``y`` (any of an item's references counts)."""

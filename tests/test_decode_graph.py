@@ -337,7 +337,8 @@ CLIENT = textwrap.dedent(
         "temperature": np.array(manifest["temperature"], dtype=np.float32),
     })
     vocabulary = manifest["target_vocabulary"]
-    out = ["".join(vocabulary[i] for i in tokens[r, :n]) for r, n in enumerate(lengths)]
+    order = -1 if manifest.get("output_order") == "right_to_left" else 1  # written last first
+    out = ["".join(vocabulary[i] for i in tokens[r, :n][::order]) for r, n in enumerate(lengths)]
     rows_sum = [attention[r, :n].sum(axis=1).round(4).tolist() for r, n in enumerate(lengths)]
     imported = sorted(m for m in ("torch", "sklearn", "skattn", "serving", "onnx")
                       if m in sys.modules)

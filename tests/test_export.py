@@ -633,3 +633,9 @@ def test_the_default_source_limit_is_capped_at_what_an_artifact_carries(fitted_r
     model.max_source_length_ = 70_000  # as a fit on such a source leaves it
     directory = model.export_onnx(tmp_path / "model")
     assert read_artifact(directory).manifest.max_source_length == 65_536
+
+
+def test_an_unknown_output_order_is_refused_before_tracing(fitted_reversal, tmp_path):
+    with pytest.raises(ValueError, match=r"output_order must be one of \['left_to_right'"):
+        fitted_reversal.export_onnx(tmp_path / "m", output_order="upside_down")
+    assert not (tmp_path / "m").exists()

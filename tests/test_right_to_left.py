@@ -71,6 +71,110 @@ def test_an_exported_right_to_left_model_is_wrapped_without_training(r2l, tmp_pa
     assert not hasattr(clone(served), "estimator_")
 
 
+@pytest.fixture(scope="module")
+def r2l_artifact(r2l, tmp_path_factory):
+    return r2l.export_onnx(tmp_path_factory.mktemp("r2l") / "marked")
+
+
+@pytest.mark.parametrize("decode_graph", [True, False])
+def test_an_artifact_marked_right_to_left_serves_outputs_in_the_usual_order(
+    r2l, r2l_artifact, decode_graph
+):
+    """``RightToLeft.export_onnx``: the manifest says ``right_to_left``, and the runtime's
+    predictions, attention rows and scores are the wrapper's, with no wrapper."""
+    runtime = load(r2l_artifact, decode_graph=decode_graph)
+    assert runtime.manifest.output_order == "right_to_left"
+    assert runtime.manifest.text_form()["output_order"] == "right_to_left"
+    predictions, maps = runtime.predict_batch(SOURCES, with_attention=True)
+    assert predictions == r2l.predict(SOURCES)
+    for got, want in zip(maps, r2l.predict_attention(SOURCES), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    targets = [s[::-1] for s in SOURCES]
+    np.testing.assert_allclose(
+        runtime.log_likelihood(SOURCES, targets),
+        r2l.log_likelihood(SOURCES, targets),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+    with pytest.raises(ValueError, match="reads its outputs in the usual order already"):
+        RightToLeft.fitted(runtime)
+    with pytest.raises(ValueError, match="a serving.load runtime's artifact is already written"):
+        RightToLeft.fitted(load(r2l.estimator_.export_onnx(r2l_artifact.parent / "w"))).export_onnx(
+            r2l_artifact.parent / "again"
+        )
+
+
+def test_a_right_to_left_artifact_decodes_continuously_and_serves_in_the_usual_order(
+    r2l, r2l_artifact
+):
+    """Continuous batching's running set, and the server's answers over HTTP."""
+    import httpx
+    from test_server import MODEL, RunningServer, infer_body
+
+    from serving.app import ServerSettings
+    from serving.running import RunningDecode
+
+    runtime = load(r2l_artifact)
+    running = RunningDecode(runtime, None)
+    running.admit(list(range(len(SOURCES))), SOURCES)
+    ended = {}
+    while running.size:
+        ended.update({key: (answer, rows) for key, answer, rows in running.step()})
+    want_predictions, want_maps = runtime.predict_batch(SOURCES, with_attention=True)
+    assert [ended[i][0] for i in range(len(SOURCES))] == want_predictions
+    for i, want in enumerate(want_maps):
+        np.testing.assert_allclose(ended[i][1], want, atol=1e-5)
+
+    with RunningServer(runtime, ServerSettings()) as server:
+        response = httpx.post(
+            f"{server.url}/v2/models/{MODEL}/infer", json=infer_body(SOURCES[:8]), timeout=30
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == r2l.predict(SOURCES[:8])
+
+
+def test_a_host_with_only_numpy_and_onnxruntime_reads_the_order_from_the_manifest(
+    r2l, r2l_artifact
+):
+    import json
+    import subprocess
+    import sys
+
+    from test_decode_graph import CLIENT
+
+    run = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(r2l_artifact), json.dumps(SOURCES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["predictions"] == r2l.predict(SOURCES)
+
+
+def test_an_older_reader_refuses_a_right_to_left_artifact_rather_than_reverse_its_answers(
+    r2l_artifact, tmp_path
+):
+    """The graphs' text form names the order, so a manifest that drops it (as a reader from
+    before it would read the artifact) is refused, not served backwards."""
+    import json
+    import shutil
+
+    from serving.artifact import ArtifactError
+
+    copy = tmp_path / "edited"
+    shutil.copytree(r2l_artifact, copy)
+    data = json.loads((copy / "manifest.json").read_text())
+    assert data.pop("output_order") == "right_to_left"
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="reads and writes text as"):
+        load(copy)
+    data["output_order"] = "upside_down"
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="'output_order' must be one of"):
+        load(copy)
+
+
 def test_bad_models_and_unfitted_use_are_refused():
     with pytest.raises(ValueError, match="model must be a fitted Seq2Seq or a serving.load"):
         RightToLeft.fitted("model")

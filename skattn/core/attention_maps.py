@@ -159,11 +159,13 @@ def translate_with_maps(
     """
     id_lists = translator.source_ids(token_lists)
     hypotheses = translator.decode(id_lists, settings)
-    outputs = [h.tokens for h in hypotheses]
+    outputs = [h.tokens for h in hypotheses]  # as written: the graph reads them so
     temperature, limit = settings.temperature, translator.max_batch_size
     maps = teacher_forced_maps(cross_attention, id_lists, outputs, temperature, selection, limit)
-    predictions = [translator.output(tokens) for tokens in outputs]
-    return predictions, [selection.apply(m).astype(np.float64) for m in maps]
+    maps = [selection.apply(m).astype(np.float64) for m in maps]  # (..., T_y, T_x)
+    if translator.right_to_left:  # the usual order, as Translator.read gives it
+        outputs, maps = [t[::-1] for t in outputs], [m[..., ::-1, :].copy() for m in maps]
+    return [translator.output(tokens) for tokens in outputs], maps
 
 
 def teacher_forced_maps(

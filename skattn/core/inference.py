@@ -111,6 +111,11 @@ class Translator:
         several threads. A call's items are cut into at least ``workers`` chunks (see
         :meth:`chunk_count`), so that a call of fewer than ``max_batch_size`` items still keeps
         every worker busy (results do not depend on it).
+    right_to_left : bool, default=False
+        The model writes each output from its last token (an artifact whose manifest says
+        ``output_order="right_to_left"``): :meth:`read` reverses what it writes, and
+        :meth:`log_likelihoods` scores each output reversed, so callers see the usual order.
+        :meth:`decode` gives the hypotheses as written.
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class Translator:
         output_kind: str,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         workers: int = 1,
+        right_to_left: bool = False,
     ) -> None:
         self.backend = backend
         self.source_vocabulary = source_vocabulary
@@ -130,6 +136,7 @@ class Translator:
         self.output_kind = output_kind
         self.max_batch_size = check_int(max_batch_size, "max_batch_size")
         self.workers = check_int(workers, "workers")
+        self.right_to_left = bool(right_to_left)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_pid = os.getpid()
         self._pool_lock = threading.Lock()
@@ -198,6 +205,8 @@ class Translator:
         it); ``-inf`` where an output token is not in the target vocabulary. ``(N,) float64``.
         """
         src_ids = self.source_ids(sources)
+        if self.right_to_left:  # scored as the model writes them, last token first
+            targets = [list(tokens)[::-1] for tokens in targets]
         tgt_ids = [self.target_vocabulary.encode(tokens) for tokens in targets]
         scores = np.empty(len(src_ids))
         if not src_ids:
@@ -256,6 +265,16 @@ class Translator:
             length_penalty=settings.length_penalty,
         )
 
+    def read(self, hypothesis: Hypothesis) -> Hypothesis:
+        """``hypothesis`` in the usual order: as written, or for a right-to-left model its
+        tokens and their attention rows reversed (the EOS step's row, if any, stays last)."""
+        if not self.right_to_left:
+            return hypothesis
+        n = len(hypothesis.tokens)
+        weights = hypothesis.weights
+        rows = np.concatenate([weights[:n][::-1], weights[n:]]) if n else weights
+        return Hypothesis(hypothesis.tokens[::-1], rows, hypothesis.score)
+
     def output(self, token_ids: Sequence[int]) -> str | list[str]:
         """Output ids as the model's output kind: a str, or a list of tokens."""
         tokens = self.target_vocabulary.decode(token_ids)
@@ -278,7 +297,7 @@ class Translator:
             source token plus the end-of-source marker; rows sum to 1.
         """
         id_lists = self.source_ids(token_lists)
-        hypotheses = self.decode(id_lists, settings)
+        hypotheses = [self.read(h) for h in self.decode(id_lists, settings)]
         predictions = [self.output(h.tokens) for h in hypotheses]
         if not with_attention:
             return predictions, None

@@ -64,6 +64,7 @@ __all__ = [
     "MANIFEST_FILE",
     "MEMORY_NAMES",
     "OPTIONAL_GRAPH_FILES",
+    "OUTPUT_ORDERS",
     "CPU_ONLY_QUANTIZATIONS",
     "QUANTIZATIONS",
     "SEARCH_KEY",
@@ -107,6 +108,9 @@ ITEM_MEMORY_KEY = "skattn.item_memory"
 
 SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
 OUTPUT_KINDS = ("str", "tokens")
+#: How the graphs write an output: from its first token, or from its last (a model trained on
+#: reversed outputs, ``skattn.right_to_left.RightToLeft``), which the runtime reads back.
+OUTPUT_ORDERS = ("left_to_right", "right_to_left")
 #: How the graphs' weights are stored besides float32: int8 products (:mod:`skattn.quantize`),
 #: or float16 weights computed in float32 (:mod:`skattn.float16_weights`).
 QUANTIZATIONS = ("int8", "float16")
@@ -169,6 +173,11 @@ class Manifest:
     export_id : str
         SHA-256 of the exported weights (``""``: an artifact written before it existed), part
         of the binding: a graph of another model of the same configuration is refused too.
+    output_order : {"left_to_right", "right_to_left"}
+        ``"right_to_left"``: the graphs write each output from its last token to its first (a
+        model trained on reversed outputs), and the runtime reverses what they write, so
+        predictions, attention rows and scored outputs read in the usual order. Absent means
+        ``"left_to_right"``; part of :meth:`text_form`.
     """
 
     tokenizer: str
@@ -192,6 +201,7 @@ class Manifest:
     writer: Mapping[str, Any] = field(default_factory=dict)
     quantization: str = "none"
     export_id: str = ""
+    output_order: str = "left_to_right"
 
     # -- graph names ------------------------------------------------------------------------
 
@@ -270,10 +280,15 @@ class Manifest:
         )
 
     def text_form(self) -> dict[str, str]:
-        """How the graphs' ids become text: ``{"tokenizer", "output_kind"}``, also stored in
-        their metadata (``TEXT_KEY``), since a manifest edited to another tokenizer or output
-        kind would read and write other text with the same graphs."""
-        return {"tokenizer": self.tokenizer, "output_kind": self.output_kind}
+        """How the graphs' ids become text: ``{"tokenizer", "output_kind"}`` (and
+        ``"output_order"`` when it is ``"right_to_left"``), also stored in their metadata
+        (``TEXT_KEY``), since a manifest edited to another tokenizer, output kind or order would
+        read and write other text with the same graphs (a reader older than the order refuses
+        a right-to-left model's graphs rather than serve its outputs backwards)."""
+        form = {"tokenizer": self.tokenizer, "output_kind": self.output_kind}
+        if self.output_order != "left_to_right":
+            form["output_order"] = self.output_order
+        return form
 
     def search(self) -> dict[str, Any]:
         """The search ``decode.onnx`` runs: ``{"beam_size", "length_penalty"}``, also stored
@@ -297,6 +312,8 @@ class Manifest:
         data["model"] = dict(self.model)
         if not self.export_id:  # written before export ids: the layout it was read from
             del data["export_id"]
+        if self.output_order == "left_to_right":  # the layout before right-to-left models
+            del data["output_order"]
         data["binding"] = self.binding
         writer = data.pop("writer")
         return {**data, **writer}
@@ -366,6 +383,9 @@ class Manifest:
             if "quantization" in data
             else "none",
             export_id=reader.digest("export_id") if "export_id" in data else "",
+            output_order=reader.choice("output_order", OUTPUT_ORDERS)
+            if "output_order" in data
+            else "left_to_right",
         )
         if version >= 2 and reader.take("binding", str) != manifest.binding:
             raise ArtifactError(
