@@ -540,11 +540,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None:  # before exporting, so that the measurements survive any failure
         write_json(results, args.out)
     if args.export is not None:
-        network_of(model).export_onnx(args.export)
+        model.export_onnx(args.export)  # a RightToLeft's is marked right to left
         results["export"] = str(args.export)
         print(f"exported to {args.export} (python -m serving --model-dir {args.export})")
         if args.right_to_left:
-            print("  it writes right to left: RightToLeft.fitted(serving.load(dir)) reads it")
+            print("  marked right to left: the runtime and the server give it in the usual order")
         if args.out is not None:
             write_json(results, args.out)
     return results

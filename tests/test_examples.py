@@ -216,7 +216,8 @@ def test_g2p_cmudict_quick_trains_right_to_left_and_scores_in_the_usual_order(tm
     r2l = joblib.load(saved)
     assert isinstance(r2l, RightToLeft)
     words = ["CAT", "DOG", "HELLO"]
-    served = RightToLeft.fitted(serving.load(artifact, device="cpu"))
+    served = serving.load(artifact, device="cpu")  # marked right to left: the usual order
+    assert served.manifest.output_order == "right_to_left"
     assert served.predict(words) == r2l.predict(words)
     assert r2l.predict(words) == [p[::-1] for p in r2l.estimator_.predict(words)]
 
