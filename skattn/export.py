@@ -63,6 +63,7 @@ from skattn.core.manifest import (
     SEARCH_KEY,
     TEXT_KEY,
     Manifest,
+    format_version_for,
 )
 from skattn.core.text import tokenize
 from skattn.decode_graph import build_decode_graph, verify_decode_graph
@@ -178,6 +179,7 @@ def export_module(
         quantization=quantize or "none",
         export_id=weights_digest(model),
         output_order=output_order,
+        format_version=format_version_for(output_order),
     )
     Manifest.from_dict(manifest.to_dict(), "the manifest to export")  # bounds, before tracing
 

@@ -153,12 +153,15 @@ class RightToLeft(BaseEstimator):
         rescorer for :class:`~skattn.rescoring.NBestReranker`. ``quantize`` and
         ``max_source_length`` are :meth:`skattn.Seq2Seq.export_onnx`'s."""
         model = self._model()
-        if getattr(model, "manifest", None) is not None or not callable(
-            getattr(model, "export_onnx", None)
-        ):
+        if getattr(model, "manifest", None) is not None:
             raise ValueError(
-                f"the model is a {type(model).__name__}, not a fitted estimator: a serving.load "
-                "runtime's artifact is already written (export the estimator it came from)"
+                f"the model is a {type(model).__name__}, whose artifact is already written: "
+                "export the estimator it came from"
+            )
+        if isinstance(model, RightToLeft) or not callable(getattr(model, "export_onnx", None)):
+            raise ValueError(
+                f"the model is a {type(model).__name__}, not a fitted Seq2Seq or "
+                "Seq2SeqEnsemble: it cannot be exported right to left"
             )
         return model.export_onnx(path, quantize, max_source_length, output_order="right_to_left")
 

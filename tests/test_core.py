@@ -16,6 +16,7 @@ import pytest
 from skattn.core import checks
 from skattn.core.inference import SearchSettings, Translator, as_text
 from skattn.core.manifest import (
+    BASE_FORMAT_VERSION,
     FORMAT_VERSION,
     MAX_BEAM_SIZE,
     ArtifactError,
@@ -141,7 +142,7 @@ def manifest(**changes):
 def test_manifest_round_trips_through_json():
     m = manifest()
     data = json.loads(m.to_json())
-    assert data["format_version"] == FORMAT_VERSION
+    assert data["format_version"] == BASE_FORMAT_VERSION == FORMAT_VERSION - 1  # left to right
     assert data["limits"] == {"max_source_length": 100, "max_output_length": 30}
     assert data["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert Manifest.from_json(m.to_json()) == m

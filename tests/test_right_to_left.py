@@ -84,6 +84,7 @@ def test_an_artifact_marked_right_to_left_serves_outputs_in_the_usual_order(
     predictions, attention rows and scores are the wrapper's, with no wrapper."""
     runtime = load(r2l_artifact, decode_graph=decode_graph)
     assert runtime.manifest.output_order == "right_to_left"
+    assert runtime.manifest.format_version == 3  # readers from before the key refuse it
     assert runtime.manifest.text_form()["output_order"] == "right_to_left"
     predictions, maps = runtime.predict_batch(SOURCES, with_attention=True)
     assert predictions == r2l.predict(SOURCES)
@@ -98,7 +99,9 @@ def test_an_artifact_marked_right_to_left_serves_outputs_in_the_usual_order(
     )
     with pytest.raises(ValueError, match="reads its outputs in the usual order already"):
         RightToLeft.fitted(runtime)
-    with pytest.raises(ValueError, match="a serving.load runtime's artifact is already written"):
+    with pytest.raises(ValueError, match="cannot be exported right to left"):
+        RightToLeft.fitted(r2l).export_onnx(r2l_artifact.parent / "nested")
+    with pytest.raises(ValueError, match="whose artifact is already written"):
         RightToLeft.fitted(load(r2l.estimator_.export_onnx(r2l_artifact.parent / "w"))).export_onnx(
             r2l_artifact.parent / "again"
         )
@@ -155,8 +158,9 @@ def test_a_host_with_only_numpy_and_onnxruntime_reads_the_order_from_the_manifes
 def test_an_older_reader_refuses_a_right_to_left_artifact_rather_than_reverse_its_answers(
     r2l_artifact, tmp_path
 ):
-    """The graphs' text form names the order, so a manifest that drops it (as a reader from
-    before it would read the artifact) is refused, not served backwards."""
+    """The manifest is format 3 (readers from before it refuse a newer format), and the
+    graphs' text form names the order, so a manifest that drops it is refused too, not served
+    backwards."""
     import json
     import shutil
 
@@ -172,6 +176,10 @@ def test_an_older_reader_refuses_a_right_to_left_artifact_rather_than_reverse_it
     data["output_order"] = "upside_down"
     (copy / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match="'output_order' must be one of"):
+        load(copy)
+    data.update(output_order="right_to_left", format_version=2)
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="'right_to_left' needs format_version 3, got 2"):
         load(copy)
 
 

@@ -540,7 +540,7 @@ def test_bad_temperature_raises(runtime, temperature):
 def test_runtime_describes_itself(runtime, fitted):
     assert runtime.name == "reverser"
     assert runtime.provider == CPU_PROVIDER
-    assert runtime.manifest.format_version == FORMAT_VERSION == 2
+    assert runtime.manifest.format_version == 2 == FORMAT_VERSION - 1  # 3: right to left only
     info = runtime.info
     assert (info.name, info.provider, info.output_kind) == ("reverser", CPU_PROVIDER, "str")
     assert info.max_source_length == runtime.max_source_length

@@ -27,9 +27,12 @@ Format versions: 1 (the first); 2 adds ``model`` (the model's hyperparameters) a
 (a digest of the vocabularies and the model, also stored in each graph's metadata, so that a
 manifest whose vocabulary was edited, or a graph from another model, is refused at load), and
 later ``export_id`` (a digest of the weights, counted in the binding when present, so that the
-graphs of two models of one configuration cannot be mixed either). Version 1 artifacts still
-load, without that check, and graphs that carry a binding are refused beside a version-1
-manifest. ``decode.onnx``'s metadata also holds its search (``SEARCH_KEY``), checked against the
+graphs of two models of one configuration cannot be mixed either). Version 3 adds
+``output_order`` and is written only for a model that writes its outputs right to left, so that
+a reader from before it refuses such an artifact rather than serve its outputs backwards; every
+other artifact is written as version 2. Version 1 artifacts still load, without the binding
+check, and graphs that carry a binding are refused beside a version-1 manifest.
+``decode.onnx``'s metadata also holds its search (``SEARCH_KEY``), checked against the
 manifest's ``beam_size`` and ``length_penalty``. ``decode.onnx`` and ``attention.onnx``
 are optional in both versions: an artifact that lists one in ``files`` has its checksum and
 (format 2) binding checked like the step graphs'; one without it still loads.
@@ -58,6 +61,7 @@ __all__ = [
     "DECODER_FILE",
     "DECODE_FILE",
     "ENCODER_FILE",
+    "BASE_FORMAT_VERSION",
     "FORMAT_VERSION",
     "GRAPH_FILES",
     "ITEM_MEMORY_KEY",
@@ -73,10 +77,14 @@ __all__ = [
     "ArtifactError",
     "Manifest",
     "binding_digest",
+    "format_version_for",
     "sha256_file",
 ]
 
-FORMAT_VERSION = 2
+#: The newest manifest format this code reads (and writes for a right-to-left model).
+FORMAT_VERSION = 3
+#: The format every other artifact is written in, which readers from before version 3 read.
+BASE_FORMAT_VERSION = 2
 #: The encoder's outputs that the decoder step reads, each ``(B, T, ...)``: the source axis 1.
 MEMORY_NAMES = ("memory", "keys", "mask")
 MANIFEST_FILE = "manifest.json"
@@ -177,7 +185,8 @@ class Manifest:
         ``"right_to_left"``: the graphs write each output from its last token to its first (a
         model trained on reversed outputs), and the runtime reverses what they write, so
         predictions, attention rows and scored outputs read in the usual order. Absent means
-        ``"left_to_right"``; part of :meth:`text_form`.
+        ``"left_to_right"``; part of :meth:`text_form`; ``"right_to_left"`` needs format 3
+        (:func:`format_version_for`).
     """
 
     tokenizer: str
@@ -197,7 +206,7 @@ class Manifest:
     output_kind: str
     files: Mapping[str, str] = field(default_factory=dict)
     model: Mapping[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
+    format_version: int = BASE_FORMAT_VERSION
     writer: Mapping[str, Any] = field(default_factory=dict)
     quantization: str = "none"
     export_id: str = ""
@@ -387,6 +396,11 @@ class Manifest:
             if "output_order" in data
             else "left_to_right",
         )
+        if manifest.output_order != "left_to_right" and version < FORMAT_VERSION:
+            raise ArtifactError(
+                f"{where}: 'output_order' {manifest.output_order!r} needs format_version "
+                f"{FORMAT_VERSION}, got {version}: the manifest was edited; re-export the model"
+            )
         if version >= 2 and reader.take("binding", str) != manifest.binding:
             raise ArtifactError(
                 f"{where}: 'binding' does not match the vocabularies and model it lists: the "
@@ -401,6 +415,12 @@ class Manifest:
         names = [*GRAPH_FILES, *(n for n in OPTIONAL_GRAPH_FILES if (directory / n).is_file())]
         digests = {name: sha256_file(directory / name) for name in names}
         return dataclasses.replace(self, files=digests)
+
+
+def format_version_for(output_order: str) -> int:
+    """The format an artifact of ``output_order`` is written in: 3 for a right-to-left model
+    (readers from before ``output_order`` refuse it), else 2 (they read it)."""
+    return BASE_FORMAT_VERSION if output_order == "left_to_right" else FORMAT_VERSION
 
 
 def binding_digest(
