@@ -97,11 +97,10 @@ class RunningDecode:
     def step(self) -> list[tuple[Any, Any, np.ndarray]]:
         """One decoder step over every row: ``(key, prediction, attention)`` of the items that
         ended, ``attention (T_y, T_x)`` float64 as ``runtime.predict_batch`` gives it."""
-        read = self.translator.read  # in the usual order (a right-to-left model's reversed)
-        ended = [
-            (key, self.translator.output(h.tokens), attention_rows(h))
-            for key, h in ((key, read(hypothesis)) for key, hypothesis in self.search.step())
-        ]
+        ended = []
+        for key, hypothesis in self.search.step():
+            h = self.translator.read(hypothesis)  # the usual order (a right-to-left model's)
+            ended.append((key, self.translator.output(h.tokens), attention_rows(h)))
         if ended:
             self._trim()
         return ended
