@@ -327,8 +327,8 @@ def beam_search(
 
     ``item_memory``: the step reads one row of memory, keys and mask per item for its ``r``
     rows per item (:data:`~skattn.core.manifest.ITEM_MEMORY_KEY`), so the search carries one
-    copy of each, not ``K``: at 32 to 256 items of the G2P member (int8, beam 5) 0.96x to 0.87x
-    the time, with the same answers (``benchmarks/bench_item_memory.py``).
+    copy of each, not ``K``: the G2P member (int8, beam 5) in 0.95x the time at 32 items and
+    0.89-0.90x at 64 to 256, with the same answers (``benchmarks/bench_item_memory.py``).
     """
     K, alpha = manifest.beam_size, manifest.length_penalty
     states = list(manifest.state_names)
@@ -353,7 +353,7 @@ def beam_search(
 
     body = GraphBuilder("beam/")
     ins = body.loop_inputs(names)
-    seg = {name: ins[name] for name in ("memory", "keys", "mask")}
+    seg = {name: ins[name] for name in MEMORY_NAMES}
     after = _steps(body, decoder, manifest, ins, seg)  # K rows per item
     still = after["still"]  # (n,)
     keep = body.squeeze(body.op("NonZero", still), 0)  # (m,) the items that search on
