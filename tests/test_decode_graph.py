@@ -347,6 +347,18 @@ CLIENT = textwrap.dedent(
 )
 
 
+def run_client(directory, sources: list[str]) -> dict:
+    """:data:`CLIENT`'s answer for ``sources`` over the artifact in ``directory``."""
+    result = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(directory), json.dumps(sources)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 @pytest.fixture(scope="module")
 def reversal_artifact(fitted_reversal, tmp_path_factory):
     return fitted_reversal.export_onnx(tmp_path_factory.mktemp("decode") / "reverser")
@@ -357,14 +369,7 @@ def test_a_process_with_only_numpy_and_onnxruntime_gets_the_runtimes_predictions
 ):
     sources = [*reversal_data[2][:40], "", "9", "0123456789012"]
     stepwise = serving.load(reversal_artifact, device="cpu", decode_graph=False)
-    result = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(reversal_artifact), json.dumps(sources)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    answer = json.loads(result.stdout)
+    answer = run_client(reversal_artifact, sources)
     assert answer["imported"] == []
     assert answer["predictions"] == stepwise.predict(sources)
     assert sum(p == s[::-1] for p, s in zip(answer["predictions"], sources, strict=True)) > 30

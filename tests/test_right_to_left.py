@@ -55,17 +55,23 @@ def test_the_model_trains_on_reversed_outputs_and_reads_them_back(r2l):
     assert r2l.score(SOURCES, targets) == pytest.approx(own)
 
 
-def test_an_exported_right_to_left_model_is_wrapped_without_training(r2l, tmp_path):
-    runtime = load(r2l.estimator_.export_onnx(tmp_path / "r2l"))
-    served = RightToLeft.fitted(runtime)
-    assert served.predict(SOURCES) == r2l.predict(SOURCES)
-    targets = [s[::-1] for s in SOURCES]
+def assert_same_scores(served, r2l, targets) -> None:
+    """``log p(targets | SOURCES)`` of a served model as the in-memory wrapper's (float32
+    graphs against torch)."""
     np.testing.assert_allclose(
         served.log_likelihood(SOURCES, targets),
         r2l.log_likelihood(SOURCES, targets),
         rtol=1e-5,
         atol=1e-4,
     )
+
+
+def test_an_exported_right_to_left_model_is_wrapped_without_training(r2l, tmp_path):
+    runtime = load(r2l.estimator_.export_onnx(tmp_path / "r2l"))
+    served = RightToLeft.fitted(runtime)
+    assert served.predict(SOURCES) == r2l.predict(SOURCES)
+    targets = [s[::-1] for s in SOURCES]
+    assert_same_scores(served, r2l, targets)
     assert served.score(SOURCES, targets) == r2l.score(SOURCES, targets)
     assert RightToLeft.fitted(r2l.estimator_).predict(SOURCES[:5]) == r2l.predict(SOURCES[:5])
     assert not hasattr(clone(served), "estimator_")
@@ -90,13 +96,7 @@ def test_an_artifact_marked_right_to_left_serves_outputs_in_the_usual_order(
     assert predictions == r2l.predict(SOURCES)
     for got, want in zip(maps, r2l.predict_attention(SOURCES), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    targets = [s[::-1] for s in SOURCES]
-    np.testing.assert_allclose(
-        runtime.log_likelihood(SOURCES, targets),
-        r2l.log_likelihood(SOURCES, targets),
-        rtol=1e-5,
-        atol=1e-4,
-    )
+    assert_same_scores(runtime, r2l, [s[::-1] for s in SOURCES])
     with pytest.raises(ValueError, match="reads its outputs in the usual order already"):
         RightToLeft.fitted(runtime)
     with pytest.raises(ValueError, match="cannot be exported right to left"):
@@ -139,20 +139,9 @@ def test_a_right_to_left_artifact_decodes_continuously_and_serves_in_the_usual_o
 def test_a_host_with_only_numpy_and_onnxruntime_reads_the_order_from_the_manifest(
     r2l, r2l_artifact
 ):
-    import json
-    import subprocess
-    import sys
+    from test_decode_graph import run_client
 
-    from test_decode_graph import CLIENT
-
-    run = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(r2l_artifact), json.dumps(SOURCES)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["predictions"] == r2l.predict(SOURCES)
+    assert run_client(r2l_artifact, SOURCES)["predictions"] == r2l.predict(SOURCES)
 
 
 def test_an_older_reader_refuses_a_right_to_left_artifact_rather_than_reverse_its_answers(
