@@ -13,6 +13,14 @@ differ in the last bits).
     python benchmarks/bench_item_memory.py                          # the G2P member, int8
     python benchmarks/bench_item_memory.py --quantize none --model PATH.joblib
     python benchmarks/bench_item_memory.py --quick                  # seconds: a small model
+
+``--artifacts BEFORE AFTER`` compares two artifacts of one G2P model as they are, through
+``serving.load(dir).predict`` (one core, one thread, one chunk a call) over the CMUdict test
+words: the packaged model as shipped before the change against the same members re-exported::
+
+    mkdir /tmp/before && git archive 6d6a46a serving/models/cmudict-g2p-int8 | tar -x -C /tmp/before
+    python benchmarks/bench_item_memory.py --artifacts \
+        /tmp/before/serving/models/cmudict-g2p-int8 serving/models/cmudict-g2p-int8
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--core", type=int, default=None, help="default: the last usable core")
     parser.add_argument("--quick", action="store_true", help="a small reversal model")
+    parser.add_argument(
+        "--artifacts", type=Path, nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+        help="compare two artifacts of one G2P model as they are (predict, test words)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.beam_size < 2:
         parser.error("--beam-size must be at least 2 (greedy search has one row per item)")
@@ -105,12 +117,45 @@ def captured_feeds(directory: Path, sources: list[str], batch_size: int) -> list
     return feeds
 
 
+def compare_artifacts(args) -> list[tuple]:
+    """``--artifacts``: each artifact's ``predict`` CPU time a word at each batch size (medians of
+    ``--repeats`` alternating rounds over ``--n-inputs`` test words; 256 words at batch 1), and
+    how many of all the test words' answers the two share."""
+    from skattn.datasets import load_cmudict
+
+    words = sorted(set(load_cmudict("test")[0]))
+    options = dict(intra_op_num_threads=1, workers=1, max_batch_size=max(args.batch_sizes))
+    runtimes = [serving.load(d, "cpu", **options) for d in args.artifacts]
+    answers = [runtime.predict(words) for runtime in runtimes]
+    same = sum(a == b for a, b in zip(*answers, strict=True))
+    print(f"equal answers: {same} of {len(words)} test words")
+    print(f"{'batch':>5} {'before ms/word':>15} {'after ms/word':>14} {'ratio':>7}")
+    step = max(1, len(words) // args.n_inputs)
+    sample, rows = words[::step][: args.n_inputs], []
+    for batch_size in args.batch_sizes:
+        chosen = sample[:256] if batch_size == 1 else sample
+        calls = [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
+        times = [[], []]
+        for _ in range(args.repeats):
+            for runtime, seconds in zip(runtimes, times, strict=True):
+                start = time.process_time()
+                for call in calls:
+                    runtime.predict(call)
+                seconds.append((time.process_time() - start) / len(chosen))
+        before, after = (statistics.median(t) for t in times)
+        print(f"{batch_size:>5} {1e3 * before:>15.3f} {1e3 * after:>14.3f} {after / before:>6.3f}x")
+        rows.append((batch_size, before, after, same, len(words)))
+    return rows
+
+
 def main(argv=None) -> list[tuple]:
     args = parse_args(argv)
     core = args.core if args.core is not None else max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
     machine.use_threads(1)
     print(machine.describe(), f" one core ({core}), one onnxruntime thread", flush=True)
+    if args.artifacts is not None:
+        return compare_artifacts(args)
     estimator, sources = load_model(args)
     estimator.set_params(beam_size=args.beam_size)  # settable after fit
     quantize = None if args.quantize == "none" else args.quantize
