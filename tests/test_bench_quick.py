@@ -21,7 +21,6 @@ QUICK = {
     "bench_defaults": ["--random-states", "0"],
     "bench_optimizer": ["--steps", "2"],
     "bench_data_parallel": ["--quick"],
-    "bench_item_memory": ["--quick"],
 }
 
 
