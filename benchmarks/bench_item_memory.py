@@ -76,13 +76,9 @@ def load_model(args):
 
         estimator = bench_decode_graph.fit_reversal("small", "bahdanau", "additive", 64, 32, 60, 0)
         return estimator, bench_decode_graph.reversal_data(args.n_inputs, 1)
-    import joblib
+    import bench_runtime_chunks
 
-    from skattn.datasets import load_cmudict
-
-    words = sorted(set(load_cmudict("test")[0]))
-    step = max(1, len(words) // args.n_inputs)
-    return joblib.load(args.model), words[::step][: args.n_inputs]
+    return bench_runtime_chunks.g2p_model(args.model, args.n_inputs)
 
 
 def per_row(estimator):

@@ -223,11 +223,10 @@ def export_module(
         graph, _ = guard_empty_inputs(graph)  # fused cells must not see an empty batch
         if quantize == "float16":  # the verified graphs' weights, where they finally lie
             graph = float16_weights(graph)
-        props = {BINDING_KEY: manifest.binding, TEXT_KEY: json.dumps(manifest.text_form())}
+        props = {p.key: p.value for p in graph.metadata_props}  # the step's ITEM_MEMORY_KEY
+        props |= {BINDING_KEY: manifest.binding, TEXT_KEY: json.dumps(manifest.text_form())}
         if name == DECODE_FILE:  # its search is built in
             props[SEARCH_KEY] = json.dumps(manifest.search())
-        if name == DECODER_FILE and model.item_memory:
-            props[ITEM_MEMORY_KEY] = "1"
         onnx.helper.set_model_props(graph, props)
         finished.append((graph, name))
     write_artifact(directory, finished, manifest)
