@@ -21,6 +21,13 @@ words: the packaged model as shipped before the change against the same members 
     mkdir /tmp/before && git archive 6d6a46a serving/models/cmudict-g2p-int8 | tar -x -C /tmp/before
     python benchmarks/bench_item_memory.py --artifacts \
         /tmp/before/serving/models/cmudict-g2p-int8 serving/models/cmudict-g2p-int8
+
+``--step-path ARTIFACT`` does the same for the NumPy beam search over an artifact's step graphs
+(the runtime's path where the artifact has no ``decode.onnx``, as the float16 ``cmudict-g2p``):
+one runtime lines the memory up one row per beam for every step, as before, the other one row
+per item where the step reads it so::
+
+    python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--artifacts", type=Path, nargs=2, metavar=("BEFORE", "AFTER"), default=None,
         help="compare two artifacts of one G2P model as they are (predict, test words)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--step-path", type=Path, metavar="ARTIFACT", default=None,
+        help="the NumPy beam search over an artifact's step graphs, per row against per item",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.beam_size < 2:
@@ -117,17 +128,38 @@ def compare_artifacts(args) -> list[tuple]:
     """``--artifacts``: each artifact's ``predict`` CPU time a word at each batch size (medians of
     ``--repeats`` alternating rounds over ``--n-inputs`` test words; 256 words at batch 1), and
     how many of all the test words' answers the two share."""
+    options = dict(intra_op_num_threads=1, workers=1, max_batch_size=max(args.batch_sizes))
+    runtimes = [serving.load(d, "cpu", **options) for d in args.artifacts]
+    return compare_runtimes(args, runtimes, ("before", "after"), every_word=True)
+
+
+def compare_step_path(args) -> list[tuple]:
+    """``--step-path``: one artifact decoded over its step graphs by the NumPy beam search, its
+    memory lined up one row per beam (``backend.item_memory`` off) and one row per item."""
+    options = dict(intra_op_num_threads=1, workers=1, max_batch_size=max(args.batch_sizes))
+    path = args.step_path
+    runtimes = [serving.load(path, "cpu", decode_graph=False, **options) for _ in range(2)]
+    if not runtimes[1].backend.item_memory:
+        sys.exit(f"{path}: its step reads one memory row per row: nothing to compare")
+    if runtimes[1].manifest.beam_size < 2:
+        sys.exit(f"{path}: greedy search has one row per item: nothing to compare")
+    runtimes[0].backend.item_memory = False
+    return compare_runtimes(args, runtimes, ("per row", "per item"), every_word=False)
+
+
+def compare_runtimes(args, runtimes, labels, every_word: bool) -> list[tuple]:
+    """Two runtimes of one G2P model over the CMUdict test words: the answers they share (all
+    the words, or the timed ones), then ``predict``'s CPU time a word at each batch size."""
     from skattn.datasets import load_cmudict
 
     words = sorted(set(load_cmudict("test")[0]))
-    options = dict(intra_op_num_threads=1, workers=1, max_batch_size=max(args.batch_sizes))
-    runtimes = [serving.load(d, "cpu", **options) for d in args.artifacts]
-    answers = [runtime.predict(words) for runtime in runtimes]
-    same = sum(a == b for a, b in zip(*answers, strict=True))
-    print(f"equal answers: {same} of {len(words)} test words")
-    print(f"{'batch':>5} {'before ms/word':>15} {'after ms/word':>14} {'ratio':>7}")
     step = max(1, len(words) // args.n_inputs)
     sample, rows = words[::step][: args.n_inputs], []
+    compared = words if every_word else sample
+    answers = [runtime.predict(compared) for runtime in runtimes]
+    same = sum(a == b for a, b in zip(*answers, strict=True))
+    print(f"equal answers: {same} of {len(compared)} test words")
+    print(f"{'batch':>5} {labels[0] + ' ms/word':>15} {labels[1] + ' ms/word':>16} {'ratio':>7}")
     for batch_size in args.batch_sizes:
         chosen = sample[:256] if batch_size == 1 else sample
         calls = [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
@@ -139,8 +171,8 @@ def compare_artifacts(args) -> list[tuple]:
                     runtime.predict(call)
                 seconds.append((time.process_time() - start) / len(chosen))
         before, after = (statistics.median(t) for t in times)
-        print(f"{batch_size:>5} {1e3 * before:>15.3f} {1e3 * after:>14.3f} {after / before:>6.3f}x")
-        rows.append((batch_size, before, after, same, len(words)))
+        print(f"{batch_size:>5} {1e3 * before:>15.3f} {1e3 * after:>16.3f} {after / before:>6.3f}x")
+        rows.append((batch_size, before, after, same, len(compared)))
     return rows
 
 
@@ -152,6 +184,8 @@ def main(argv=None) -> list[tuple]:
     print(machine.describe(), f" one core ({core}), one onnxruntime thread", flush=True)
     if args.artifacts is not None:
         return compare_artifacts(args)
+    if args.step_path is not None:
+        return compare_step_path(args)
     estimator, sources = load_model(args)
     estimator.set_params(beam_size=args.beam_size)  # settable after fit
     quantize = None if args.quantize == "none" else args.quantize

@@ -3,8 +3,10 @@
 Both run ``encoder.onnx`` and ``decoder_step.onnx`` of an artifact; they differ in where the
 carry (the decoder state plus the encoder's memory, keys and mask) lives between steps:
 
-- :class:`NumpyBackend` (CPU): a dict of NumPy arrays; ``select`` is ``np.take`` along axis 0.
-  onnxruntime reads contiguous NumPy inputs in place.
+- :class:`NumpyBackend` (CPU): a dict of NumPy arrays; ``select`` is ``np.take`` along axis 0
+  for the decoder state, and the encoder's memory, keys and mask are gathered only when a step
+  needs other rows of them than it holds (one row per item for a step that reads an item's
+  memory once for all its beams). onnxruntime reads contiguous NumPy inputs in place.
 - :class:`BoundBackend` (CUDA, or CPU on request): a dict of ``OrtValue`` on the device; every
   step runs through IO binding, so states, memory and keys never leave the device. Only
   ``log_probs`` and ``weights`` (which the search reads) are bound to host memory, and
@@ -25,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.manifest import MEMORY_NAMES, Manifest
+from skattn.core.manifest import ITEM_MEMORY_KEY, MEMORY_NAMES, Manifest
 from skattn.core.search import Hypothesis
 from skattn.core.text import pad_batch
 
@@ -37,12 +39,27 @@ __all__ = [
 ]
 
 Carry = dict[str, Any]
-#: A host carry's ``(N,)`` record of which encoder row each carry row holds (not a graph input).
+#: A host carry's ``(N,)`` record of the encoder row (the item) each carry row decodes, and
+#: ``(M,)`` of the encoder row each row of its memory, keys and mask holds (not graph inputs).
 ORIGIN = "origin"
+HELD = "held"
 
 
 class NumpyBackend:
     """Encoder and decoder step on host memory; the carry is a dict of NumPy arrays.
+
+    The carry's decoder state has one row per decoded row (an item's beams side by side); its
+    memory, keys and mask hold the encoder rows :data:`HELD` names, which :meth:`step` lines up
+    with the rows (:data:`ORIGIN`) just before it runs the graph, copying only when they differ:
+
+    - a step that reads an item's memory once for all its rows (``ITEM_MEMORY_KEY`` in its
+      metadata: the recurrent decoders') gets one row per item whenever every item has the same
+      number ``R`` of rows, item-major, as beam search keeps them; a beam search then never
+      copies the memory ``K`` times, and items that end leave a view of the rest (or a copy of
+      the items left, not of their beams);
+    - any other step, or rows of unequal count per item, gets one memory row per row: reordering
+      an item's beams among themselves keeps it as it is, and items that end first or last leave
+      a view (:func:`_source_window`).
 
     Parameters
     ----------
@@ -60,6 +77,9 @@ class NumpyBackend:
         self.carry_names = manifest.carry_names()
         self.encoder_outputs = manifest.encoder_outputs()
         self.decoder_outputs = manifest.decoder_outputs()
+        metadata = decoder.get_modelmeta().custom_metadata_map
+        #: Whether the step reads one memory row per item for ``R`` rows per item.
+        self.item_memory = metadata.get(ITEM_MEMORY_KEY) == "1"
         #: Every run's options: a runtime that terminates a search sets ``terminate`` on it.
         self.run_options = ort.RunOptions()
         # A run's errors reach the caller as exceptions (the server logs them as JSON lines);
@@ -67,18 +87,19 @@ class NumpyBackend:
         self.run_options.log_severity_level = 4
 
     def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
-        """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry, with
-        :data:`ORIGIN` (row ``j`` holds the encoder's row ``j``)."""
+        """Run ``encoder.onnx``: ``src (B, T), src_lengths (B,)`` -> the initial carry: row
+        ``j`` decodes the encoder's row ``j`` and the memory holds each row once."""
         feeds = {"src": src, "src_lengths": src_lengths}
         outputs = self.encoder.run(None, feeds, self.run_options)
         carry = dict(zip(self.encoder_outputs, outputs, strict=True))
-        carry[ORIGIN] = np.arange(len(src))
+        carry[ORIGIN] = carry[HELD] = np.arange(len(src))
         return carry
 
     def step(
         self, y_prev: np.ndarray, carry: Carry, position: int, temperature: float
     ) -> tuple[np.ndarray, Carry, np.ndarray]:
         """Run ``decoder_step.onnx`` once: ``(N, V)`` log-probs, the next carry, ``(N, T)``."""
+        carry = self._lined_up(carry)
         feeds = {
             "y_prev": np.ascontiguousarray(y_prev, dtype=np.int64),  # (N,)
             **{name: carry[name] for name in self.carry_names},
@@ -92,52 +113,67 @@ class NumpyBackend:
         return log_probs, carry, weights  # (N, V), carry, (N, T)
 
     def select(self, carry: Carry, rows: np.ndarray) -> Carry:
-        """Keep (or repeat) ``rows`` of every carried array: ``np.take`` along axis 0.
+        """Keep (or repeat) ``rows`` of the decoder state (``np.take`` along axis 0); the
+        memory, keys and mask stay as they are until a step reads other rows of them."""
+        return {
+            name: value if name in MEMORY_NAMES or name == HELD else np.take(value, rows, axis=0)
+            for name, value in carry.items()
+        }
 
-        The encoder's memory, keys and mask are copied only when no run of their rows already
-        holds the sources the new rows read (:data:`ORIGIN`, :func:`_source_window`). A beam
-        search that reorders an item's beams among themselves moves its states but keeps the
-        memory as it is; items that end first or last leave a view of the rest. It is copied
-        whenever the kept rows' sources match no contiguous run of the old rows: an item that
-        ends in the middle, a middle item that loses a beam, beams expanded to more rows than
-        their source had. For the G2P member with beam 5 at 32 items, a copy is
-        160 rows of 22 KB (11 source positions of memory and keys)."""
-        origin = carry.get(ORIGIN)
-        window = None if origin is None else _source_window(origin, np.take(origin, rows))
-
-        def kept(name: str, value: np.ndarray) -> np.ndarray:
-            if name not in MEMORY_NAMES or window is None:
-                return np.take(value, rows, axis=0)
-            return value if window == slice(0, len(value)) else value[window]
-
-        return {name: kept(name, value) for name, value in carry.items()}
+    def _lined_up(self, carry: Carry) -> Carry:
+        """The carry with the memory rows its step reads: one per item where the step reads
+        an item's memory once and every item has ``R`` rows side by side, else one per row."""
+        origin, held = carry[ORIGIN], carry[HELD]
+        wanted = origin
+        if self.item_memory and origin.size:
+            starts, counts = _runs(origin)
+            if counts.min() == counts.max():
+                wanted = origin[starts]  # (N / R,) each run's item, read by its R rows
+        if np.array_equal(held, wanted):
+            return carry
+        window = _source_window(held, wanted)
+        if window is not None:
+            memory = {name: carry[name][window] for name in MEMORY_NAMES}
+        else:  # any row of `held` that holds an item serves: they are equal
+            where = np.zeros(int(held.max()) + 1, dtype=np.int64)
+            where[held] = np.arange(held.size)
+            memory = {name: np.take(carry[name], where[wanted], axis=0) for name in MEMORY_NAMES}
+        return {**carry, **memory, HELD: wanted}
 
     def merge(self, first: Carry, second: Carry) -> Carry:
         """``first``'s rows, then ``second``'s: the source-axis arrays (``memory``, ``keys``,
         ``mask``, axis 1 ``T``) padded with zeros to the longer ``T`` (False in ``mask``: the
         step's attention gives the padding weight 0, as in any padded batch); ``second``'s
-        :data:`ORIGIN` numbered after ``first``'s."""
+        items (:data:`ORIGIN`, :data:`HELD`) numbered after ``first``'s."""
+        first, second = self._lined_up(first), self._lined_up(second)
         width = max(first["mask"].shape[1], second["mask"].shape[1])
         merged = {
             name: np.concatenate(
                 [_pad_source(value, width, name), _pad_source(second[name], width, name)]
             )
             for name, value in first.items()
-            if name != ORIGIN
+            if name not in (ORIGIN, HELD)
         }
-        if ORIGIN in first and ORIGIN in second:
-            after = first[ORIGIN].max(initial=-1) + 1
-            merged[ORIGIN] = np.concatenate([first[ORIGIN], second[ORIGIN] + after])
+        after = first[HELD].max(initial=-1) + 1
+        merged[ORIGIN] = np.concatenate([first[ORIGIN], second[ORIGIN] + after])
+        merged[HELD] = np.concatenate([first[HELD], second[HELD] + after])
         return merged
 
     def trim(self, carry: Carry, width: int) -> Carry:
         """The carry with its source axis cut to ``width`` columns (no row's source is longer)."""
         if carry["mask"].shape[1] <= width:
             return carry
+        carry = self._lined_up(carry)  # no rows the search has left
         return {
             name: np.ascontiguousarray(value[:, :width]) if name in MEMORY_NAMES else value
             for name, value in carry.items()
         }
+
+
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First index and length of each run of equal values in ``values`` (not empty)."""
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return starts, np.diff(starts, append=values.size)
 
 
 def _source_window(origin: np.ndarray, wanted: np.ndarray) -> slice | None:

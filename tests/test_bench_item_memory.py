@@ -1,5 +1,6 @@
 """benchmarks/bench_item_memory.py: beam search with one copy of an item's memory against one
-per beam, and two artifacts of one model compared as they are. Each run is a process of its
+per beam (in ``decode.onnx`` and in the NumPy search over the step graphs), and two artifacts of
+one model compared as they are. Each run is a process of its
 own: the script pins itself to one core and one thread, which must not outlast it."""
 
 import os
@@ -45,6 +46,15 @@ def test_two_artifacts_are_compared_as_they_are():
     options = ["--batch-sizes", "1", "16", "--n-inputs", "32", "--repeats", "1"]
     out = run("--artifacts", packaged, packaged, *options)
     assert "equal answers: 11994 of 11994 test words" in out  # an artifact and itself
+    assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
+
+
+@pytest.mark.slow
+def test_the_step_path_is_compared_per_row_and_per_item():
+    packaged = str(serving.packaged_model_dir("cmudict-g2p"))  # no decode.onnx: the step path
+    options = ["--batch-sizes", "1", "16", "--n-inputs", "32", "--repeats", "1"]
+    out = run("--step-path", packaged, *options)
+    assert "equal answers: 32 of 32 test words" in out
     assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
 
 

@@ -38,6 +38,7 @@ from serving.runtime import (
 from skattn import Seq2Seq
 from skattn.core.inference import STEP_LOGITS, Translator
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
+from skattn.core.text import BOS
 
 ALPHABET = list("abcdef")
 
@@ -390,25 +391,55 @@ def test_io_binding_beam_search_equals_the_numpy_backend(tmp_path):
     assert_same_attention(plain.predict_attention(sources), bound.predict_attention(sources))
 
 
-def test_select_copies_the_memory_only_when_rows_change_their_source(runtime):
-    """Beams of one item reordered among themselves keep the memory, keys and mask as they
-    are; a select that drops, repeats or swaps items' rows copies them. Either way every row
-    holds its own source's memory."""
+def per_row(backend):
+    """The same backend with a step that reads one memory row per row (the Transformer's
+    kind, and artifacts exported before ``ITEM_MEMORY_KEY``)."""
+    other = copy.copy(backend)
+    other.item_memory = False
+    return other
+
+
+def stepped(backend, carry):
+    """The carry a step ran on (its memory, keys and mask as the graph read them)."""
+    y_prev = np.full(len(carry["origin"]), BOS, dtype=np.int64)
+    log_probs, after, _ = backend.step(y_prev, carry, 1, 1.0)
+    return log_probs, after
+
+
+def test_a_step_reads_one_copy_of_an_items_memory_for_its_beams(runtime):
+    """Where every item has the same number of rows side by side, a step of a recurrent
+    decoder reads one memory row per item: beams neither copy it nor change the answer."""
     backend = runtime.backend
-    carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0]]), np.array([3, 2]))
-    beams = backend.select(carry, np.array([0, 0, 0, 1, 1, 1]))  # 3 beams an item
-    reordered = backend.select(beams, np.array([2, 0, 1, 5, 3, 4]))
+    assert backend.item_memory
+    carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0], [7, 8, 2]]), np.array([3, 2, 3]))
+    beams = backend.select(carry, np.repeat(np.arange(3), 3))  # 3 beams an item
     for name in ("memory", "keys", "mask"):
-        assert reordered[name] is beams[name]  # not copied
-        np.testing.assert_array_equal(beams[name], np.repeat(carry[name], 3, axis=0))
-    np.testing.assert_array_equal(reordered["hidden"], beams["hidden"][[2, 0, 1, 5, 3, 4]])
-    for rows in ([0, 1, 2], [3, 0, 1, 2, 4, 5], [0, 0, 0, 0, 4, 5]):
-        taken = backend.select(beams, np.array(rows))
-        for name in ("memory", "keys", "mask"):
-            np.testing.assert_array_equal(taken[name], beams[name][rows])
-    merged = backend.merge(beams, backend.encode(np.array([[7, 2]]), np.array([2])))
-    np.testing.assert_array_equal(merged["origin"], [0, 0, 0, 1, 1, 1, 2])
-    assert len(merged["memory"]) == 7
+        assert beams[name] is carry[name]  # a select leaves them
+    log_probs, after = stepped(backend, beams)
+    for name in ("memory", "keys", "mask"):
+        assert after[name] is carry[name]  # read once an item, not copied
+    expected, copied = stepped(per_row(backend), beams)
+    np.testing.assert_array_equal(copied["memory"], np.repeat(carry["memory"], 3, axis=0))
+    np.testing.assert_allclose(log_probs, expected, atol=1e-6)
+    np.testing.assert_allclose(after["hidden"], copied["hidden"], atol=1e-6)  # summed apart
+
+    reordered = backend.select(after, np.array([2, 0, 1, 5, 3, 4, 8, 6, 7]))
+    assert stepped(backend, reordered)[1]["memory"] is carry["memory"]
+    ended = stepped(backend, backend.select(after, np.arange(3, 9)))[1]  # the first item ended
+    assert np.shares_memory(ended["memory"], carry["memory"])
+    np.testing.assert_array_equal(ended["memory"], carry["memory"][1:])
+    middle = stepped(backend, backend.select(after, np.array([0, 1, 6, 7])))[1]
+    np.testing.assert_array_equal(middle["memory"], carry["memory"][[0, 2]])  # items, not beams
+    unequal = np.array([0, 1, 2, 3, 4])  # 3 beams and 2: one memory row a row
+    log_probs, uneven = stepped(backend, backend.select(after, unequal))
+    np.testing.assert_array_equal(uneven["memory"], carry["memory"][[0, 0, 0, 1, 1]])
+    expected, _ = stepped(per_row(backend), backend.select(after, unequal))
+    np.testing.assert_allclose(log_probs, expected, atol=1e-6)
+
+    merged = backend.merge(after, backend.encode(np.array([[7, 2]]), np.array([2])))
+    np.testing.assert_array_equal(merged["origin"], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
+    np.testing.assert_array_equal(merged["held"], [0, 1, 2, 3])
+    assert len(stepped(backend, merged)[1]["memory"]) == 10  # the new item has one row: per row
 
 
 @pytest.mark.parametrize(
@@ -423,16 +454,23 @@ def test_select_copies_the_memory_only_when_rows_change_their_source(runtime):
         ([3, 3, 3, 4, 4, 4], False),  # repeated
     ],
 )
-def test_select_leaves_a_view_of_the_memory_when_items_end_at_either_edge(runtime, rows, view):
-    backend = runtime.backend
+def test_a_per_row_step_reads_a_view_of_the_memory_when_items_end_at_either_edge(
+    runtime, rows, view
+):
+    """A step that reads one memory row per row: an item's beams reordered among themselves
+    keep the memory as it is, items that end first or last leave a view of the rest, and any
+    other select copies the rows the step reads. Every row reads its own source's memory."""
+    backend = per_row(runtime.backend)
     carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0], [7, 8, 2]]), np.array([3, 2, 3]))
-    beams = backend.select(carry, np.repeat(np.arange(3), 3))  # 3 beams an item
-    taken = backend.select(beams, np.array(rows))
-    for name in ("memory", "keys", "mask", "hidden", "origin"):
+    _, beams = stepped(backend, backend.select(carry, np.repeat(np.arange(3), 3)))
+    np.testing.assert_array_equal(beams["memory"], np.repeat(carry["memory"], 3, axis=0))
+    _, reordered = stepped(backend, backend.select(beams, np.array([2, 0, 1, 5, 3, 4, 8, 6, 7])))
+    assert reordered["memory"] is beams["memory"]  # not copied
+    _, taken = stepped(backend, backend.select(beams, np.array(rows)))
+    for name in ("memory", "keys", "mask", "origin"):
         np.testing.assert_array_equal(taken[name], beams[name][rows])
     for name in ("memory", "keys", "mask"):
         assert np.shares_memory(taken[name], beams[name]) == view
-    assert not np.shares_memory(taken["hidden"], beams["hidden"])
 
 
 def test_attention_maps_have_one_row_per_token_and_sum_to_one(runtime):
