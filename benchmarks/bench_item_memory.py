@@ -28,6 +28,7 @@ one runtime lines the memory up one row per beam for every step, as before, the 
 per item where the step reads it so::
 
     python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p
+    python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p --io-binding
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--step-path", type=Path, metavar="ARTIFACT", default=None,
         help="the NumPy beam search over an artifact's step graphs, per row against per item",
+    )  # fmt: skip
+    parser.add_argument(
+        "--io-binding", action="store_true",
+        help="with --step-path: the carry on the device (IO binding, as on CUDA), on the CPU",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.beam_size < 2:
@@ -137,7 +142,7 @@ def compare_step_path(args) -> list[tuple]:
     """``--step-path``: one artifact decoded over its step graphs by the NumPy beam search, its
     memory lined up one row per beam (``backend.item_memory`` off) and one row per item."""
     options = dict(intra_op_num_threads=1, workers=1, max_batch_size=max(args.batch_sizes))
-    path = args.step_path
+    path, options["io_binding"] = args.step_path, args.io_binding
     runtimes = [serving.load(path, "cpu", decode_graph=False, **options) for _ in range(2)]
     if not runtimes[1].backend.item_memory:
         sys.exit(f"{path}: its step reads one memory row per row: nothing to compare")

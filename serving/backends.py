@@ -9,8 +9,9 @@ carry (the decoder state plus the encoder's memory, keys and mask) lives between
   memory once for all its beams). onnxruntime reads contiguous NumPy inputs in place.
 - :class:`BoundBackend` (CUDA, or CPU on request): a dict of ``OrtValue`` on the device; every
   step runs through IO binding, so states, memory and keys never leave the device. Only
-  ``log_probs`` and ``weights`` (which the search reads) are bound to host memory, and
-  ``select`` runs a small ONNX ``Gather`` graph on the device.
+  ``log_probs`` and ``weights`` (which the search reads) are bound to host memory, and rows
+  are gathered by small ONNX ``Gather`` graphs on the device (the memory's, as above, only
+  when a step reads other rows of it).
 
 :class:`GraphTranslator` needs no backend for its search: ``decode.onnx`` runs the encoder and
 the whole greedy or beam search in one ``session.run`` per chunk.
@@ -131,14 +132,16 @@ class NumpyBackend:
                 wanted = origin[starts]  # (N / R,) each run's item, read by its R rows
         if np.array_equal(held, wanted):
             return carry
+        return {**carry, **self._memory_rows(carry, held, wanted), HELD: wanted}
+
+    def _memory_rows(self, carry: Carry, held: np.ndarray, wanted: np.ndarray) -> Carry:
+        """The memory, keys and mask of the items ``wanted``, from rows that hold ``held``: a
+        view where they are one run of them, else the rows gathered."""
         window = _source_window(held, wanted)
         if window is not None:
-            memory = {name: carry[name][window] for name in MEMORY_NAMES}
-        else:  # any row of `held` that holds an item serves: they are equal
-            where = np.zeros(int(held.max()) + 1, dtype=np.int64)
-            where[held] = np.arange(held.size)
-            memory = {name: np.take(carry[name], where[wanted], axis=0) for name in MEMORY_NAMES}
-        return {**carry, **memory, HELD: wanted}
+            return {name: carry[name][window] for name in MEMORY_NAMES}
+        rows = _rows_holding(held, wanted)
+        return {name: np.take(carry[name], rows, axis=0) for name in MEMORY_NAMES}
 
     def merge(self, first: Carry, second: Carry) -> Carry:
         """``first``'s rows, then ``second``'s: the source-axis arrays (``memory``, ``keys``,
@@ -168,6 +171,14 @@ class NumpyBackend:
             name: np.ascontiguousarray(value[:, :width]) if name in MEMORY_NAMES else value
             for name, value in carry.items()
         }
+
+
+def _rows_holding(held: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each item of ``wanted``, a row of ``held`` that holds it (rows of one item are
+    equal, so any serves): ``(M,) int64``."""
+    where = np.zeros(int(held.max(initial=0)) + 1, dtype=np.int64)
+    where[held] = np.arange(held.size)
+    return where[wanted]
 
 
 def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -245,14 +256,19 @@ def gather_rows_model(inputs: list[ort.NodeArg]) -> bytes:
 class BoundBackend(NumpyBackend):
     """Encoder and decoder step through IO binding; the carry stays on the device.
 
-    The carry is a dict of ``OrtValue`` on ``device_type``. Each step binds the carry as inputs,
-    binds the new states to the device and ``log_probs``/``weights`` to host memory (the search
-    reads them), so only ``(N, V) + (N, T)`` floats cross to the host per step.
+    The carry is a dict of ``OrtValue`` on ``device_type`` (with :data:`ORIGIN` and
+    :data:`HELD` on the host). Each step binds the carry as inputs, binds the new states to the
+    device and ``log_probs``/``weights`` to host memory (the search reads them), so only
+    ``(N, V) + (N, T)`` floats cross to the host per step. ``select`` gathers the state's rows
+    on the device; the memory, keys and mask are gathered only when a step reads other rows of
+    them than it holds (one row per item where the step allows it, as :class:`NumpyBackend`).
 
     Parameters
     ----------
-    encoder, decoder, selector : onnxruntime.InferenceSession
-        ``selector`` is :func:`gather_rows_model` over the decoder's carry inputs.
+    encoder, decoder : onnxruntime.InferenceSession
+    selectors : tuple of onnxruntime.InferenceSession
+        :func:`gather_rows_model` over the decoder's state inputs, then over its ``memory``,
+        ``keys`` and ``mask``.
     manifest : Manifest
     device_type : {"cuda", "cpu"}
     device_id : int
@@ -262,13 +278,13 @@ class BoundBackend(NumpyBackend):
         self,
         encoder: ort.InferenceSession,
         decoder: ort.InferenceSession,
-        selector: ort.InferenceSession,
+        selectors: tuple[ort.InferenceSession, ort.InferenceSession],
         manifest: Manifest,
         device_type: str,
         device_id: int,
     ) -> None:
         super().__init__(encoder, decoder, manifest)
-        self.selector = selector
+        self.state_selector, self.memory_selector = selectors
         self.device_type = device_type
         self.device_id = device_id
 
@@ -285,15 +301,18 @@ class BoundBackend(NumpyBackend):
         binding.bind_cpu_input("src_lengths", src_lengths)
         self._bind_outputs(binding, self.encoder_outputs, on_host=set())
         self.encoder.run_with_iobinding(binding, self.run_options)
-        return dict(zip(self.encoder_outputs, binding.get_outputs(), strict=True))
+        carry = dict(zip(self.encoder_outputs, binding.get_outputs(), strict=True))
+        carry[ORIGIN] = carry[HELD] = np.arange(len(src))
+        return carry
 
     def step(
         self, y_prev: np.ndarray, carry: Carry, position: int, temperature: float
     ) -> tuple[np.ndarray, Carry, np.ndarray]:
+        carry = self._lined_up(carry)
         binding = self.decoder.io_binding()
         binding.bind_cpu_input("y_prev", np.ascontiguousarray(y_prev, dtype=np.int64))
-        for name, value in carry.items():
-            binding.bind_ortvalue_input(name, value)
+        for name in self.carry_names:
+            binding.bind_ortvalue_input(name, carry[name])
         binding.bind_cpu_input("temperature", np.asarray(temperature, dtype=np.float32))
         binding.bind_cpu_input("position", np.asarray(position, dtype=np.int64))
         self._bind_outputs(binding, self.decoder_outputs, on_host={"log_probs", "weights"})
@@ -311,14 +330,23 @@ class BoundBackend(NumpyBackend):
         raise NotImplementedError("continuous batching runs on host memory, not IO binding")
 
     def select(self, carry: Carry, rows: np.ndarray) -> Carry:
-        binding = self.selector.io_binding()
+        states = self._gather(self.state_selector, carry, self.state_names, rows)
+        return {**carry, **states, ORIGIN: np.take(carry[ORIGIN], rows)}
+
+    def _memory_rows(self, carry: Carry, held: np.ndarray, wanted: np.ndarray) -> Carry:
+        return self._gather(self.memory_selector, carry, MEMORY_NAMES, _rows_holding(held, wanted))
+
+    def _gather(
+        self, selector: ort.InferenceSession, carry: Carry, names: Sequence[str], rows: np.ndarray
+    ) -> Carry:
+        """``rows`` of the carry's arrays ``names``, gathered on the device."""
+        binding = selector.io_binding()
         binding.bind_cpu_input("rows", np.ascontiguousarray(rows, dtype=np.int64))
-        for name in self.carry_names:
+        for name in names:
             binding.bind_ortvalue_input(name, carry[name])
-        outputs = [f"{name}_selected" for name in self.carry_names]
-        self._bind_outputs(binding, outputs, on_host=set())
-        self.selector.run_with_iobinding(binding, self.run_options)
-        return dict(zip(self.carry_names, binding.get_outputs(), strict=True))
+        self._bind_outputs(binding, [f"{name}_selected" for name in names], on_host=set())
+        selector.run_with_iobinding(binding, self.run_options)
+        return dict(zip(names, binding.get_outputs(), strict=True))
 
 
 class GraphTranslator(Translator):

@@ -52,7 +52,7 @@ from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import FLOAT32_MAX, check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.items import as_outputs, check_output_lengths, check_utf8, ordered_items
-from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH
+from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH, MEMORY_NAMES
 from skattn.core.text import BOS, EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
@@ -174,11 +174,16 @@ class Runtime:
         device_type, device_id = _started_device(device, device_type, device_id, self.provider)
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
         if self.io_binding:
-            carry = set(manifest.carry_names())
-            inputs = [i for i in sessions.decoder.get_inputs() if i.name in carry]
-            selector = open_session(gather_rows_model(inputs), options, providers, "select_rows")
+            inputs = {i.name: i for i in sessions.decoder.get_inputs()}
+            selectors = tuple(
+                open_session(
+                    gather_rows_model([inputs[name] for name in names]), options, providers, label
+                )
+                for names, label in ((manifest.state_names, "select_states"),
+                                     (MEMORY_NAMES, "select_memory"))
+            )  # fmt: skip
             backend: NumpyBackend = BoundBackend(
-                sessions.encoder, sessions.decoder, selector, manifest, device_type, device_id
+                sessions.encoder, sessions.decoder, selectors, manifest, device_type, device_id
             )
         else:
             backend = NumpyBackend(sessions.encoder, sessions.decoder, manifest)

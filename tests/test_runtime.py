@@ -442,6 +442,24 @@ def test_a_step_reads_one_copy_of_an_items_memory_for_its_beams(runtime):
     assert len(stepped(backend, merged)[1]["memory"]) == 10  # the new item has one row: per row
 
 
+def test_io_binding_gathers_the_memory_only_when_a_step_reads_other_rows(artifact, runtime):
+    """The device carry: a select gathers the state's rows only; a step reads one memory row
+    per item for equal beams, and the memory is gathered when items end or counts differ."""
+    bound = load(artifact, io_binding=True).backend
+    src, lengths = np.array([[4, 5, 2], [6, 2, 0], [7, 8, 2]]), np.array([3, 2, 3])
+    carry = bound.encode(src, lengths)
+    plain = runtime.backend.encode(src, lengths)
+    beams = np.repeat(np.arange(3), 3)
+    log_probs, after = stepped(bound, bound.select(carry, beams))
+    assert after["memory"] is carry["memory"]  # one row per item: nothing gathered
+    expected, _ = stepped(per_row(runtime.backend), runtime.backend.select(plain, beams))
+    np.testing.assert_allclose(log_probs, expected, atol=1e-6)
+    for rows, items in (([0, 1, 6, 7], [0, 2]), ([0, 1, 2, 3, 4], [0, 0, 0, 1, 1])):
+        _, taken = stepped(bound, bound.select(after, np.array(rows)))
+        for name in ("memory", "keys", "mask"):
+            np.testing.assert_array_equal(taken[name].numpy(), plain[name][items])
+
+
 @pytest.mark.parametrize(
     "rows, view",
     [
