@@ -29,6 +29,10 @@ per item where the step reads it so::
 
     python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p
     python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p --io-binding
+    python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p --n-best 10
+
+``--n-best N`` times ``log_likelihood`` (n-best reranking's scoring pass: a source's ``N``
+candidates in one chunk where they fit) instead of ``predict``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--step-path", type=Path, metavar="ARTIFACT", default=None,
         help="the NumPy beam search over an artifact's step graphs, per row against per item",
+    )  # fmt: skip
+    parser.add_argument(
+        "--n-best", type=int, default=0, metavar="N",
+        help="with --step-path: log_likelihood of N candidates a word instead of predict",
     )  # fmt: skip
     parser.add_argument(
         "--io-binding", action="store_true",
@@ -149,7 +157,42 @@ def compare_step_path(args) -> list[tuple]:
     if runtimes[1].manifest.beam_size < 2:
         sys.exit(f"{path}: greedy search has one row per item: nothing to compare")
     runtimes[0].backend.item_memory = False
+    if args.n_best:
+        return compare_scoring(args, runtimes)
     return compare_runtimes(args, runtimes, ("per row", "per item"), every_word=False)
+
+
+def compare_scoring(args, runtimes) -> list[tuple]:
+    """``--step-path --n-best N``: ``log_likelihood`` of ``N`` candidates a word (the word's
+    first pronunciation and others drawn from the test words', as an n-best list to rerank),
+    per row against per item: CPU time a pair, and the largest difference of the scores."""
+    import random
+
+    from skattn.datasets import load_cmudict
+
+    X, y = load_cmudict("test")
+    first = dict(zip(X, y, strict=True))  # a word's last pronunciation: any one serves
+    words = sorted(first)[:: max(1, len(first) // args.n_inputs)][: args.n_inputs]
+    rng, pronunciations = random.Random(0), list(y)
+    sources = [word for word in words for _ in range(args.n_best)]
+    outputs = [first[w] if i % args.n_best == 0 else rng.choice(pronunciations)
+               for i, w in enumerate(sources)]  # fmt: skip
+    scores = [runtime.log_likelihood(sources, outputs) for runtime in runtimes]
+    largest = float(np.max(np.abs(scores[0] - scores[1])))
+    print(
+        f"{len(words)} words, {args.n_best} candidates each: scores differ by {largest:.2e} at most"
+    )
+    times = [[], []]
+    for _ in range(args.repeats):
+        for runtime, seconds in zip(runtimes, times, strict=True):
+            start = time.process_time()
+            runtime.log_likelihood(sources, outputs)
+            seconds.append((time.process_time() - start) / len(sources))
+    before, after = (statistics.median(t) for t in times)
+    print(
+        f"per row {1e3 * before:.4f} ms a pair, per item {1e3 * after:.4f}: {after / before:.3f}x"
+    )
+    return [(args.n_best, before, after, largest, len(sources))]
 
 
 def compare_runtimes(args, runtimes, labels, every_word: bool) -> list[tuple]:

@@ -9,7 +9,7 @@ chosen on the 3,000 dev words that neither system trained on, and the test words
 once. The two make different mistakes: alone they read 23.07 % and 25.59 % WER; together
 21.02 % (the README's G2P section).
 
-    python examples/g2p_rerank.py            # about 7 minutes on 2 cores
+    python examples/g2p_rerank.py            # about 3 minutes on 2 cores
     python examples/g2p_rerank.py --quick    # Phonetisaurus on 2,000 words; 100 dev, 200 test
                                              # words (the dev words may be the model's training
                                              # words here: a smoke run, not a measurement)

@@ -58,6 +58,16 @@ def test_the_step_path_is_compared_per_row_and_per_item():
     assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
 
 
+@pytest.mark.slow
+def test_n_best_scoring_is_compared_per_row_and_per_item():
+    packaged = str(serving.packaged_model_dir("cmudict-g2p"))
+    out = run("--step-path", packaged, "--n-best", "4", "--n-inputs", "16", "--repeats", "1")
+    assert re.search(
+        r"^16 words, 4 candidates each: scores differ by [\d.e+-]+ at most$", out, re.M
+    )
+    assert re.search(r"^per row [\d.]+ ms a pair, per item [\d.]+: [\d.]+x$", out, re.M)
+
+
 def test_a_greedy_beam_is_refused():
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--beam-size", "1"], capture_output=True, text=True

@@ -36,7 +36,7 @@ from serving.runtime import (
     trial_sources,
 )
 from skattn import Seq2Seq
-from skattn.core.inference import STEP_LOGITS, Translator
+from skattn.core.inference import STEP_LOGITS, Translator, _whole_groups
 from skattn.core.manifest import FORMAT_VERSION, binding_digest, sha256_file
 from skattn.core.text import BOS
 
@@ -458,6 +458,48 @@ def test_io_binding_gathers_the_memory_only_when_a_step_reads_other_rows(artifac
         _, taken = stepped(bound, bound.select(after, np.array(rows)))
         for name in ("memory", "keys", "mask"):
             np.testing.assert_array_equal(taken[name].numpy(), plain[name][items])
+
+
+def test_an_n_best_lists_candidates_read_one_copy_of_their_sources_memory(artifact, runtime):
+    """log_likelihood keeps a source's candidates in one chunk where they fit, so a step reads
+    one memory row for all of them (chunks of 8 would cut lists of 3 at every other chunk)."""
+    scorer = load(artifact, max_batch_size=8, workers=1)
+    backend, rows_read = scorer.backend, []
+    lined_up = backend._lined_up
+
+    def recording(carry):
+        lined = lined_up(carry)
+        rows_read.append((len(lined["origin"]), len(lined["held"])))
+        return lined
+
+    backend._lined_up = recording
+    sources = [source for source in dict.fromkeys(SOURCES[:40]) for _ in range(3)]
+    outputs = [source[::-1][: 1 + i % 5] for i, source in enumerate(sources)]  # 3 per source
+    scores = scorer.log_likelihood(sources, outputs)
+    assert rows_read and all(n == 3 * held for n, held in rows_read)
+    per_row_scorer = load(artifact, max_batch_size=8, workers=1)
+    per_row_scorer.backend.item_memory = False
+    np.testing.assert_allclose(scores, per_row_scorer.log_likelihood(sources, outputs), rtol=1e-5)
+    np.testing.assert_allclose(scores, runtime.log_likelihood(sources, outputs), rtol=1e-5)
+
+
+def test_chunks_keep_runs_of_one_source_whole_where_they_fit():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        sizes = rng.integers(1, 12, size=rng.integers(1, 30))
+        keys = [[int(k)] for k, size in enumerate(sizes) for _ in range(size)]
+        order = np.arange(len(keys)) * 7
+        count = int(rng.integers(1, len(keys) + 1))
+        chunks = _whole_groups(order, keys, count)
+        np.testing.assert_array_equal(np.concatenate(chunks), order)  # all, in order, once
+        assert len(chunks) >= count
+        assert max(len(chunk) for chunk in chunks) <= math.ceil(len(keys) / count)
+        split = np.array_split(order, count)  # where packing would make fewer chunks
+        if [len(c) for c in chunks] == [len(c) for c in split]:
+            continue
+        for cut in np.cumsum([len(chunk) for chunk in chunks])[:-1]:
+            if keys[cut] == keys[cut - 1]:  # a run is cut only where it is longer than a chunk
+                assert keys.count(keys[cut]) > math.ceil(len(keys) / count)
 
 
 @pytest.mark.parametrize(

@@ -212,12 +212,15 @@ class Translator:
         if not src_ids:
             return scores
         # A source's candidates side by side (an n-best list is one source's many outputs):
-        # each chunk encodes its distinct sources once and repeats their rows.
+        # each chunk encodes its distinct sources once and repeats their rows, and a source's
+        # candidates stay in one chunk where they fit, so that a step can read one copy of
+        # its memory for all of them (as for an item's beams).
         order = sorted(
             range(len(src_ids)), key=lambda i: (len(src_ids[i]), src_ids[i], len(tgt_ids[i]))
         )
         count = self.chunk_count(len(order), len(self.target_vocabulary))
-        chunks = np.array_split(np.asarray(order, dtype=np.int64), count)
+        sources_in_order = [src_ids[i] for i in order]
+        chunks = _whole_groups(np.asarray(order, dtype=np.int64), sources_in_order, count)
 
         def score_chunk(rows: np.ndarray) -> np.ndarray:
             distinct: dict[tuple[int, ...], int] = {}
@@ -305,6 +308,25 @@ class Translator:
             attention_rows(h, len(ids)) for ids, h in zip(id_lists, hypotheses, strict=True)
         ]
         return predictions, attentions
+
+
+def _whole_groups(order: np.ndarray, keys: Sequence, count: int) -> list[np.ndarray]:
+    """``order`` cut into chunks of at most ``ceil(len / count)`` items, each ending where a run
+    of equal ``keys`` ends unless the run alone is longer than a chunk; ``count`` chunks of
+    ``np.array_split`` where that makes fewer than ``count``."""
+    limit = math.ceil(len(order) / count)
+    ends = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
+    chunks, start, previous = [], 0, 0
+    for end in ends:  # the runs [previous, end)
+        if end - start > limit and previous > start:  # close the chunk before this run
+            chunks.append(order[start:previous])
+            start = previous
+        while end - start > limit:  # a run longer than a chunk
+            chunks.append(order[start : start + limit])
+            start += limit
+        previous = end
+    chunks.append(order[start:])
+    return chunks if len(chunks) >= count else np.array_split(order, count)
 
 
 def attention_rows(hypothesis: Hypothesis, width: int | None = None) -> np.ndarray:
