@@ -31,6 +31,11 @@ per item where the step reads it so::
     python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p --io-binding
     python benchmarks/bench_item_memory.py --step-path serving/models/cmudict-g2p --n-best 10
 
+``--estimator`` does the same for the fitted model's own ``predict`` (torch), whose steps read
+one copy of an item's memory the same way::
+
+    python benchmarks/bench_item_memory.py --estimator --batch-sizes 16 64 256
+
 ``--n-best N`` times ``log_likelihood`` (n-best reranking's scoring pass: a source's ``N``
 candidates in one chunk where they fit) instead of ``predict``.
 """
@@ -79,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--n-best", type=int, default=0, metavar="N",
         help="with --step-path: log_likelihood of N candidates a word instead of predict",
+    )  # fmt: skip
+    parser.add_argument(
+        "--estimator", action="store_true",
+        help="the model's own predict (torch), per row against per item (G2P words)",
     )  # fmt: skip
     parser.add_argument(
         "--io-binding", action="store_true",
@@ -162,6 +171,15 @@ def compare_step_path(args) -> list[tuple]:
     return compare_runtimes(args, runtimes, ("per row", "per item"), every_word=False)
 
 
+def compare_estimator(args) -> list[tuple]:
+    """``--estimator``: the fitted model's own ``predict`` (torch, ``TorchBackend``), its steps
+    reading one memory row per beam (a copy whose decoder says so) and one row per item."""
+    estimator, _ = load_model(args)
+    estimator.set_params(beam_size=args.beam_size)  # settable after fit; a call is one chunk
+    models = [per_row(estimator), estimator]
+    return compare_runtimes(args, models, ("per row", "per item"), every_word=False)
+
+
 def compare_scoring(args, runtimes) -> list[tuple]:
     """``--step-path --n-best N``: ``log_likelihood`` of ``N`` candidates a word (the word's
     first pronunciation and others drawn from the test words', as an n-best list to rerank),
@@ -234,6 +252,8 @@ def main(argv=None) -> list[tuple]:
         return compare_artifacts(args)
     if args.step_path is not None:
         return compare_step_path(args)
+    if args.estimator:
+        return compare_estimator(args)
     estimator, sources = load_model(args)
     estimator.set_params(beam_size=args.beam_size)  # settable after fit
     quantize = None if args.quantize == "none" else args.quantize

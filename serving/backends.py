@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import ITEM_MEMORY_KEY, MEMORY_NAMES, Manifest
+from skattn.core.memory_rows import memory_selection, wanted_items
 from skattn.core.search import Hypothesis
 from skattn.core.text import pad_batch
 
@@ -50,17 +51,11 @@ class NumpyBackend:
     """Encoder and decoder step on host memory; the carry is a dict of NumPy arrays.
 
     The carry's decoder state has one row per decoded row (an item's beams side by side); its
-    memory, keys and mask hold the encoder rows :data:`HELD` names, which :meth:`step` lines up
-    with the rows (:data:`ORIGIN`) just before it runs the graph, copying only when they differ:
-
-    - a step that reads an item's memory once for all its rows (``ITEM_MEMORY_KEY`` in its
-      metadata: the recurrent decoders') gets one row per item whenever every item has the same
-      number ``R`` of rows, item-major, as beam search keeps them; a beam search then never
-      copies the memory ``K`` times, and items that end leave a view of the rest (or a copy of
-      the items left, not of their beams);
-    - any other step, or rows of unequal count per item, gets one memory row per row: reordering
-      an item's beams among themselves keeps it as it is, and items that end first or last leave
-      a view (:func:`_source_window`).
+    memory, keys and mask hold the items :data:`HELD` names, which :meth:`step` lines up with
+    the rows' items (:data:`ORIGIN`) just before it runs the graph, copying only what changed:
+    one row per item where the step reads an item's memory once for all its rows
+    (``ITEM_MEMORY_KEY`` in its metadata: the recurrent decoders') and every item has the same
+    number of rows, else one row per row (:mod:`skattn.core.memory_rows`).
 
     Parameters
     ----------
@@ -122,26 +117,18 @@ class NumpyBackend:
         }
 
     def _lined_up(self, carry: Carry) -> Carry:
-        """The carry with the memory rows its step reads: one per item where the step reads
-        an item's memory once and every item has ``R`` rows side by side, else one per row."""
-        origin, held = carry[ORIGIN], carry[HELD]
-        wanted = origin
-        if self.item_memory and origin.size:
-            starts, counts = _runs(origin)
-            if counts.min() == counts.max():
-                wanted = origin[starts]  # (N / R,) each run's item, read by its R rows
-        if np.array_equal(held, wanted):
+        """The carry with the memory rows its step reads (:mod:`skattn.core.memory_rows`)."""
+        wanted = wanted_items(carry[ORIGIN], self.item_memory)
+        selection = memory_selection(carry[HELD], wanted)
+        if selection is None:
             return carry
-        return {**carry, **self._memory_rows(carry, held, wanted), HELD: wanted}
+        return {**carry, **self._memory_rows(carry, selection), HELD: wanted}
 
-    def _memory_rows(self, carry: Carry, held: np.ndarray, wanted: np.ndarray) -> Carry:
-        """The memory, keys and mask of the items ``wanted``, from rows that hold ``held``: a
-        view where they are one run of them, else the rows gathered."""
-        window = _source_window(held, wanted)
-        if window is not None:
-            return {name: carry[name][window] for name in MEMORY_NAMES}
-        rows = _rows_holding(held, wanted)
-        return {name: np.take(carry[name], rows, axis=0) for name in MEMORY_NAMES}
+    def _memory_rows(self, carry: Carry, selection: slice | np.ndarray) -> Carry:
+        """The memory, keys and mask rows ``selection``: a view of a slice, else gathered."""
+        if isinstance(selection, slice):
+            return {name: carry[name][selection] for name in MEMORY_NAMES}
+        return {name: np.take(carry[name], selection, axis=0) for name in MEMORY_NAMES}
 
     def merge(self, first: Carry, second: Carry) -> Carry:
         """``first``'s rows, then ``second``'s: the source-axis arrays (``memory``, ``keys``,
@@ -171,42 +158,6 @@ class NumpyBackend:
             name: np.ascontiguousarray(value[:, :width]) if name in MEMORY_NAMES else value
             for name, value in carry.items()
         }
-
-
-def _rows_holding(held: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """For each item of ``wanted``, a row of ``held`` that holds it (rows of one item are
-    equal, so any serves): ``(M,) int64``."""
-    where = np.zeros(int(held.max(initial=0)) + 1, dtype=np.int64)
-    where[held] = np.arange(held.size)
-    return where[wanted]
-
-
-def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First index and length of each run of equal values in ``values`` (not empty)."""
-    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-    return starts, np.diff(starts, append=values.size)
-
-
-def _source_window(origin: np.ndarray, wanted: np.ndarray) -> slice | None:
-    """The rows ``[a, a + M)`` of a carry whose sources (``origin (N,)``) are ``wanted (M,)``,
-    in order, or None: where items end first or last, the rest of the memory is this view.
-
-    The window is aligned on the end of the first wanted source's run in ``origin``, so that an
-    item left with fewer beams than it had still matches."""
-    if wanted.size == origin.size:  # beams reordered (the common case), or rows swapped
-        return slice(0, origin.size) if np.array_equal(origin, wanted) else None
-    if wanted.size == 0 or wanted.size > origin.size:
-        return None
-    first = wanted[0]
-    lead = int(np.argmax(wanted != first)) if (wanted != first).any() else wanted.size
-    run = np.flatnonzero(origin == first)
-    if run.size == 0:
-        return None
-    start = int(run[-1]) + 1 - lead  # the window's first row ends the run where origin's does
-    if start < 0 or start + wanted.size > origin.size:
-        return None
-    window = slice(start, start + wanted.size)
-    return window if np.array_equal(origin[window], wanted) else None
 
 
 def _pad_source(value: np.ndarray, width: int, name: str) -> np.ndarray:
@@ -333,8 +284,10 @@ class BoundBackend(NumpyBackend):
         states = self._gather(self.state_selector, carry, self.state_names, rows)
         return {**carry, **states, ORIGIN: np.take(carry[ORIGIN], rows)}
 
-    def _memory_rows(self, carry: Carry, held: np.ndarray, wanted: np.ndarray) -> Carry:
-        return self._gather(self.memory_selector, carry, MEMORY_NAMES, _rows_holding(held, wanted))
+    def _memory_rows(self, carry: Carry, selection: slice | np.ndarray) -> Carry:
+        if isinstance(selection, slice):  # an OrtValue has no views: gathered all the same
+            selection = np.arange(selection.start, selection.stop)
+        return self._gather(self.memory_selector, carry, MEMORY_NAMES, selection)
 
     def _gather(
         self, selector: ort.InferenceSession, carry: Carry, names: Sequence[str], rows: np.ndarray

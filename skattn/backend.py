@@ -2,14 +2,17 @@
 
 The estimator predicts through :class:`skattn.core.inference.Translator` with this backend, as
 ``serving.Runtime`` does with its onnxruntime backends: the same glue, the same search, the same
-results. The carry is ``(*state, memory, keys, mask)``, every tensor batch-first, so ``select``
-is one ``index_select`` along axis 0 of each. :meth:`TorchBackend.cross_attention` and
-:func:`translate` add the Transformer decoder's per-layer and per-head maps.
+results. The carry (:class:`Carry`) is the decoder state, one row per searched row, and the
+encoder's memory, keys and mask, which a step reads one row per item where the module allows it
+(:mod:`skattn.core.memory_rows`), so ``select`` is an ``index_select`` of the state only.
+:meth:`TorchBackend.cross_attention` and :func:`translate` add the Transformer decoder's
+per-layer and per-head maps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -17,10 +20,20 @@ from torch import nn
 
 from skattn.core.attention_maps import Index, MapSelection, check_selection, translate_with_maps
 from skattn.core.inference import SearchSettings, Translator
+from skattn.core.memory_rows import memory_selection, wanted_items
 
-__all__ = ["TorchBackend", "translate"]
+__all__ = ["Carry", "TorchBackend", "translate"]
 
-Carry = tuple[torch.Tensor, ...]
+
+class Carry(NamedTuple):
+    """What the search carries between steps."""
+
+    state: tuple[torch.Tensor, ...]  # each (N, ...): one row per searched row
+    memory: torch.Tensor  # (M, T, d_memory)
+    keys: torch.Tensor  # (M, T, d_keys)
+    mask: torch.Tensor  # (M, T) bool
+    origin: np.ndarray  # (N,) int64 the item each row decodes
+    held: np.ndarray  # (M,) int64 the item each memory row holds
 
 
 class TorchBackend:
@@ -36,38 +49,60 @@ class TorchBackend:
     def __init__(self, module: nn.Module, device: torch.device) -> None:
         self.module = module
         self.device = device
-        self.n_states = len(module.state_names)
+        #: Whether a step reads one memory row per item for all the item's rows.
+        self.item_memory = bool(module.item_memory)
 
     @torch.inference_mode()
     def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> Carry:
-        """``src (B, T), src_lengths (B,)`` -> ``(*state, memory, keys, mask)``."""
+        """``src (B, T), src_lengths (B,)`` -> the initial carry: row ``j`` decodes item ``j``."""
         memory, keys, mask, state = self.module.encode(
             torch.from_numpy(src).to(self.device),  # (B, T)
             torch.from_numpy(src_lengths).to(self.device),  # (B,)
         )
-        return (*state, memory, keys, mask)
+        items = np.arange(len(src))
+        return Carry(tuple(state), memory, keys, mask, items, items)
 
     @torch.inference_mode()
     def step(
         self, y_prev: np.ndarray, carry: Carry, position: int, temperature: float
     ) -> tuple[np.ndarray, Carry, np.ndarray]:
         """One decoder step: ``log_probs (N, V)``, the next carry, ``weights (N, T)``."""
-        device, n = self.device, self.n_states
+        device = self.device
+        carry = self._lined_up(carry)
         log_probs, new_state, weights = self.module.step(
             torch.from_numpy(np.ascontiguousarray(y_prev)).to(device),  # (N,)
-            carry[:n],
-            *carry[n:],
+            carry.state,
+            carry.memory,  # (M, T, d): M = N, or one row per item for R rows each
+            carry.keys,
+            carry.mask,
             torch.tensor(float(temperature), device=device),  # ()
             torch.tensor(position, device=device),  # ()
         )
-        new_carry = (*new_state, *carry[n:])
+        new_carry = carry._replace(state=tuple(new_state))
         return log_probs.float().cpu().numpy(), new_carry, weights.float().cpu().numpy()
 
     @torch.inference_mode()
     def select(self, carry: Carry, rows: np.ndarray) -> Carry:
-        """Rows ``rows (M,)`` of every carried tensor (``index_select`` on axis 0)."""
+        """Rows ``rows (M,)`` of the state (``index_select`` on axis 0); the memory, keys and
+        mask stay as they are until a step reads other rows of them."""
         index = torch.from_numpy(rows).to(self.device)
-        return tuple(t.index_select(0, index) for t in carry)
+        state = tuple(t.index_select(0, index) for t in carry.state)
+        return carry._replace(state=state, origin=np.take(carry.origin, rows))
+
+    def _lined_up(self, carry: Carry) -> Carry:
+        """The carry with the memory rows its step reads (:mod:`skattn.core.memory_rows`)."""
+        wanted = wanted_items(carry.origin, self.item_memory)
+        selection = memory_selection(carry.held, wanted)
+        if selection is None:
+            return carry
+        if isinstance(selection, slice):
+            memory, keys, mask = (t[selection] for t in (carry.memory, carry.keys, carry.mask))
+        else:
+            index = torch.from_numpy(selection).to(self.device)
+            memory, keys, mask = (
+                t.index_select(0, index) for t in (carry.memory, carry.keys, carry.mask)
+            )
+        return carry._replace(memory=memory, keys=keys, mask=mask, held=wanted)
 
     @torch.inference_mode()
     def cross_attention(

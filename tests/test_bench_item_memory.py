@@ -68,6 +68,14 @@ def test_n_best_scoring_is_compared_per_row_and_per_item():
     assert re.search(r"^per row [\d.]+ ms a pair, per item [\d.]+: [\d.]+x$", out, re.M)
 
 
+@pytest.mark.slow
+def test_the_estimators_own_predict_is_compared_per_row_and_per_item():
+    options = ["--batch-sizes", "1", "16", "--n-inputs", "32", "--repeats", "1"]
+    out = run("--estimator", *options)
+    assert "equal answers: 32 of 32 test words" in out
+    assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
+
+
 def test_a_greedy_beam_is_refused():
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--beam-size", "1"], capture_output=True, text=True

@@ -121,6 +121,36 @@ def test_predictions_do_not_depend_on_the_batch(fitted_reversal, reversal_data):
         np.testing.assert_allclose(model.predict_attention(X)[3], alone, atol=1e-6)
 
 
+def test_beam_search_reads_one_copy_of_an_items_memory(fitted_reversal, reversal_data):
+    """The torch backend's steps read one memory row per item for the item's beams (a copy of
+    the model whose decoder says otherwise reads one per beam): the same answers and maps."""
+    _, _, X_test, _ = reversal_data
+    model = copy.deepcopy(fitted_reversal).set_params(beam_size=3)
+    per_row = copy.deepcopy(model)
+    per_row.module_.decoder.item_memory = False
+    memory_rows = []
+    step = estimator_module.TorchBackend.step
+
+    def recording(self, y_prev, carry, position, temperature):
+        out = step(self, y_prev, carry, position, temperature)
+        memory_rows.append((len(y_prev), len(out[1].memory)))
+        return out
+
+    estimator_module.TorchBackend.step = recording
+    try:
+        predictions = model.predict(X_test[:40])
+        read = list(memory_rows)
+        assert per_row.predict(X_test[:40]) == predictions
+    finally:
+        estimator_module.TorchBackend.step = step
+    assert any(rows == 3 * held for rows, held in read)  # an item's 3 beams, one memory row
+    assert all(rows == held for rows, held in memory_rows[len(read) :])
+    for ours, theirs in zip(
+        model.predict_attention(X_test[:10]), per_row.predict_attention(X_test[:10]), strict=True
+    ):
+        np.testing.assert_allclose(ours, theirs, atol=1e-6)
+
+
 def test_beam_search_keeps_a_high_exact_match(fitted_reversal, reversal_data):
     _, _, X_test, y_test = reversal_data
     model = copy.deepcopy(fitted_reversal).set_params(beam_size=4)

@@ -1,0 +1,77 @@
+"""Which rows of the encoder's memory a decoder step reads: one per row, or one per item.
+
+A search's carry holds the decoder state of each of its ``N`` rows (an item's beams side by
+side, item-major) and the encoder's memory, keys and mask in ``M`` rows. Every backend keeps
+two records beside them, both ``int64`` on the host:
+
+- ``origin (N,)``: the item (encoder row) each carry row decodes;
+- ``held (M,)``: the item each memory row holds.
+
+``select`` moves the state's rows and ``origin``; the memory stays as it is until a step reads
+other rows than it holds. Just before a step the backend asks :func:`wanted_items` which items
+the step's memory rows must hold, and :func:`memory_selection` how to get them from ``held``:
+
+- one row per item where the step reads an item's memory once for all its rows (the recurrent
+  decoders' steps: their ``item_memory``, ``ITEM_MEMORY_KEY`` in an exported step) and every
+  item has the same number ``R`` of rows side by side: always in beam search once its first
+  step has ranked, and in greedy search (``R = 1``). The step scores an item's ``R`` queries
+  against its keys in one product (``skattn.attention.attention.per_item``);
+- else one row per row: the Transformer's cross-attention, artifacts exported before
+  ``ITEM_MEMORY_KEY``, n-best lists of unequal length.
+
+Nothing is copied when the rows a step reads are those held (an item's beams reordered among
+themselves), a view is taken when they are one run of them (items ended at either edge of a
+batch, which is sorted by length), and only the rows needed are gathered otherwise (the items
+left, not their beams). Imports NumPy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["memory_selection", "wanted_items"]
+
+
+def wanted_items(origin: np.ndarray, item_memory: bool) -> np.ndarray:
+    """The items the step's memory rows must hold, in order: ``(N / R,)`` each run of rows'
+    item where the step reads an item's memory once and every run has ``R`` rows, else
+    ``origin`` itself ``(N,)``."""
+    if item_memory and origin.size:
+        starts = np.flatnonzero(np.concatenate(([True], origin[1:] != origin[:-1])))
+        counts = np.diff(starts, append=origin.size)
+        if counts.min() == counts.max():
+            return origin[starts]
+    return origin
+
+
+def memory_selection(held: np.ndarray, wanted: np.ndarray) -> slice | np.ndarray | None:
+    """How to get memory rows holding ``wanted`` from rows holding ``held``: None (they are the
+    rows held), a ``slice`` of them (a view), or the ``(M,)`` rows to gather (any row of an item
+    serves: an item's rows are equal)."""
+    if np.array_equal(held, wanted):
+        return None
+    window = _window(held, wanted)
+    if window is not None:
+        return window
+    where = np.zeros(int(held.max(initial=0)) + 1, dtype=np.int64)
+    where[held] = np.arange(held.size)
+    return where[wanted]
+
+
+def _window(held: np.ndarray, wanted: np.ndarray) -> slice | None:
+    """The rows ``[a, a + M)`` of ``held`` that are ``wanted (M,)``, in order, or None.
+
+    The window is aligned on the end of the first wanted item's run in ``held``, so that an
+    item left with fewer beams than it had (rows held one per row) still matches."""
+    if wanted.size == 0 or wanted.size >= held.size:  # equal sizes: equal, or not a window
+        return None
+    first = wanted[0]
+    lead = int(np.argmax(wanted != first)) if (wanted != first).any() else wanted.size
+    run = np.flatnonzero(held == first)
+    if run.size == 0:
+        return None
+    start = int(run[-1]) + 1 - lead  # the window's first row ends the run where held's does
+    if start < 0 or start + wanted.size > held.size:
+        return None
+    window = slice(start, start + wanted.size)
+    return window if np.array_equal(held[window], wanted) else None
