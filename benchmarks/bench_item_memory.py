@@ -94,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --step-path: the carry on the device (IO binding, as on CUDA), on the CPU",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if (args.n_best or args.io_binding) and args.step_path is None:
+        parser.error("--n-best and --io-binding go with --step-path")
+    if args.n_best < 0:
+        parser.error("--n-best must be at least 1 (or 0: predict)")
     if args.beam_size < 2:
         parser.error("--beam-size must be at least 2 (greedy search has one row per item)")
     if args.quick:

@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.manifest import ITEM_MEMORY_KEY, MEMORY_NAMES, Manifest
-from skattn.core.memory_rows import memory_selection, wanted_items
+from skattn.core.memory_rows import line_up
 from skattn.core.search import Hypothesis
 from skattn.core.text import pad_batch
 
@@ -118,10 +118,10 @@ class NumpyBackend:
 
     def _lined_up(self, carry: Carry) -> Carry:
         """The carry with the memory rows its step reads (:mod:`skattn.core.memory_rows`)."""
-        wanted = wanted_items(carry[ORIGIN], self.item_memory)
-        selection = memory_selection(carry[HELD], wanted)
-        if selection is None:
+        lined = line_up(carry[ORIGIN], carry[HELD], self.item_memory)
+        if lined is None:
             return carry
+        wanted, selection = lined
         return {**carry, **self._memory_rows(carry, selection), HELD: wanted}
 
     def _memory_rows(self, carry: Carry, selection: slice | np.ndarray) -> Carry:

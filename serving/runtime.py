@@ -425,7 +425,9 @@ class Runtime:
         vocabulary): what :class:`skattn.rescoring.NBestReranker` scores candidates with.
         Pairs are scored in padded batches of similar length in float32, so a pair's value
         may differ in its last bits (about 1e-7 relative) with the batch it came in, and from
-        the estimator's.
+        the estimator's. In an int8 artifact (``quantize="int8"``) an activation near a
+        rounding boundary of its fixed range may round to the next level with the batch, so
+        a few values move further (up to a few 1e-3 relative, on unlikely outputs).
 
         Parameters
         ----------

@@ -20,7 +20,7 @@ from torch import nn
 
 from skattn.core.attention_maps import Index, MapSelection, check_selection, translate_with_maps
 from skattn.core.inference import SearchSettings, Translator
-from skattn.core.memory_rows import memory_selection, wanted_items
+from skattn.core.memory_rows import line_up
 
 __all__ = ["Carry", "TorchBackend", "translate"]
 
@@ -91,10 +91,10 @@ class TorchBackend:
 
     def _lined_up(self, carry: Carry) -> Carry:
         """The carry with the memory rows its step reads (:mod:`skattn.core.memory_rows`)."""
-        wanted = wanted_items(carry.origin, self.item_memory)
-        selection = memory_selection(carry.held, wanted)
-        if selection is None:
+        lined = line_up(carry.origin, carry.held, self.item_memory)
+        if lined is None:
             return carry
+        wanted, selection = lined
         if isinstance(selection, slice):
             memory, keys, mask = (t[selection] for t in (carry.memory, carry.keys, carry.mask))
         else:

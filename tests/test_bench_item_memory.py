@@ -76,8 +76,15 @@ def test_the_estimators_own_predict_is_compared_per_row_and_per_item():
     assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
 
 
-def test_a_greedy_beam_is_refused():
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--beam-size", "1"], capture_output=True, text=True
-    )
-    assert result.returncode == 2 and "--beam-size must be at least 2" in result.stderr
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--beam-size", "1"], "--beam-size must be at least 2"),
+        (["--n-best", "10"], "--n-best and --io-binding go with --step-path"),
+        (["--io-binding"], "--n-best and --io-binding go with --step-path"),
+        (["--step-path", "x", "--n-best", "-1"], "--n-best must be at least 1"),
+    ],
+)
+def test_bad_options_are_refused(args, message):
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr

@@ -187,7 +187,8 @@ class Translator:
         than ``max_batch_size`` items, nor more than :data:`STEP_LOGITS` log-probabilities a
         step at ``row_logits`` per item (beams x target vocabulary; at least one item), and,
         with several workers, at least one per worker (up to one item a chunk), so that every
-        worker has one; chunks differ by one item at most."""
+        worker has one. Search chunks differ by one item at most; scoring chunks
+        (:meth:`log_likelihoods`) keep a source's candidates together where they fit."""
         items = self.max_batch_size
         if row_logits:
             items = min(items, max(1, STEP_LOGITS // row_logits))
@@ -313,7 +314,9 @@ class Translator:
 def _whole_groups(order: np.ndarray, keys: Sequence, count: int) -> list[np.ndarray]:
     """``order`` cut into chunks of at most ``ceil(len / count)`` items, each ending where a run
     of equal ``keys`` ends unless the run alone is longer than a chunk; ``count`` chunks of
-    ``np.array_split`` where that makes fewer than ``count``."""
+    ``np.array_split`` where that makes fewer than ``count``, or more than 1.25 times as many
+    (runs longer than half a chunk, one to a chunk, would make up to twice as many calls:
+    1.06-1.09x the time of the even split for 17 and 20 candidates at chunks of 32)."""
     limit = math.ceil(len(order) / count)
     ends = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
     chunks, start, previous = [], 0, 0
@@ -326,7 +329,7 @@ def _whole_groups(order: np.ndarray, keys: Sequence, count: int) -> list[np.ndar
             start += limit
         previous = end
     chunks.append(order[start:])
-    return chunks if len(chunks) >= count else np.array_split(order, count)
+    return chunks if count <= len(chunks) <= 1.25 * count else np.array_split(order, count)
 
 
 def attention_rows(hypothesis: Hypothesis, width: int | None = None) -> np.ndarray:

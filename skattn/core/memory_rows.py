@@ -29,18 +29,43 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["memory_selection", "wanted_items"]
+__all__ = ["line_up", "memory_selection", "wanted_items"]
+
+
+def line_up(
+    origin: np.ndarray, held: np.ndarray, item_memory: bool
+) -> tuple[np.ndarray, slice | np.ndarray] | None:
+    """None when the memory rows held are those the step reads, else ``(wanted, selection)``:
+    :func:`wanted_items` and :func:`memory_selection` of them.
+
+    Most steps change nothing (greedy search, an item's beams reordered); they are told apart
+    first, in a microsecond: rows that hold their own items, where the first item has one row,
+    need nothing, since every item then has one row (``wanted`` is ``origin``) or the counts
+    differ (``wanted`` is ``origin`` too)."""
+    if (not item_memory or origin.size < 2 or origin[0] != origin[1]) and (
+        held is origin or (origin.size == held.size and np.array_equal(origin, held))
+    ):
+        return None
+    wanted = wanted_items(origin, item_memory)
+    selection = memory_selection(held, wanted)
+    return None if selection is None else (wanted, selection)
 
 
 def wanted_items(origin: np.ndarray, item_memory: bool) -> np.ndarray:
     """The items the step's memory rows must hold, in order: ``(N / R,)`` each run of rows'
     item where the step reads an item's memory once and every run has ``R`` rows, else
     ``origin`` itself ``(N,)``."""
-    if item_memory and origin.size:
-        starts = np.flatnonzero(np.concatenate(([True], origin[1:] != origin[:-1])))
-        counts = np.diff(starts, append=origin.size)
-        if counts.min() == counts.max():
-            return origin[starts]
+    if not item_memory or origin.size < 2:
+        return origin
+    changes = origin[1:] != origin[:-1]  # (N - 1,) a run ends after row i
+    if changes.all():  # one row per item (greedy search): wanted is origin
+        return origin
+    R = int(np.argmax(changes)) + 1 if changes.any() else origin.size  # the first run's rows
+    if origin.size % R:
+        return origin
+    runs = origin.reshape(-1, R)  # (N / R, R)
+    if (runs == runs[:, :1]).all() and changes[R - 1 :: R].all():
+        return runs[:, 0]
     return origin
 
 
@@ -53,9 +78,8 @@ def memory_selection(held: np.ndarray, wanted: np.ndarray) -> slice | np.ndarray
     window = _window(held, wanted)
     if window is not None:
         return window
-    where = np.zeros(int(held.max(initial=0)) + 1, dtype=np.int64)
-    where[held] = np.arange(held.size)
-    return where[wanted]
+    order = np.argsort(held, kind="stable")  # items are any int64 (a long run numbers many)
+    return order[np.searchsorted(held, wanted, sorter=order)]
 
 
 def _window(held: np.ndarray, wanted: np.ndarray) -> slice | None:
