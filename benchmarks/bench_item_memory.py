@@ -13,6 +13,7 @@ differ in the last bits).
     python benchmarks/bench_item_memory.py                          # the G2P member, int8
     python benchmarks/bench_item_memory.py --quantize none --model PATH.joblib
     python benchmarks/bench_item_memory.py --quick                  # seconds: a small model
+    python benchmarks/bench_item_memory.py --transformer --quantize none  # the Transformer
 
 ``--artifacts BEFORE AFTER`` compares two artifacts of one G2P model as they are, through
 ``serving.load(dir).predict`` (one core, one thread, one chunk a call) over the CMUdict test
@@ -74,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--core", type=int, default=None, help="default: the last usable core")
     parser.add_argument("--quick", action="store_true", help="a small reversal model")
     parser.add_argument(
+        "--transformer", action="store_true",
+        help="a Transformer (2 + 2 layers of 256, 4 heads) trained --train-steps on reversal",
+    )  # fmt: skip
+    parser.add_argument("--train-steps", type=int, default=300, help="with --transformer")
+    parser.add_argument(
         "--artifacts", type=Path, nargs=2, metavar=("BEFORE", "AFTER"), default=None,
         help="compare two artifacts of one G2P model as they are (predict, test words)",
     )  # fmt: skip
@@ -107,7 +113,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_model(args):
     """The estimator and the sources to decode: the G2P model's CMUdict test words, or
-    ``bench_decode_graph``'s small reversal model and its letter strings."""
+    ``bench_decode_graph``'s small reversal model and its letter strings, or (``--transformer``)
+    a Transformer of the G2P probes' size trained briefly on the same letter strings."""
+    if args.transformer:
+        import bench_decode_graph
+
+        from skattn import Seq2Seq
+
+        machine.use_threads(1)
+        X = bench_decode_graph.reversal_data(2048, 0)
+        print(f"training a Transformer for {args.train_steps} steps ...", flush=True)
+        estimator = Seq2Seq(
+            encoder="transformer", decoder="transformer", hidden_size=256, num_heads=4,
+            num_layers=2, max_steps=args.train_steps, early_stopping=False, random_state=0,
+            device="cpu",
+        ).fit(X, [x[::-1] for x in X])  # fmt: skip
+        return estimator, bench_decode_graph.reversal_data(args.n_inputs, 1)
     if args.model is None:
         import bench_decode_graph
 
@@ -178,10 +199,10 @@ def compare_step_path(args) -> list[tuple]:
 def compare_estimator(args) -> list[tuple]:
     """``--estimator``: the fitted model's own ``predict`` (torch, ``TorchBackend``), its steps
     reading one memory row per beam (a copy whose decoder says so) and one row per item."""
-    estimator, _ = load_model(args)
+    estimator, sources = load_model(args)
     estimator.set_params(beam_size=args.beam_size)  # settable after fit; a call is one chunk
     models = [per_row(estimator), estimator]
-    return compare_runtimes(args, models, ("per row", "per item"), every_word=False)
+    return compare_runtimes(args, models, ("per row", "per item"), False, sources)
 
 
 def compare_scoring(args, runtimes) -> list[tuple]:
@@ -217,12 +238,13 @@ def compare_scoring(args, runtimes) -> list[tuple]:
     return [(args.n_best, before, after, largest, len(sources))]
 
 
-def compare_runtimes(args, runtimes, labels, every_word: bool) -> list[tuple]:
-    """Two runtimes of one G2P model over the CMUdict test words: the answers they share (all
-    the words, or the timed ones), then ``predict``'s CPU time a word at each batch size."""
+def compare_runtimes(args, runtimes, labels, every_word: bool, sources=None) -> list[tuple]:
+    """Two runtimes of one model over ``sources`` (default: a G2P model's CMUdict test words):
+    the answers they share (all the words, or the timed ones), then ``predict``'s CPU time a
+    word at each batch size."""
     from skattn.datasets import load_cmudict
 
-    words = sorted(set(load_cmudict("test")[0]))
+    words = sorted(set(load_cmudict("test")[0])) if sources is None else list(sources)
     step = max(1, len(words) // args.n_inputs)
     sample, rows = words[::step][: args.n_inputs], []
     compared = words if every_word else sample
@@ -272,6 +294,7 @@ def main(argv=None) -> list[tuple]:
                 str(directory / DECODE_FILE), options, providers=["CPUExecutionProvider"]
             )
         name = "G2P model" if args.model is not None else "small reversal model"
+        name = "Transformer (reversal)" if args.transformer else name
         print(f"{name}, beam {args.beam_size}, quantize={args.quantize}, {len(sources)} inputs")
         print(f"{'batch':>5} {'per row ms/item':>16} {'per item ms/item':>17} {'ratio':>6} "
               f"{'rounds':>22} {'equal answers':>14}")  # fmt: skip

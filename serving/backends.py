@@ -54,7 +54,7 @@ class NumpyBackend:
     memory, keys and mask hold the items :data:`HELD` names, which :meth:`step` lines up with
     the rows' items (:data:`ORIGIN`) just before it runs the graph, copying only what changed:
     one row per item where the step reads an item's memory once for all its rows
-    (``ITEM_MEMORY_KEY`` in its metadata: the recurrent decoders') and every item has the same
+    (``ITEM_MEMORY_KEY`` in its metadata: every decoder's step) and every item has the same
     number of rows, else one row per row (:mod:`skattn.core.memory_rows`).
 
     Parameters

@@ -71,7 +71,7 @@ def random_sources(lengths, vocabulary_size: int, rng: np.random.Generator) -> t
 
 def reads_item_memory(decoder: onnx.ModelProto) -> bool:
     """Whether ``decoder_step.onnx`` reads ``memory``, ``keys`` and ``mask`` with one row per
-    item for ``R`` rows per item (its ``ITEM_MEMORY_KEY`` entry; the recurrent decoders')."""
+    item for ``R`` rows per item (its ``ITEM_MEMORY_KEY`` entry: every decoder's step)."""
     return any(p.key == ITEM_MEMORY_KEY and p.value == "1" for p in decoder.metadata_props)
 
 

@@ -122,7 +122,7 @@ def _dynamic_axes(names: list[str], tensors: tuple) -> dict[str, dict[int, str]]
     """Axis 0 of every tensor is ``B``; axis 1 of the ``(B, T, ...)`` ones is ``T``; axis 2 of
     a key-value cache is its length (``t`` in, ``t1 = t + 1`` out). A step's ``memory``,
     ``keys`` and ``mask`` count items (``I``), not rows: ``B`` is ``R >= 1`` rows per item under
-    the recurrent decoders (``ITEM_MEMORY_KEY``), and a shared name would let onnxruntime take
+    every decoder's step (``ITEM_MEMORY_KEY``), and a shared name would let onnxruntime take
     the two for equal and fold the query's grouping away."""
     time_axis = {"src", "memory", "keys", "mask", "weights"}
     item_axis = {"memory", "keys", "mask"} if "y_prev" in names else set()

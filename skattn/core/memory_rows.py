@@ -11,13 +11,14 @@ two records beside them, both ``int64`` on the host:
 other rows than it holds. Just before a step the backend asks :func:`wanted_items` which items
 the step's memory rows must hold, and :func:`memory_selection` how to get them from ``held``:
 
-- one row per item where the step reads an item's memory once for all its rows (the recurrent
-  decoders' steps: their ``item_memory``, ``ITEM_MEMORY_KEY`` in an exported step) and every
+- one row per item where the step reads an item's memory once for all its rows (every
+  decoder's step: its ``item_memory``, ``ITEM_MEMORY_KEY`` in an exported step) and every
   item has the same number ``R`` of rows side by side: always in beam search once its first
   step has ranked, and in greedy search (``R = 1``). The step scores an item's ``R`` queries
-  against its keys in one product (``skattn.attention.attention.per_item``);
-- else one row per row: the Transformer's cross-attention, artifacts exported before
-  ``ITEM_MEMORY_KEY``, n-best lists of unequal length.
+  against its keys in one product (``skattn.attention.attention.per_item``; the Transformer's
+  cross-attention reads them as ``R`` query positions);
+- else one row per row: artifacts exported before ``ITEM_MEMORY_KEY`` (and, before
+  2026-12-06 night, every Transformer's), n-best lists of unequal length.
 
 Nothing is copied when the rows a step reads are those held (an item's beams reordered among
 themselves), a view is taken when they are one run of them (items ended at either edge of a

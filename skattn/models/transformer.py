@@ -59,6 +59,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from skattn.attention.attention import per_item
 from skattn.attention.self_attention import MultiHeadAttention
 from skattn.models.dropout import Dropout
 from skattn.models.encoder import EncoderOutput, length_mask
@@ -129,6 +130,7 @@ class DecoderBlock(nn.Module):
         src_mask: Tensor,
         temperature: float | Tensor = 1.0,
         need_weights: bool = False,
+        by_item: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """One block over ``y (B, T_y, D)``, the positions after a cached prefix of ``t``.
 
@@ -136,15 +138,26 @@ class DecoderBlock(nn.Module):
         (``None``: every cached key is readable, a one-position step); ``cross_k, cross_v
         (B, T, kv)``; ``src_mask (B, 1, T)``. Returns ``y (B, T_y, D)``, the extended cache
         ``k, v (B, t + T_y, kv)`` and, if asked, cross-attention weights ``(B, h, T_y, T)``.
+
+        ``by_item`` (one position, ``T_y = 1``): ``cross_k``, ``cross_v`` and ``src_mask`` hold
+        one row per item for ``R = B / I`` rows each, item-major (an item's beams), and an
+        item's rows read them as ``R`` queries of one attention.
         """
         h = self.ln_1(y)  # (B, T_y, D)
         k_new, v_new = self.self_attn.project_kv(h)  # (B, T_y, kv) each
         k = torch.cat([past_k, k_new], dim=1)  # (B, t + T_y, kv)
         v = torch.cat([past_v, v_new], dim=1)  # (B, t + T_y, kv)
         y = y + self.dropout(self.self_attn.attend(h, k, v, self_mask)[0])
+        query = self.ln_2(y)  # (B, T_y, D)
+        if by_item:  # (B, 1, D) -> (I, R, D)
+            query = per_item(query.flatten(0, 1), cross_k.shape[0], query.shape[-1])
         context, weights = self.cross_attn.attend(
-            self.ln_2(y), cross_k, cross_v, src_mask, temperature, need_weights
+            query, cross_k, cross_v, src_mask, temperature, need_weights
         )
+        if by_item:  # (I, R, D) -> (B, 1, D); weights (I, h, R, T) -> (B, h, 1, T)
+            context = context.reshape(y.shape)
+            if weights is not None:
+                weights = weights.transpose(1, 2).flatten(0, 1).unsqueeze(2)
         y = y + self.dropout(context)
         return y + self.dropout(self.ffn(self.ln_3(y))), k, v, weights
 
@@ -251,7 +264,7 @@ class TransformerDecoder(_Stack):
 
     state_names = ("self_keys", "self_values")
     block = DecoderBlock
-    item_memory = False  # its cross-attention reads one memory row per row
+    item_memory = True  # a step's cross-attention reads an item's keys once for its rows
 
     def __init__(self, vocab_size: int, d_model: int, *sizes) -> None:
         super().__init__(vocab_size, d_model, *sizes)
@@ -279,8 +292,11 @@ class TransformerDecoder(_Stack):
         mask: Tensor,
         temperature: float | Tensor,
         every_layer: bool = False,
+        by_item: bool = False,
     ) -> tuple[Tensor, State, Tensor]:
-        """Run the blocks over ``tgt (B, T_y)`` at positions ``start ..`` after the cache.
+        """Run the blocks over ``tgt (B, T_y)`` at positions ``start ..`` after the cache
+        (``by_item``: one position, ``keys`` and ``mask`` one row per item, see
+        :class:`DecoderBlock`).
 
         Returns logits ``(B, T_y, V)``, the cache extended by ``T_y`` rows and the last layer's
         cross-attention weights averaged over heads ``(B, T_y, T)``, or with ``every_layer``
@@ -304,6 +320,7 @@ class TransformerDecoder(_Stack):
                 src_mask,
                 temperature,
                 need_weights,
+                by_item,
             )
             new_k.append(k)  # (B, t + T_y, kv)
             new_v.append(v)
@@ -328,10 +345,11 @@ class TransformerDecoder(_Stack):
         """One position: ``y_prev (B,)`` at ``position`` (= the cache length ``t``).
 
         Returns logits ``(B, V)``, the cache grown to ``t + 1`` and weights ``(B, T)``.
-        ``memory`` is unused: ``keys`` holds its projections.
+        ``memory`` is unused: ``keys`` holds its projections. ``keys`` and ``mask`` may hold
+        one row per item for ``R = B / I`` rows each, item-major (an item's beams).
         """
         logits, state, weights = self._decode(
-            y_prev.unsqueeze(1), state, position, None, keys, mask, temperature
+            y_prev.unsqueeze(1), state, position, None, keys, mask, temperature, by_item=True
         )
         return logits.squeeze(1), state, weights.squeeze(1)
 
