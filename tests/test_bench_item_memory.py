@@ -76,6 +76,15 @@ def test_the_estimators_own_predict_is_compared_per_row_and_per_item():
     assert re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", out, re.M) == ["1", "16"]
 
 
+@pytest.mark.slow
+def test_a_transformers_layouts_are_compared():
+    options = ["--batch-sizes", "1", "8", "--n-inputs", "16", "--repeats", "1"]
+    out = run("--transformer", "--train-steps", "5", "--quantize", "none", *options)
+    assert "Transformer (reversal), beam 5" in out
+    rows = re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s.* (\d+)/(\d+) batches$", out, re.M)
+    assert [row[0] for row in rows] == ["1", "8"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
