@@ -8,8 +8,9 @@ two records beside them, both ``int64`` on the host:
 - ``held (M,)``: the item each memory row holds.
 
 ``select`` moves the state's rows and ``origin``; the memory stays as it is until a step reads
-other rows than it holds. Just before a step the backend asks :func:`wanted_items` which items
-the step's memory rows must hold, and :func:`memory_selection` how to get them from ``held``:
+other rows than it holds. Just before a step the backend asks :func:`line_up` which items the
+step's memory rows must hold (:func:`wanted_items`) and how to get them from ``held``
+(:func:`memory_selection`):
 
 - one row per item where the step reads an item's memory once for all its rows (every
   decoder's step: its ``item_memory``, ``ITEM_MEMORY_KEY`` in an exported step) and every
@@ -17,8 +18,8 @@ the step's memory rows must hold, and :func:`memory_selection` how to get them f
   step has ranked, and in greedy search (``R = 1``). The step scores an item's ``R`` queries
   against its keys in one product (``skattn.attention.attention.per_item``; the Transformer's
   cross-attention reads them as ``R`` query positions);
-- else one row per row: artifacts exported before ``ITEM_MEMORY_KEY`` (and, before
-  2026-12-06 night, every Transformer's), n-best lists of unequal length.
+- else one row per row: steps exported before ``ITEM_MEMORY_KEY`` (a Transformer's among
+  them until its cross-attention read one row per item too), n-best lists of unequal length.
 
 Nothing is copied when the rows a step reads are those held (an item's beams reordered among
 themselves), a view is taken when they are one run of them (items ended at either edge of a
