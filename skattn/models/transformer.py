@@ -149,13 +149,14 @@ class DecoderBlock(nn.Module):
         v = torch.cat([past_v, v_new], dim=1)  # (B, t + T_y, kv)
         y = y + self.dropout(self.self_attn.attend(h, k, v, self_mask)[0])
         query = self.ln_2(y)  # (B, T_y, D)
+        D = query.shape[-1]
         if by_item:  # (B, 1, D) -> (I, R, D)
-            query = per_item(query.flatten(0, 1), cross_k.shape[0], query.shape[-1])
+            query = per_item(query.reshape(-1, D), cross_k.shape[0], D)
         context, weights = self.cross_attn.attend(
             query, cross_k, cross_v, src_mask, temperature, need_weights
         )
         if by_item:  # (I, R, D) -> (B, 1, D); weights (I, h, R, T) -> (B, h, 1, T)
-            context = context.reshape(y.shape)
+            context = context.reshape(-1, 1, D)  # -1 is defined for 0 rows: 1 D is not 0
             if weights is not None:
                 weights = weights.transpose(1, 2).flatten(0, 1).unsqueeze(2)
         y = y + self.dropout(context)
