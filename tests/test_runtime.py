@@ -392,8 +392,8 @@ def test_io_binding_beam_search_equals_the_numpy_backend(tmp_path):
 
 
 def per_row(backend):
-    """The same backend with a step that reads one memory row per row (the Transformer's
-    kind, and artifacts exported before ``ITEM_MEMORY_KEY``)."""
+    """The same backend with a step that reads one memory row per row (an artifact exported
+    before ``ITEM_MEMORY_KEY``)."""
     other = copy.copy(backend)
     other.item_memory = False
     return other
@@ -407,8 +407,8 @@ def stepped(backend, carry):
 
 
 def test_a_step_reads_one_copy_of_an_items_memory_for_its_beams(runtime):
-    """Where every item has the same number of rows side by side, a step of a recurrent
-    decoder reads one memory row per item: beams neither copy it nor change the answer."""
+    """Where every item has the same number of rows side by side, a step reads one memory
+    row per item: beams neither copy it nor change the answer."""
     backend = runtime.backend
     assert backend.item_memory
     carry = backend.encode(np.array([[4, 5, 2], [6, 2, 0], [7, 8, 2]]), np.array([3, 2, 3]))
