@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import statistics
 import sys
@@ -171,6 +172,17 @@ def captured_feeds(directory: Path, sources: list[str], batch_size: int) -> list
     return feeds
 
 
+def alternating_times(runs, repeats: int, items: int) -> list[list[float]]:
+    """CPU seconds an item of each of ``runs`` (callables), ``repeats`` rounds taking turns."""
+    times = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, seconds in zip(runs, times, strict=True):
+            start = time.process_time()
+            run()
+            seconds.append((time.process_time() - start) / items)
+    return times
+
+
 def compare_artifacts(args) -> list[tuple]:
     """``--artifacts``: each artifact's ``predict`` CPU time a word at each batch size (medians of
     ``--repeats`` alternating rounds over ``--n-inputs`` test words; 256 words at batch 1), and
@@ -225,12 +237,8 @@ def compare_scoring(args, runtimes) -> list[tuple]:
     print(
         f"{len(words)} words, {args.n_best} candidates each: scores differ by {largest:.2e} at most"
     )
-    times = [[], []]
-    for _ in range(args.repeats):
-        for runtime, seconds in zip(runtimes, times, strict=True):
-            start = time.process_time()
-            runtime.log_likelihood(sources, outputs)
-            seconds.append((time.process_time() - start) / len(sources))
+    runs = [functools.partial(runtime.log_likelihood, sources, outputs) for runtime in runtimes]
+    times = alternating_times(runs, args.repeats, len(sources))
     before, after = (statistics.median(t) for t in times)
     print(
         f"per row {1e3 * before:.4f} ms a pair, per item {1e3 * after:.4f}: {after / before:.3f}x"
@@ -255,17 +263,22 @@ def compare_runtimes(args, runtimes, labels, every_word: bool, sources=None) -> 
     for batch_size in args.batch_sizes:
         chosen = sample[:256] if batch_size == 1 else sample
         calls = [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
-        times = [[], []]
-        for _ in range(args.repeats):
-            for runtime, seconds in zip(runtimes, times, strict=True):
-                start = time.process_time()
-                for call in calls:
-                    runtime.predict(call)
-                seconds.append((time.process_time() - start) / len(chosen))
+        runs = [functools.partial(_predict_all, runtime, calls) for runtime in runtimes]
+        times = alternating_times(runs, args.repeats, len(chosen))
         before, after = (statistics.median(t) for t in times)
         print(f"{batch_size:>5} {1e3 * before:>15.3f} {1e3 * after:>16.3f} {after / before:>6.3f}x")
         rows.append((batch_size, before, after, same, len(compared)))
     return rows
+
+
+def _predict_all(runtime, calls: list) -> None:
+    for call in calls:
+        runtime.predict(call)
+
+
+def _run_all(session: ort.InferenceSession, feeds: list[dict]) -> None:
+    for feed in feeds:
+        session.run(None, feed)
 
 
 def main(argv=None) -> list[tuple]:
@@ -305,15 +318,10 @@ def main(argv=None) -> list[tuple]:
                 np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
                 for a, b in zip(outputs["per row"], outputs["per item"], strict=True)
             )
-            times = {label: [] for label in layouts}
-            for _ in range(args.repeats):  # alternating
-                for label, session in layouts.items():
-                    start = time.process_time()
-                    for f in feeds:
-                        session.run(None, f)
-                    times[label].append((time.process_time() - start) / len(sources))
-            old, new = (statistics.median(times[label]) for label in layouts)
-            ratios = [n / o for o, n in zip(times["per row"], times["per item"], strict=True)]
+            runs = [functools.partial(_run_all, session, feeds) for session in layouts.values()]
+            per_beam, per_item = alternating_times(runs, args.repeats, len(sources))
+            old, new = statistics.median(per_beam), statistics.median(per_item)
+            ratios = [n / o for o, n in zip(per_beam, per_item, strict=True)]
             spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
             print(f"{batch_size:>5} {1e3 * old:>16.3f} {1e3 * new:>17.3f} {new / old:>5.3f}x "
                   f"{spread:>22} {same:>7}/{len(feeds)} batches", flush=True)  # fmt: skip
