@@ -23,6 +23,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
+from skattn.core.attention_maps import rows_reversed
 from skattn.core.items import as_token_lists, check_references, ordered_items
 from skattn.core.text import check_tokenizer, detokenize
 from skattn.metrics import exact_match
@@ -138,8 +139,7 @@ class RightToLeft(BaseEstimator):
     def predict_attention(self, X: Sequence, **kwargs) -> list:
         """Attention maps of :meth:`predict`'s outputs: one row per output token, in the
         outputs' usual order (the model's rows reversed)."""
-        maps = self._model().predict_attention(X, **kwargs)
-        return [m[..., ::-1, :].copy() for m in maps]
+        return rows_reversed(self._model().predict_attention(X, **kwargs))
 
     def export_onnx(
         self,

@@ -37,6 +37,7 @@ __all__ = [
     "Index",
     "MapSelection",
     "check_selection",
+    "rows_reversed",
     "translate_with_maps",
 ]
 
@@ -164,8 +165,14 @@ def translate_with_maps(
     maps = teacher_forced_maps(cross_attention, id_lists, outputs, temperature, selection, limit)
     maps = [selection.apply(m).astype(np.float64) for m in maps]  # (..., T_y, T_x)
     if translator.right_to_left:  # the usual order, as Translator.read gives it
-        outputs, maps = [t[::-1] for t in outputs], [m[..., ::-1, :].copy() for m in maps]
+        outputs, maps = [t[::-1] for t in outputs], rows_reversed(maps)
     return [translator.output(tokens) for tokens in outputs], maps
+
+
+def rows_reversed(maps: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each map ``(..., T_y, T_x)`` with its output rows in reverse order (a right-to-left
+    model's, read in the outputs' usual order), as new arrays."""
+    return [m[..., ::-1, :].copy() for m in maps]
 
 
 def teacher_forced_maps(
