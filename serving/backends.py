@@ -38,6 +38,7 @@ __all__ = [
     "GraphTranslator",
     "NumpyBackend",
     "gather_rows_model",
+    "selector_models",
 ]
 
 Carry = dict[str, Any]
@@ -168,6 +169,17 @@ def _pad_source(value: np.ndarray, width: int, name: str) -> np.ndarray:
     return np.pad(value, pad)
 
 
+def selector_models(decoder: ort.InferenceSession, manifest: Manifest) -> tuple[bytes, bytes]:
+    """:class:`BoundBackend`'s two gather graphs over ``decoder_step.onnx``'s inputs: one over
+    the decoder state (every ``select``), one over ``memory``, ``keys`` and ``mask`` (only when
+    a step reads other rows of them)."""
+    inputs = {i.name: i for i in decoder.get_inputs()}
+    return tuple(
+        gather_rows_model([inputs[name] for name in names])
+        for names in (manifest.state_names, MEMORY_NAMES)
+    )
+
+
 def gather_rows_model(inputs: list[ort.NodeArg]) -> bytes:
     """An ONNX graph ``rows (M,) int64, x_i -> Gather(x_i, rows, axis=0)`` for each ``x_i``.
 
@@ -218,8 +230,8 @@ class BoundBackend(NumpyBackend):
     ----------
     encoder, decoder : onnxruntime.InferenceSession
     selectors : tuple of onnxruntime.InferenceSession
-        :func:`gather_rows_model` over the decoder's state inputs, then over its ``memory``,
-        ``keys`` and ``mask``.
+        Sessions of :func:`selector_models`: the gather over the decoder's state inputs, then
+        over its ``memory``, ``keys`` and ``mask``.
     manifest : Manifest
     device_type : {"cuda", "cpu"}
     device_id : int

@@ -36,7 +36,7 @@ import numpy as np
 
 from serving.artifact import Artifact, ArtifactError, read_artifact
 from serving.attention_graph import AttentionGraph
-from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, gather_rows_model
+from serving.backends import BoundBackend, GraphTranslator, NumpyBackend, selector_models
 from serving.interface import MAX_LISTED_TOKENS, ModelInfo, vocabulary_id
 from serving.layout import carry_width, default_chunk_items, share_cores
 from serving.sessions import (
@@ -52,7 +52,7 @@ from skattn.core.attention_maps import translate_with_maps
 from skattn.core.checks import FLOAT32_MAX, check_bool, check_int, check_real
 from skattn.core.inference import SearchSettings, Translator
 from skattn.core.items import as_outputs, check_output_lengths, check_utf8, ordered_items
-from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH, MEMORY_NAMES
+from skattn.core.manifest import DECODE_FILE, MAX_OUTPUT_LENGTH
 from skattn.core.text import BOS, EOS, SPECIAL_TOKENS, Vocabulary, detokenize, tokenize
 
 __all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "Runtime", "load", "resolve_device", "session_options"]
@@ -174,14 +174,11 @@ class Runtime:
         device_type, device_id = _started_device(device, device_type, device_id, self.provider)
         self.io_binding = device_type == "cuda" if io_binding is None else bool(io_binding)
         if self.io_binding:
-            inputs = {i.name: i for i in sessions.decoder.get_inputs()}
+            models = selector_models(sessions.decoder, manifest)
             selectors = tuple(
-                open_session(
-                    gather_rows_model([inputs[name] for name in names]), options, providers, label
-                )
-                for names, label in ((manifest.state_names, "select_states"),
-                                     (MEMORY_NAMES, "select_memory"))
-            )  # fmt: skip
+                open_session(model, options, providers, label)
+                for model, label in zip(models, ("select_states", "select_memory"), strict=True)
+            )
             backend: NumpyBackend = BoundBackend(
                 sessions.encoder, sessions.decoder, selectors, manifest, device_type, device_id
             )
