@@ -139,9 +139,7 @@ class NumpyBackend:
         first, second = self._lined_up(first), self._lined_up(second)
         width = max(first["mask"].shape[1], second["mask"].shape[1])
         merged = {
-            name: np.concatenate(
-                [_pad_source(value, width, name), _pad_source(second[name], width, name)]
-            )
+            name: _stacked(value, second[name], width if name in MEMORY_NAMES else None)
             for name, value in first.items()
             if name not in (ORIGIN, HELD)
         }
@@ -161,12 +159,18 @@ class NumpyBackend:
         }
 
 
-def _pad_source(value: np.ndarray, width: int, name: str) -> np.ndarray:
-    if name not in MEMORY_NAMES or value.shape[1] == width:
-        return value
-    pad = [(0, 0)] * value.ndim
-    pad[1] = (0, width - value.shape[1])
-    return np.pad(value, pad)
+def _stacked(first: np.ndarray, second: np.ndarray, width: int | None) -> np.ndarray:
+    """``first``'s rows, then ``second``'s; with ``width``, each zero-padded on axis 1 to it.
+
+    One allocation and two copies (``np.pad`` then ``np.concatenate`` cost a copy and about
+    20 us more an array, a sizeable part of a small model's continuous-batching step)."""
+    if width is None or first.shape[1] == second.shape[1] == width:
+        return np.concatenate([first, second])
+    n = len(first)
+    out = np.zeros((n + len(second), width, *first.shape[2:]), dtype=first.dtype)
+    out[:n, : first.shape[1]] = first
+    out[n:, : second.shape[1]] = second
+    return out
 
 
 def selector_models(decoder: ort.InferenceSession, manifest: Manifest) -> tuple[bytes, bytes]:

@@ -442,6 +442,37 @@ def test_a_step_reads_one_copy_of_an_items_memory_for_its_beams(runtime):
     assert len(stepped(backend, merged)[1]["memory"]) == 10  # the new item has one row: per row
 
 
+@pytest.mark.parametrize("widths", [(3, 5), (5, 3), (4, 4)])
+def test_merge_pads_the_source_axis_of_either_side_with_zeros(runtime, widths):
+    """Merged carries hold each side's memory, keys and mask zero-padded (False in the mask)
+    to the longer source, the state rows stacked, and the merged step answers as each alone."""
+    backend = runtime.backend
+    rng = np.random.default_rng(0)
+    sides = []
+    for rows, width in zip((2, 3), widths, strict=True):
+        src = rng.integers(4, 9, size=(rows, width))
+        src[:, -1] = 2  # every source ends at the end of its row: no padding of its own
+        sides.append(backend.encode(src, np.full(rows, width)))
+    merged = backend.merge(*sides)
+    width = max(widths)
+    for name in ("memory", "keys", "mask"):
+        expected = np.concatenate(
+            [
+                np.pad(
+                    side[name],
+                    [(0, 0), (0, width - side[name].shape[1])] + [(0, 0)] * (side[name].ndim - 2),
+                )
+                for side in sides
+            ]
+        )
+        assert merged[name].dtype == sides[0][name].dtype
+        np.testing.assert_array_equal(merged[name], expected)
+    np.testing.assert_array_equal(merged["hidden"], np.concatenate([s["hidden"] for s in sides]))
+    log_probs, _ = stepped(backend, merged)
+    alone = np.concatenate([stepped(backend, side)[0] for side in sides])
+    np.testing.assert_allclose(log_probs, alone, atol=1e-6)
+
+
 def test_io_binding_gathers_the_memory_only_when_a_step_reads_other_rows(artifact, runtime):
     """The device carry: a select gathers the state's rows only; a step reads one memory row
     per item for equal beams, and the memory is gathered when items end or counts differ."""
