@@ -18,17 +18,17 @@ tensor data extension: the body is a JSON header of ``Inference-Header-Content-L
 followed by the raw tensors in the order of the header. A BYTES tensor in binary form is a run of
 elements, each a 4-byte little-endian length followed by that many bytes; numeric tensors are
 their little-endian row-major bytes. ``tritonclient.http`` uses the binary form by default.
+Those bytes (and a body's ``Content-Encoding``) are :mod:`serving.wire`'s; responses are
+:mod:`serving.responses`'s; both modules' names stay importable from here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import struct
-import zlib
 from dataclasses import dataclass
 
-from serving.responses import (  # the responses' half; its names stay importable from here
+from serving.responses import (  # the responses' half
     ATTENTION,
     ATTENTION_LENGTHS,
     HEADER_LENGTH,
@@ -41,6 +41,12 @@ from serving.responses import (  # the responses' half; its names stay importabl
     prediction_tensor,
     serialize_bytes_tensor,
 )
+from serving.wire import (  # the bytes below the JSON
+    MAX_GZIP_MEMBERS,
+    ProtocolError,
+    decode_content,
+    deserialize_bytes_tensor,
+)
 from skattn.core.checks import FLOAT32_MAX
 from skattn.core.items import encodes_to_utf8
 
@@ -48,17 +54,6 @@ INPUT_NAME = "source"
 #: Request parameters that select the attention maps' layer and head.
 ATTENTION_PARAMETERS = ("attention_layer", "attention_head")
 OUTPUT_NAMES = (PREDICTION, ATTENTION, ATTENTION_LENGTHS)
-
-_LENGTH = struct.Struct("<I")
-
-
-class ProtocolError(Exception):
-    """A request that the server refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -102,113 +97,7 @@ class InferRequest:
 
 
 # ---------------------------------------------------------------------------------------------
-# BYTES tensors in binary form
-
-
-def deserialize_bytes_tensor(buffer: bytes, max_elements: int | None = None) -> list[bytes]:
-    """Split a binary BYTES tensor into its elements.
-
-    Parameters
-    ----------
-    buffer : bytes
-        Elements, each a 4-byte little-endian length followed by that many bytes.
-    max_elements : int, optional
-        The elements the tensor's shape declares: the split stops at one more (a megabyte of
-        empty elements is 262,144 of them, which held the event loop for 0.4 s before the
-        count was compared).
-
-    Returns
-    -------
-    list of bytes
-
-    Raises
-    ------
-    ProtocolError
-        If the buffer ends inside a length prefix or inside an element, or holds more than
-        ``max_elements`` elements.
-    """
-    elements = []
-    view = memoryview(buffer)
-    offset = 0
-    while offset < len(view):
-        if max_elements is not None and len(elements) == max_elements:
-            raise ProtocolError(
-                f"shape mismatch: the binary BYTES tensor data holds more than {max_elements} "
-                "elements"
-            )
-        if offset + _LENGTH.size > len(view):
-            raise ProtocolError("binary BYTES tensor data ends inside an element length")
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += _LENGTH.size
-        if offset + length > len(view):
-            raise ProtocolError("binary BYTES tensor data ends inside an element")
-        elements.append(bytes(view[offset : offset + length]))
-        offset += length
-    return elements
-
-
-# ---------------------------------------------------------------------------------------------
 # Requests
-
-
-#: Most gzip members a body may hold (tools write one; some concatenate a few). Each member
-#: costs a pass over what follows it, so 50,000 empty members in 1 MB held the event loop for
-#: 0.7 s before this bound.
-MAX_GZIP_MEMBERS = 16
-
-
-def decode_content(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
-    """Undo a request's ``Content-Encoding`` (identity, gzip or deflate), within a size limit.
-
-    Parameters
-    ----------
-    body : bytes
-        The body as received.
-    content_encoding : str or None
-        The ``Content-Encoding`` header.
-    max_bytes : int
-        The largest decoded body accepted.
-
-    Returns
-    -------
-    bytes
-        The decoded body.
-
-    Raises
-    ------
-    ProtocolError
-        415 for an unknown encoding, 400 for corrupt data, 413 if the decoded body is too large.
-    """
-    encoding = (content_encoding or "identity").strip().lower()
-    if encoding == "identity":
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise ProtocolError(
-            f"unsupported Content-Encoding {content_encoding!r}; use gzip, deflate or none", 415
-        )
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    parts, size, rest = [], 0, body
-    while True:  # gzip: one member after another (RFC 1952 allows several); deflate: one
-        if len(parts) == MAX_GZIP_MEMBERS:  # each member copies the rest: bound the work
-            raise ProtocolError(
-                f"request body has more than {MAX_GZIP_MEMBERS} gzip members; send one"
-            )
-        decompressor = zlib.decompressobj(wbits)
-        try:
-            decoded = decompressor.decompress(rest, max_bytes - size + 1)
-        except zlib.error as exc:
-            raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from exc
-        size += len(decoded)
-        parts.append(decoded)
-        if size > max_bytes:
-            raise ProtocolError(f"decoded request body exceeds {max_bytes} bytes", 413)
-        if not decompressor.eof:
-            raise ProtocolError(f"request body is truncated {encoding} data")
-        rest = decompressor.unused_data
-        if not rest:
-            return b"".join(parts)
-        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
-            raise ProtocolError(f"request body has {len(rest)} bytes after its {encoding} data")
 
 
 def parse_infer_request(body: bytes, header_length: str | None, *, max_items: int) -> InferRequest:
@@ -470,6 +359,7 @@ __all__ = [
     "HEADER_LENGTH",
     "INPUT_NAME",
     "JSON_CHUNK",
+    "MAX_GZIP_MEMBERS",
     "OUTPUT_NAMES",
     "PREDICTION",
     "InferRequest",

@@ -8,38 +8,17 @@ large response lets the event loop run between slices.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from serving.wire import serialize_bytes_tensor
+
 ATTENTION = "attention"
 ATTENTION_LENGTHS = "attention_lengths"
 PREDICTION = "prediction"
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-_LENGTH = struct.Struct("<I")
-
-
-def serialize_bytes_tensor(elements: Sequence[bytes]) -> bytes:
-    """Serialize BYTES elements as the binary extension does.
-
-    Parameters
-    ----------
-    elements : sequence of bytes
-        The elements in row-major order.
-
-    Returns
-    -------
-    bytes
-        Each element as a 4-byte little-endian length followed by its bytes.
-    """
-    parts = []
-    for element in elements:
-        parts.append(_LENGTH.pack(len(element)))
-        parts.append(element)
-    return b"".join(parts)
 
 
 @dataclass(frozen=True)
