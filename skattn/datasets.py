@@ -3,8 +3,9 @@
 - :func:`make_reversal`: random strings and their reversals (the seeds' digit-reversal task).
 - :func:`make_number_words`: numbers in digits and in words (``"42" -> "forty-two"``).
 - :func:`load_cmudict`: the standard CMUdict 0.7b grapheme-to-phoneme train/test split, packaged
-  in ``skattn/data`` (see its README for the license); :func:`group_pronunciations` and
-  :func:`split_by_word` for evaluating against several references and for a development set.
+  in ``skattn/data`` (see its README for the license), with or without CMUdict's stress marks;
+  :func:`strip_stress`, :func:`group_pronunciations` and :func:`split_by_word` for evaluating
+  against several references and for a development set.
 
 ``random_state`` follows scikit-learn: ``None``, an int seed, or a NumPy ``Generator`` /
 ``RandomState``; the same int gives the same data.
@@ -28,9 +29,15 @@ __all__ = [
     "make_number_words",
     "make_reversal",
     "split_by_word",
+    "strip_stress",
 ]
 
 CMUDICT_SPLITS = ("train", "test")
+
+# ARPAbet's vowels: the phonemes CMUdict marks with a stress digit (0 none, 1 primary, 2 secondary).
+ARPABET_VOWELS = frozenset(
+    ("AA", "AE", "AH", "AO", "AW", "AY", "EH", "ER", "EY", "IH", "IY", "OW", "OY", "UH", "UW")
+)
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -212,8 +219,33 @@ def _read_cmudict(split: str) -> list[tuple[str, tuple[str, ...]]]:
     return entries
 
 
+def _read_cmudict_stress(split: str, entries: list) -> list[tuple[str, tuple[str, ...]]]:
+    """The split's lines with their vowels' stress digits put back; see the data's README.
+
+    ``cmudict-0.7b.{split}.stress.gz`` has one line per line of the split: the stress digits of
+    its vowels (``01``), several space-separated when CMUdict stresses the same phonemes more
+    than one way, or nothing when it has no stressed form of the line (the line is left out).
+    """
+    path = resources.files("skattn").joinpath("data", f"cmudict-0.7b.{split}.stress.gz")
+    with path.open("rb") as raw, gzip.open(raw, "rt", encoding="ascii") as lines:
+        marks = lines.read().split("\n")[:-1]
+    if len(marks) != len(entries):
+        raise ValueError(f"cmudict-0.7b.{split}.stress has {len(marks)} lines, not {len(entries)}")
+    stressed = []
+    for number, ((word, phonemes), line) in enumerate(zip(entries, marks, strict=True), start=1):
+        vowels = [i for i, phoneme in enumerate(phonemes) if phoneme in ARPABET_VOWELS]
+        for digits in line.split():
+            if len(digits) != len(vowels) or not set(digits) <= set("012"):
+                raise ValueError(f"malformed line {number} in cmudict-0.7b.{split}.stress")
+            marked = list(phonemes)
+            for i, digit in zip(vowels, digits, strict=True):
+                marked[i] += digit
+            stressed.append((word, tuple(marked)))
+    return stressed
+
+
 def load_cmudict(
-    split: str = "train", *, lowercase: bool = False
+    split: str = "train", *, lowercase: bool = False, stress: bool = False
 ) -> tuple[list[str], list[list[str]]]:
     """The standard CMUdict 0.7b grapheme-to-phoneme split, shipped with the package.
 
@@ -229,6 +261,14 @@ def load_cmudict(
     lowercase : bool, default=False
         Words are upper-case as in the dictionary (``"CAUSE"``, ``"'COURSE"``); ``True``
         lower-cases them. Phonemes stay ARPAbet upper-case.
+    stress : bool, default=False
+        ``True`` marks every vowel with CMUdict's stress digit (``"AH0"``, ``"OW1"``;
+        :func:`strip_stress` takes them off). The split's lines are stressed from a later
+        CMUdict (the ``cmudict`` package's): a line whose phonemes it no longer gives with
+        stress is left out (1,011 of the training lines, 122 of the test lines), so
+        ``"train"`` holds 113,397 stressed lines of 106,052 words and ``"test"`` 12,734 of
+        11,915. The words are the same split's: train on stress, score without it
+        (:func:`strip_stress`), and the published figures still compare.
 
     Returns
     -------
@@ -248,8 +288,36 @@ def load_cmudict(
         raise ValueError(f"split must be one of {list(CMUDICT_SPLITS)}, got {split!r}")
     lowercase = check_bool(lowercase, "lowercase")
     entries = _read_cmudict(split)
+    if check_bool(stress, "stress"):
+        entries = _read_cmudict_stress(split, entries)
     words = [w.lower() if lowercase else w for w, _ in entries]
     return words, [list(p) for _, p in entries]
+
+
+def strip_stress(pronunciations: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Take CMUdict's stress digits off the vowels: ``[["HH", "AH0", "L", "OW1"]]`` ->
+    ``[["HH", "AH", "L", "OW"]]``. Phonemes without a digit pass as they are.
+
+    Examples
+    --------
+    >>> strip_stress([["P", "R", "AA1", "JH", "EH0", "K", "T"]])
+    [['P', 'R', 'AA', 'JH', 'EH', 'K', 'T']]
+    """
+    pronunciations = ordered_items(pronunciations, "pronunciations", "token list")
+    stripped = []
+    for index, pronunciation in enumerate(pronunciations):
+        if isinstance(pronunciation, str) or not all(isinstance(t, str) for t in pronunciation):
+            raise ValueError(
+                f"pronunciations[{index}] must be a token list (['AH0']), got {pronunciation!r:.60}"
+            )
+        stripped.append([_unstressed(phoneme) for phoneme in pronunciation])
+    return stripped
+
+
+def _unstressed(phoneme: str) -> str:
+    if phoneme[-1:] in ("0", "1", "2") and phoneme[:-1] in ARPABET_VOWELS:
+        return phoneme[:-1]
+    return phoneme
 
 
 def group_pronunciations(

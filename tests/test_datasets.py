@@ -7,6 +7,7 @@ from skattn.datasets import (
     make_number_words,
     make_reversal,
     split_by_word,
+    strip_stress,
 )
 from skattn.metrics import phoneme_error_rate, word_error_rate
 
@@ -129,6 +130,59 @@ def test_cmudict_format(cmudict_train):
     phonemes = {ph for p in prons for ph in p}
     assert len(phonemes) == 39  # ARPAbet without stress
     assert not any(ch.isdigit() for ph in phonemes for ch in ph)
+
+
+VOWELS = {"AA", "AE", "AH", "AO", "AW", "AY", "EH", "ER", "EY", "IH", "IY", "OW", "OY", "UH", "UW"}
+CONSONANTS = set("B CH D DH F G HH JH K L M N NG P R S SH T TH V W Y Z ZH".split())
+
+
+@pytest.mark.parametrize(
+    ("split", "lines", "words"), [("train", 113_397, 106_052), ("test", 12_734, 11_915)]
+)
+def test_cmudict_with_stress_is_the_split_with_its_vowels_marked(split, lines, words):
+    stressed_words, stressed = load_cmudict(split, stress=True)
+    assert len(stressed_words) == len(stressed) == lines and len(set(stressed_words)) == words
+    for pronunciation in stressed:  # every vowel marked 0, 1 or 2; nothing else marked
+        for phoneme in pronunciation:
+            assert (phoneme[:-1] in VOWELS and phoneme[-1] in "012") or phoneme in CONSONANTS
+    # each stressed line is one of the split's lines of its word with the stress taken off
+    plain = {}
+    for word, pronunciation in zip(*load_cmudict(split), strict=True):
+        plain.setdefault(word, []).append(pronunciation)
+    for word, pronunciation in zip(stressed_words, strip_stress(stressed), strict=True):
+        assert pronunciation in plain[word]
+
+
+def test_cmudict_with_stress_worked_lines():
+    words, prons = load_cmudict("train", stress=True)
+    lines = {}
+    for word, pronunciation in zip(words, prons, strict=True):
+        lines.setdefault(word, []).append(" ".join(pronunciation))
+    assert lines["HELLO"] == ["HH AH0 L OW1", "HH EH0 L OW1"]
+    # 0.7b stressed ABSTRACT's one phoneme string two ways; the split has the line twice
+    assert lines["ABSTRACT"] == ["AE0 B S T R AE1 K T", "AE1 B S T R AE2 K T"]
+    # the later dictionary stresses PROJECT's repeated line one way only: one line left
+    assert lines["PROJECT"] == ["P R AA1 JH EH0 K T"]
+    assert (words[0], prons[0]) == ("'CAUSE", ["K", "AH0", "Z"])  # the file's first line
+
+
+def test_cmudict_stress_must_be_a_bool():
+    with pytest.raises(ValueError, match="stress"):
+        load_cmudict("test", stress="yes")
+
+
+def test_strip_stress():
+    assert strip_stress([["HH", "AH0", "L", "OW1"], ["ER2"], []]) == [
+        ["HH", "AH", "L", "OW"],
+        ["ER"],
+        [],
+    ]
+    assert strip_stress((("K", "AE", "T"),)) == [["K", "AE", "T"]]  # stressless: as it is
+    assert strip_stress([["X1", "AH3", "1"]]) == [["X1", "AH3", "1"]]  # only a vowel's 0-2
+    with pytest.raises(ValueError, match="pronunciations"):
+        strip_stress(["HH AH0"])  # a string, not a token list
+    with pytest.raises(ValueError, match="pronunciations"):
+        strip_stress([["HH", 0]])
 
 
 def test_cmudict_lowercase():

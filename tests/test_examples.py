@@ -223,6 +223,31 @@ def test_g2p_cmudict_quick_trains_right_to_left_and_scores_in_the_usual_order(tm
 
 
 @pytest.mark.slow
+def test_g2p_cmudict_quick_trains_with_stress_and_scores_with_and_without_it(tmp_path):
+    saved, results_path = tmp_path / "stress.joblib", tmp_path / "stress.json"
+    args = ["--no-g2p-en", "--stress", "--save", str(saved), "--out", str(results_path)]
+    run_example("g2p_cmudict.py", *args)
+    model = joblib.load(saved)
+    vowels = {"AA", "AE", "AH", "AO", "AW", "AY", "EH", "ER", "EY", "IH", "IY", "OW", "OY"}
+    assert {"AH0", "AH1", "EY1"} <= set(model.target_vocab_.tokens)  # it learned stress
+    assert not vowels & set(model.target_vocab_.tokens)
+    results = json.loads(results_path.read_text())
+    for split, words in (("dev", 50), ("test", 100)):
+        row = results[f"skattn_{split}"]
+        assert row["words"] == words and 0.0 <= row["per"] < 100.0
+        # scored without the stress against the split's references, and with it on the words
+        # CMUdict stresses: a word wrong without stress is wrong with it
+        stressed = row["stressed"]["words"]
+        assert 0 < stressed <= words
+        wrong, wrong_stressed = row["wer"] * words / 100, row["stressed"]["wer"] * stressed / 100
+        assert wrong_stressed >= wrong - (words - stressed) - 1e-6
+    predictions = model.predict(["ABANDONED", "PHOTOGRAPHY"])
+    assert all(p[-1:] in ("0", "1", "2") for p in sum(predictions, []) if p[:-1] in vowels)
+    with pytest.raises(SystemExit):
+        g2p_cmudict.parse_args(["--stress", "--ensemble", str(saved)])
+
+
+@pytest.mark.slow
 def test_serve_and_query_quick(tmp_path):
     out = run_example("serve_and_query.py", "--out", str(tmp_path))
     answers = re.findall(r"^\s+'(\d+)' -> '(\d*)'\s+ok$", out, flags=re.MULTILINE)
