@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -215,25 +216,33 @@ def evaluate(predict, X: list[str], y: list[list[str]]) -> dict:
     start = time.perf_counter()
     predictions = predict(words)
     seconds = time.perf_counter() - start
+    unstressed = strip_stress(predictions)
     row = {
         "words": len(words),
-        "per": 100.0 * phoneme_error_rate(references, strip_stress(predictions)),
-        "wer": 100.0 * word_error_rate(references, strip_stress(predictions)),
+        "per": 100.0 * phoneme_error_rate(references, unstressed),
+        "wer": 100.0 * word_error_rate(references, unstressed),
         "words_per_second": len(words) / seconds,
         "examples": {w: " ".join(p) for w, p in zip(words[:5], predictions[:5], strict=True)},
     }
-    if any(p != q for p, q in zip(predictions, strip_stress(predictions), strict=True)):
+    if unstressed != [list(p) for p in predictions]:
         row["stressed"] = stressed_errors(words, predictions)
     return row
+
+
+@functools.cache
+def stressed_references() -> dict[str, list[list[str]]]:
+    """word -> its stressed CMUdict pronunciations, from both files (read once a process)."""
+    stressed = {}
+    for split in ("train", "test"):
+        grouped = group_pronunciations(*load_cmudict(split, stress=True))
+        stressed.update(zip(*grouped, strict=True))
+    return stressed
 
 
 def stressed_errors(words: list[str], predictions: list[list[str]]) -> dict:
     """PER and WER (in %) with stress, on the words with a stressed CMUdict reference (dev
     words come from the training file, test words from the test file)."""
-    stressed = {}
-    for split in ("train", "test"):
-        grouped = group_pronunciations(*load_cmudict(split, stress=True))
-        stressed.update(zip(*grouped, strict=True))
+    stressed = stressed_references()
     pairs = [(stressed[w], p) for w, p in zip(words, predictions, strict=True) if w in stressed]
     references, kept = [r for r, _ in pairs], [p for _, p in pairs]
     return {

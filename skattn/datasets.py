@@ -303,15 +303,26 @@ def strip_stress(pronunciations: Sequence[Sequence[str]]) -> list[list[str]]:
     >>> strip_stress([["P", "R", "AA1", "JH", "EH0", "K", "T"]])
     [['P', 'R', 'AA', 'JH', 'EH', 'K', 'T']]
     """
+    pronunciations = _token_lists(pronunciations)
+    return [[_unstressed(phoneme) for phoneme in pronunciation] for pronunciation in pronunciations]
+
+
+def _token_lists(pronunciations: Sequence[Sequence[str]]) -> list:
+    """``pronunciations`` as a list, each item checked to be a token list: a list, tuple or array
+    of str (``["K", "AH"]``)."""
     pronunciations = ordered_items(pronunciations, "pronunciations", "token list")
-    stripped = []
     for index, pronunciation in enumerate(pronunciations):
-        if isinstance(pronunciation, str) or not all(isinstance(t, str) for t in pronunciation):
+        if isinstance(pronunciation, str):  # list("K AH") would be characters
+            raise ValueError("pronunciations must be token lists (['K', 'AH']), not strings")
+        if not (
+            isinstance(pronunciation, list | tuple | np.ndarray)
+            and all(isinstance(t, str) for t in pronunciation)
+        ):
             raise ValueError(
-                f"pronunciations[{index}] must be a token list (['AH0']), got {pronunciation!r:.60}"
+                f"pronunciations[{index}] must be a token list (['K', 'AH']), "
+                f"got {pronunciation!r:.60}"
             )
-        stripped.append([_unstressed(phoneme) for phoneme in pronunciation])
-    return stripped
+    return pronunciations
 
 
 def _unstressed(phoneme: str) -> str:
@@ -346,7 +357,7 @@ def group_pronunciations(
     (['A', 'B'], [[['AH'], ['EY']], [['B', 'IY']]])
     """
     words = ordered_items(words, "words")
-    pronunciations = ordered_items(pronunciations, "pronunciations", "token list")
+    pronunciations = _token_lists(pronunciations)
     if len(words) != len(pronunciations):
         raise ValueError(
             "pronunciations must have as many items as words, "
@@ -355,17 +366,6 @@ def group_pronunciations(
     for index, word in enumerate(words):
         if not isinstance(word, str):
             raise ValueError(f"words[{index}] must be a str, got {word!r:.60}")
-    for index, pronunciation in enumerate(pronunciations):
-        if isinstance(pronunciation, str):  # list("K AH") would be characters
-            raise ValueError("pronunciations must be token lists (['K', 'AH']), not strings")
-        if not (
-            isinstance(pronunciation, list | tuple | np.ndarray)
-            and all(isinstance(t, str) for t in pronunciation)
-        ):
-            raise ValueError(
-                f"pronunciations[{index}] must be a token list (['K', 'AH']), "
-                f"got {pronunciation!r:.60}"
-            )
     grouped: dict[str, list[list[str]]] = {}
     for word, pronunciation in zip(words, pronunciations, strict=True):
         references = grouped.setdefault(word, [])
