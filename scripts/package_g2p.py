@@ -1,4 +1,4 @@
-"""Package the English G2P model that ships in ``serving/models/cmudict-g2p``.
+"""Package the English G2P models that ship in ``serving/models/cmudict-g2p*``.
 
 Takes the saved models of ``examples/g2p_cmudict.py --save`` (one, or the members of an
 ensemble) and the results JSON of the run that evaluated them (``--out``, from the same
@@ -16,6 +16,16 @@ With ``--quantize int8`` the artifact's weight products are int8 (``export_onnx(
 ``--quantize float16`` its weights are stored in float16 and computed in float32 (half the
 bytes, any device: ``serving/models/cmudict-g2p``). Either way its figures are measured here on
 the artifact itself (test and dev words, through ``serving.load``).
+
+A model trained on CMUdict's stress (``examples/g2p_cmudict.py --stress``, which the results
+record) is packaged as one that gives stress (``serving/models/cmudict-g2p-stress-int8``): its
+``RECIPE.md`` says so and its figures are given both ways, with the stress taken off against
+the split's references and with it against CMUdict's stressed pronunciations::
+
+    python examples/g2p_cmudict.py --stress --num-layers 2 --threads 2 --max-minutes 58 \
+        --model-seed 0 --save runs/stress.joblib --out runs/stress.json
+    python scripts/package_g2p.py --model runs/stress.joblib --results runs/stress.json \
+        --quantize int8 --out serving/models/cmudict-g2p-stress-int8
 
 The package budget is about 15 MB (``--max-mb``). An artifact holds each member's weights in
 its step graphs and again in ``decode.onnx``; when the whole is over the budget,
@@ -76,17 +86,33 @@ def drop_decode_graph(directory: Path) -> None:
     (directory / MANIFEST_FILE).write_text(manifest.with_files(directory).to_json())
 
 
+def error_figures(test: dict, dev: dict) -> dict:
+    """PER and WER of an evaluation's test and dev rows (``g2p_cmudict.evaluate``), rounded;
+    a stressed model's figures with the stress too (its rows' ``"stressed"``)."""
+    record = {}
+    for split, row in (("test", test), ("dev", dev)):
+        record |= {f"{split}_per": round(row["per"], 2), f"{split}_wer": round(row["wer"], 2)}
+    for split, row in (("test", test), ("dev", dev)):
+        if "stressed" in row:
+            stressed = row["stressed"]
+            record |= {
+                f"stressed_{split}_per": round(stressed["per"], 2),
+                f"stressed_{split}_wer": round(stressed["wer"], 2),
+                f"stressed_{split}_words": stressed["words"],
+            }
+    return record
+
+
 def figures(results: dict, members: list) -> dict:
-    """What ``figures.json`` records: test and dev PER/WER, speeds, training time."""
+    """What ``figures.json`` records: test and dev PER/WER (with stress too for a model trained
+    on it), speeds, training time."""
     test, dev = results["skattn_test"], results["skattn_dev"]
     greedy = results.get("skattn_test_greedy", {})
     return {
-        "test_per": round(test["per"], 2),
-        "test_wer": round(test["wer"], 2),
-        "dev_per": round(dev["per"], 2),
-        "dev_wer": round(dev["wer"], 2),
+        **error_figures(test, dev),
         "test_words": test["words"],
         "dev_words": dev["words"],
+        "stress": bool(results["config"].get("stress")),
         "beam_size": results["config"]["beam_size"],
         "greedy_test_wer": round(greedy["wer"], 2) if greedy else None,
         # every epoch of every member, a continued run's earlier epochs too (warm_start)
@@ -110,10 +136,7 @@ def measured_figures(record: dict, artifact: Path, dev_words: int, seed: int) ->
     runtime = serving.load(artifact, "cpu")
     measured = {split: evaluate(runtime.predict, *splits[split]) for split in ("test", "dev")}
     return record | {
-        "test_per": round(measured["test"]["per"], 2),
-        "test_wer": round(measured["test"]["wer"], 2),
-        "dev_per": round(measured["dev"]["per"], 2),
-        "dev_wer": round(measured["dev"]["wer"], 2),
+        **error_figures(measured["test"], measured["dev"]),
         "greedy_test_wer": None,  # not measured: the artifact searches with its beam
         "quantization": runtime.manifest.quantization,
     }
@@ -132,18 +155,34 @@ def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) 
     minutes = (config["max_time"] or 0) / 60
     members = "\n".join(f"- `{p.name}`" for p in args.model)
     name = args.out.name
+    stress = record["stress"]
     lines = [
-        f"# {name}: English grapheme-to-phoneme (CMUdict ARPAbet, stress removed)",
+        f"# {name}: English grapheme-to-phoneme (CMUdict ARPAbet, "
+        + ("with stress)" if stress else "stress removed)"),
         "",
         f"Serve it: `python -m serving --model {name}`; in Python:",
         f'`serving.load(serving.packaged_model_dir("{name}")).predict(["HELLO"])`',
         "(words in upper case, as CMUdict spells them: lower-case letters are unknown to it, so",
         "upper-case a word first; one list of phonemes per word).",
+        *(
+            [
+                "Each vowel carries CMUdict's stress, 0 (none), 1 (primary) or 2 (secondary):",
+                '`["HH", "AH0", "L", "OW1"]`; `skattn.datasets.strip_stress` takes the digits off.',
+            ]
+            if stress
+            else []
+        ),
         "",
         "## How it was made",
         "",
         f"{record['members']} model(s) trained by `examples/g2p_cmudict.py` with "
-        f"`--threads {member.n_threads_} --max-minutes {minutes:g}` and the settings the "
+        f"`--threads {member.n_threads_} --max-minutes {minutes:g}"
+        + (
+            " --stress` (CMUdict's stressed pronunciations of the training words)"
+            if stress
+            else "`"
+        )
+        + " and the settings the "
         f"saved members ended with ({config['decoder'].capitalize()} decoder, "
         f"{config['scorer']} attention, "
         f"{config['encoder']} encoder, bi-{config['cell'].upper()} "
@@ -172,6 +211,21 @@ def recipe(args: argparse.Namespace, models: list, record: dict, dropped: bool) 
         f"{record['beam_size']})"
         + (f"; greedy WER {record['greedy_test_wer']} %" if record["greedy_test_wer"] else ""),
         f"- development set: PER {record['dev_per']} %, WER {record['dev_wer']} %",
+        *(
+            [
+                "",
+                "Those are with the stress taken off, against the split's stressless references",
+                "(the published figures' terms). With the stress, against CMUdict's stressed",
+                "pronunciations of the words that have one:",
+                "",
+                f"- test ({record['stressed_test_words']:,} words): PER "
+                f"{record['stressed_test_per']} %, WER {record['stressed_test_wer']} %",
+                f"- development set ({record['stressed_dev_words']:,} words): PER "
+                f"{record['stressed_dev_per']} %, WER {record['stressed_dev_wer']} %",
+            ]
+            if stress
+            else []
+        ),
         "",
         "WER is the share of words whose prediction matches none of their pronunciations; PER the",
         "edit distance to the closest one over the reference lengths.",

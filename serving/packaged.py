@@ -4,6 +4,7 @@ Each is an artifact directory under ``serving/models/NAME/`` (what ``export_onnx
 its ``RECIPE.md``, measured figures and data license beside it)::
 
     python -m serving --model cmudict-g2p          # English grapheme-to-phoneme, CMUdict
+    python -m serving --model cmudict-g2p-stress-int8   # the same with CMUdict's stress
     serving.load(serving.packaged_model_dir("cmudict-g2p")).predict(["HELLO"])
 
 They live in the ``serving`` package, not in ``skattn``, so that a server-only install (numpy

@@ -52,9 +52,11 @@ def test_the_command_line_refuses_an_unknown_or_missing_model(fake_root, capsys,
 G2P = "cmudict-g2p"
 #: The two-layer ensemble exported with int8 weight products, for the CPU (skattn.quantize).
 G2P_INT8 = "cmudict-g2p-int8"
+#: One two-layer network trained on CMUdict's stressed pronunciations, int8 (the CPU).
+G2P_STRESS = "cmudict-g2p-stress-int8"
 
 
-@pytest.fixture(scope="module", params=[G2P, G2P_INT8])
+@pytest.fixture(scope="module", params=[G2P, G2P_INT8, G2P_STRESS])
 def g2p_dir(request):
     if request.param not in serving.packaged_models():
         pytest.skip(f"{request.param} is not in this install")
@@ -79,6 +81,23 @@ def test_both_g2p_packages_are_the_two_layer_ensemble_within_the_budget():
         assert "of 2 layers" in (directory / "RECIPE.md").read_text()
 
 
+def test_the_stressed_g2p_model_marks_every_vowel_and_nothing_else():
+    """As CMUdict does: each vowel ends in 0, 1 or 2; a consonant has no digit; a word of
+    one or more syllables has a primary stress."""
+    from skattn.datasets import ARPABET_VOWELS
+
+    if G2P_STRESS not in serving.packaged_models():
+        pytest.skip(f"{G2P_STRESS} is not in this install")
+    words = ["HELLO", "PHOTOGRAPHY", "STRENGTHS", "UNBELIEVABLE", "NAPOLEON"]
+    predictions = serving.load(serving.packaged_model_dir(G2P_STRESS), "cpu").predict(words)
+    for word, phonemes in zip(words, predictions, strict=True):
+        vowels = [p for p in phonemes if p[:-1] in ARPABET_VOWELS]
+        assert vowels and all(p[-1] in "012" for p in vowels), (word, phonemes)
+        assert all(p in vowels or p.isalpha() for p in phonemes), (word, phonemes)
+        assert not set(phonemes) & ARPABET_VOWELS, (word, phonemes)  # no unmarked vowel
+        assert any(p.endswith("1") for p in vowels), (word, phonemes)
+
+
 def test_the_g2p_model_ships_with_its_recipe_figures_and_license(g2p_dir):
     size = sum(p.stat().st_size for p in g2p_dir.iterdir())
     assert size <= 16 * 2**20  # "at most about 15 MB"
@@ -90,7 +109,8 @@ def test_the_g2p_model_ships_with_its_recipe_figures_and_license(g2p_dir):
 
 @pytest.mark.slow
 def test_the_g2p_model_reaches_its_recorded_test_figures_on_a_sample(g2p_dir):
-    from skattn.datasets import group_pronunciations, load_cmudict
+    """On the stressless references, and for the stressed model on the stressed ones too."""
+    from skattn.datasets import group_pronunciations, load_cmudict, strip_stress
     from skattn.metrics import phoneme_error_rate, word_error_rate
 
     words, references = group_pronunciations(*load_cmudict("test"))
@@ -98,9 +118,18 @@ def test_the_g2p_model_reaches_its_recorded_test_figures_on_a_sample(g2p_dir):
     words, references = words[sample], references[sample]
     predictions = serving.load(g2p_dir, intra_op_num_threads=1).predict(words)
     figures = json.loads((g2p_dir / "figures.json").read_text())
+    stressless = strip_stress(predictions)
+    assert (stressless != predictions) == figures.get("stress", False)
     # A 1,000-word sample of a WER near 25 % has a standard error of about 1.4 points.
-    assert 100 * word_error_rate(references, predictions) <= figures["test_wer"] + 5.0
-    assert 100 * phoneme_error_rate(references, predictions) <= figures["test_per"] + 2.0
+    assert 100 * word_error_rate(references, stressless) <= figures["test_wer"] + 5.0
+    assert 100 * phoneme_error_rate(references, stressless) <= figures["test_per"] + 2.0
+    if figures.get("stress"):
+        stressed = dict(zip(*group_pronunciations(*load_cmudict("test", stress=True)), strict=True))
+        pairs = [(stressed[w], p) for w, p in zip(words, predictions, strict=True) if w in stressed]
+        references, kept = [r for r, _ in pairs], [p for _, p in pairs]
+        assert len(pairs) > 950
+        assert 100 * word_error_rate(references, kept) <= figures["stressed_test_wer"] + 5.0
+        assert 100 * phoneme_error_rate(references, kept) <= figures["stressed_test_per"] + 2.0
 
 
 def test_two_models_under_one_name_are_refused_before_loading(fake_root, capsys, keep_logging):
@@ -149,3 +178,49 @@ def test_the_packaging_script_refuses_before_it_exports_or_deletes(tmp_path, cap
         assert refused.value.code == 2
         assert words in capsys.readouterr().err
     assert (precious / "important.txt").read_text() == "keep"
+
+
+def _results(stress: bool) -> dict:
+    """The fields of ``examples/g2p_cmudict.py --out`` that the packaging script reads."""
+    rows = {}
+    for split, (words, per, wer) in {"test": (11994, 5.7, 24.4), "dev": (3000, 5.9, 24.6)}.items():
+        rows[f"skattn_{split}"] = {"words": words, "per": per, "wer": wer}
+        if stress:
+            rows[f"skattn_{split}"]["stressed"] = {"words": words - 79, "per": 7.5, "wer": 29.3}
+    return {"config": {"beam_size": 3, "stress": stress}, **rows}
+
+
+@pytest.mark.parametrize("stress", [False, True])
+def test_the_packaging_script_says_whether_the_model_gives_stress(
+    tmp_path, fitted_reversal, stress
+):
+    """A model trained on CMUdict's stress (``--stress``) is packaged with its figures both
+    ways, and its recipe says that its vowels carry stress digits."""
+    import joblib
+
+    script = _package_script()
+    model, results = tmp_path / "m.joblib", tmp_path / "r.json"
+    joblib.dump(fitted_reversal, model)
+    results.write_text(json.dumps(_results(stress)))
+    out = script.main(
+        ["--model", str(model), "--results", str(results), "--out", str(tmp_path / "g2p")]
+    )
+    figures = json.loads((out / "figures.json").read_text())
+    recipe = (out / "RECIPE.md").read_text()
+    assert serving.load(out, "cpu").manifest.beam_size == 3  # the beam the figures were at
+    assert (figures["test_wer"], figures["dev_per"], figures["stress"]) == (24.4, 5.9, stress)
+    stressed = {k: v for k, v in figures.items() if k.startswith("stressed_")}
+    if stress:
+        assert stressed == {
+            "stressed_test_per": 7.5,
+            "stressed_test_wer": 29.3,
+            "stressed_test_words": 11915,
+            "stressed_dev_per": 7.5,
+            "stressed_dev_wer": 29.3,
+            "stressed_dev_words": 2921,
+        }
+        assert "(CMUdict ARPAbet, with stress)" in recipe and "--stress`" in recipe
+        assert "test (11,915 words): PER 7.5 %, WER 29.3 %" in recipe
+    else:
+        assert stressed == {}
+        assert "(CMUdict ARPAbet, stress removed)" in recipe and "--stress" not in recipe
