@@ -22,7 +22,7 @@ record) is packaged as one that gives stress (``serving/models/cmudict-g2p-stres
 ``RECIPE.md`` says so and its figures are given both ways, with the stress taken off against
 the split's references and with it against CMUdict's stressed pronunciations::
 
-    python examples/g2p_cmudict.py --stress --num-layers 2 --threads 2 --max-minutes 58 \
+    python examples/g2p_cmudict.py --stress --num-layers 2 --threads 2 --max-minutes 95 \
         --model-seed 0 --save runs/stress.joblib --out runs/stress.json
     python scripts/package_g2p.py --model runs/stress.joblib --results runs/stress.json \
         --quantize int8 --out serving/models/cmudict-g2p-stress-int8
