@@ -10,16 +10,19 @@
    (creating the cluster) is timed apart from the search.
 2. Serving: a small reversal model (bi-GRU 64, greedy) behind the plain server
    (``python -m serving``), then Ray Serve with 2 replicas behind Ray's default Python proxy,
-   with 2 behind its HAProxy ingress, and with 1 and 2 under
-   ``serving.ray_deployment.THROUGHPUT_ENV``; ``--clients`` concurrent one-item clients for
+   with 2 behind its HAProxy ingress, with 1 and 2 under
+   ``serving.ray_deployment.THROUGHPUT_ENV``, and with 1 and 2 that listen on a shared port
+   themselves (``shared_port``: no ingress hop); ``--clients`` concurrent one-item clients for
    ``--duration`` seconds each (the Python client: every answer checked against
    ``serving.load(...).predict``), then, with ``--wrk``, the same from Debian's ``wrk`` (a C
    client that leaves the servers more of the 2 cores; status codes checked, not answers).
    Each window also reads how busy the machine was (``/proc/stat``: cores in use, and CPU per
-   request of everything on it, client included). ``--model-dir DIR --sources FILE`` serves
-   another artifact (the packaged G2P models: a model whose search is the main cost) on the
-   first fields of FILE's lines; ``--servers`` picks the set-ups, among them the plain server
-   with ``--instances 2`` or ``--intra-op-threads 2``.
+   request of everything on it, client included) and how many of those cores the client
+   itself took: where it takes one whole core, the Python client measures itself.
+   ``--model-dir DIR --sources FILE`` serves another artifact (the packaged G2P models: a
+   model whose search is the main cost) on the first fields of FILE's lines; ``--servers``
+   picks the set-ups, among them the plain server with ``--instances 2`` or
+   ``--intra-op-threads 2``.
 
     python benchmarks/bench_cluster.py                  # 2 rounds of 12 x 3 fits, 64 clients x 30 s
     python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
@@ -41,6 +44,7 @@ import asyncio
 import contextlib
 import os
 import random
+import resource
 import socket
 import subprocess
 import sys
@@ -76,8 +80,13 @@ SERVERS = {
     "ray-haproxy": "ray serve, haproxy, 2 replicas",
     "ray-fast-1": "ray serve, THROUGHPUT_ENV, 1 replica",
     "ray-fast-2": "ray serve, THROUGHPUT_ENV, 2 replicas",
+    "ray-shared-1": "ray serve, shared port, 1 replica",
+    "ray-shared-2": "ray serve, shared port, 2 replicas",
 }
-DEFAULT_SERVERS = ["plain", "ray-python", "ray-haproxy", "ray-fast-1", "ray-fast-2"]
+DEFAULT_SERVERS = [
+    "plain", "ray-python", "ray-haproxy", "ray-fast-1", "ray-fast-2", "ray-shared-1",
+    "ray-shared-2",
+]  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=SERVERS,
         default=DEFAULT_SERVERS,
-        help="serving: which servers to run (default: the plain one and the four Ray Serve "
+        help="serving: which servers to run (default: the plain one and the six Ray Serve "
         "set-ups); the plain server always runs, first",
     )
     args = parser.parse_args(argv)
@@ -310,11 +319,14 @@ def plain_server(model_dir: Path, *options: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ray_serve(model_dir: Path, replicas: int, env: dict[str, str]) -> Iterator[str]:
+def ray_serve(
+    model_dir: Path, replicas: int, env: dict[str, str], shared_port: bool = False
+) -> Iterator[str]:
     """Ray Serve with ``replicas`` replicas, Ray started under the environment ``env`` (its
     ingress and request path are read when Ray starts: ``{}`` is the Python proxy; the keys
     of ``THROUGHPUT_ENV`` that ``env`` leaves out are unset, whatever the shell exports), the
-    replicas logging at warning as the plain server here."""
+    replicas logging at warning as the plain server here. With ``shared_port`` the replicas
+    listen on a port of their own (``SO_REUSEPORT``), whose URL this yields: no ingress hop."""
     import ray
     from ray import serve
 
@@ -330,6 +342,8 @@ def ray_serve(model_dir: Path, replicas: int, env: dict[str, str]) -> Iterator[s
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         args = {"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas}
+        if shared_port:
+            port = args["shared_port"] = free_port()
         serve.run(build({**args, "log_level": "warning"}), name="bench", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -357,6 +371,15 @@ def busy_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def client_cpu_seconds(client: str) -> float:
+    """CPU seconds so far of the load generator: this process (the Python client runs in it),
+    or its waited-for children (each wrk run)."""
+    if client == "python":
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @dataclass
 class Level:
     server: str
@@ -369,17 +392,20 @@ class Level:
     p99_ms: float
     cores_busy: float  # the whole machine's, client included
     cpu_ms_per_request: float
+    client_cores: float  # the load generator's own share of cores_busy
 
 
 def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: str,
           client: str) -> Level:  # fmt: skip
     """``args.clients`` clients, each on its own connection, sending one-item requests back to
     back for ``args.duration`` seconds after ``args.warmup``; the Python client checks every
-    answer. The machine's busy cores are read over the warm-up and the window together (the
-    clients run the warm-up inside their call; both are the same steady load)."""
+    answer. The machine's busy cores, and the client's own (this process's CPU time for the
+    Python client, wrk's as a child process), are read over the warm-up and the window together
+    (the clients run the warm-up inside their call; both are the same steady load)."""
     infer = f"/v2/models/{MODEL}/infer"
     sources = sorted(expected)
     start_busy, start_all = busy_jiffies()
+    start_client, start_wall = client_cpu_seconds(client), time.monotonic()
     if client == "python":
         window = asyncio.run(drive_python(
             f"{url}{infer}", sources, expected, args.clients, args.duration, args.warmup
@@ -389,6 +415,7 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
         spread = sources[:: max(1, len(sources) // 64)][:64]
         window = drive_wrk(url, infer, spread, args.clients, args.duration, args.warmup, None)
     end_busy, end_all = busy_jiffies()
+    client_cores = (client_cpu_seconds(client) - start_client) / (time.monotonic() - start_wall)
     if end_all > start_all:
         cores = (end_busy - start_busy) / (end_all - start_all) * (os.cpu_count() or 1)
     else:
@@ -398,7 +425,7 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
         name, client, window.requests, window.errors,
         window.mismatches if client == "python" else None,
         round(rate, 1), round(window.p50_ms, 1), round(window.p99_ms, 1), cores,
-        1000 * cores / max(rate, 1e-9),
+        1000 * cores / max(rate, 1e-9), client_cores,
     )  # fmt: skip
 
 
@@ -433,6 +460,8 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
             "ray-haproxy": lambda: ray_serve(model_dir, 2, haproxy),
             "ray-fast-1": lambda: ray_serve(model_dir, 1, fast),
             "ray-fast-2": lambda: ray_serve(model_dir, 2, fast),
+            "ray-shared-1": lambda: ray_serve(model_dir, 1, fast, shared_port=True),
+            "ray-shared-2": lambda: ray_serve(model_dir, 2, fast, shared_port=True),
         }
         for key in ["plain", *(key for key in args.servers if key != "plain")]:
             name = SERVERS[key]
@@ -444,10 +473,10 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
     lines = [
         f"serving: {args.clients} concurrent one-item clients x {args.duration:g} s, "
         f"{model}; cores busy and CPU per request: the whole machine "
-        "(client included) over the window",
+        "(client included) over the window; client cores: the load generator's own share",
         "| server | client | req/s | vs plain | p50 ms | p99 ms | errors | wrong answers "
-        "| cores busy | machine CPU ms / request |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cores busy | client cores | machine CPU ms / request |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_row = {(r.server, r.client): r.throughput for r in results}
     for r in results:
@@ -456,16 +485,19 @@ def bench_serving(args: argparse.Namespace) -> list[str]:
         lines.append(
             f"| {r.server} | {r.client} | {r.throughput} | {vs_plain:.2f}x "
             f"| {r.p50_ms} | {r.p99_ms} | {r.errors} | {wrong} | {r.cores_busy:.2f} "
-            f"| {r.cpu_ms_per_request:.3f} |"
+            f"| {r.client_cores:.2f} | {r.cpu_ms_per_request:.3f} |"
         )
-    for client in clients:
-        two = by_row.get(("ray serve, THROUGHPUT_ENV, 2 replicas", client))
-        one = by_row.get(("ray serve, THROUGHPUT_ENV, 1 replica", client))
-        if one is None or two is None:
-            continue
-        lines.append(
-            f"ray serve (THROUGHPUT_ENV), {client}: 2 replicas / 1 replica {two / one:.2f}x"
-        )
+    for ingress, (one_key, two_key) in {
+        "THROUGHPUT_ENV": ("ray-fast-1", "ray-fast-2"),
+        "shared port": ("ray-shared-1", "ray-shared-2"),
+    }.items():
+        for client in clients:
+            two = by_row.get((SERVERS[two_key], client))
+            one = by_row.get((SERVERS[one_key], client))
+            if one is not None and two is not None:
+                lines.append(
+                    f"ray serve ({ingress}), {client}: 2 replicas / 1 replica {two / one:.2f}x"
+                )
     return lines
 
 

@@ -28,7 +28,14 @@ before ``ray start`` or ``serve run``)::
         RAY_SERVE_HAPROXY_NBTHREAD=1 \
         serve run serving.ray_deployment:build model_dir=DIR num_replicas=2
 
-``benchmarks/bench_cluster.py`` measures both ingresses. Ray's access log is off by default,
+Or no ingress hop at all: with ``shared_port=PORT`` every replica on a node listens on that
+port itself (``SO_REUSEPORT``: the kernel spreads the connections among them; see
+:mod:`serving.shared_port`), beside Ray's ingress, which still answers too::
+
+    serve run serving.ray_deployment:build model_dir=DIR num_replicas=2 shared_port=8100 \
+        [shared_host=0.0.0.0]
+
+``benchmarks/bench_cluster.py`` measures the three ingresses. Ray's access log is off by default,
 as in ``python -m serving``: the server logs one JSON line per inference request itself (at
 ``log_level`` info and below), to the replica's log file.
 
@@ -49,6 +56,7 @@ from serving.artifact import ArtifactError, read_artifact
 from serving.process import LOG_LEVELS, configure_logging
 from serving.runtime import load
 from serving.settings import ServerSettings, check_model_name
+from serving.shared_port import SharedPortListener, bind_shared_port, reuse_port_supported
 
 __all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
 
@@ -113,6 +121,9 @@ class ServerReplica:
         ``"cuda"`` or ``"auto"`` only for a replica that reserved a GPU (``num_gpus``): Ray
         makes no GPU invisible to a replica that reserved none, so ``"auto"`` would take one
         unreserved.
+    shared_port : (str, int), optional
+        ``(host, port)`` that every replica on a node listens on itself (``SO_REUSEPORT``; see
+        :mod:`serving.shared_port`), beside Ray's ingress: no proxy hop for its clients.
     """
 
     def __init__(
@@ -122,8 +133,13 @@ class ServerReplica:
         threads: int = 1,
         log_level: str = "info",
         device: str = "cpu",
+        shared_port: tuple[str, int] | None = None,
     ) -> None:
         configure_logging(log_level, "serving")
+        # bound first, so that a port another user holds fails the replica before the models load
+        self.shared_socket = None if shared_port is None else bind_shared_port(*shared_port)
+        self.log_level = log_level
+        self.listener: SharedPortListener | None = None
         self.settings = ServerSettings(**(settings or {}))
         self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
             name: load(
@@ -140,13 +156,22 @@ class ServerReplica:
 
     def __serve_build_asgi_app__(self) -> Any:
         # Ray Serve runs the app's lifespan in the replica: warm-up, then the batchers start
-        return _NameReplica(self.server, self.replica)
+        app = _NameReplica(self.server, self.replica)
+        if self.shared_socket is None:
+            return app
+        # the shared port's server starts once the lifespan has, and stops before it does
+        level = "warning" if self.log_level in ("info", "debug") else self.log_level
+        self.listener = SharedPortListener(app, self.shared_socket, log_level=level)
+        return self.listener
 
     def check_health(self) -> None:
-        """Ray Serve's health check: raise (and get restarted) when a batcher is not running."""
+        """Ray Serve's health check: raise (and get restarted) when a batcher is not running
+        or the shared port's server has ended."""
         stopped = [name for name, m in self.server.state.models.items() if not m.batcher.running]
         if stopped:
             raise RuntimeError(f"replica {self.replica}: batchers not running for {stopped}")
+        if self.listener is not None and self.listener.failed:
+            raise RuntimeError(f"replica {self.replica}: the shared port's server has ended")
 
 
 def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -192,8 +217,30 @@ def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
 BUILD_ARGS = (
     "model_dir", "model_name", "num_replicas", "num_cpus", "num_gpus", "device",
     "max_ongoing_requests", "min_replicas", "max_replicas", "target_ongoing_requests",
-    "log_level", "access_log", "check_model_dir",
+    "log_level", "access_log", "check_model_dir", "shared_port", "shared_host",
 )  # fmt: skip
+
+
+def _shared_port(args: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(shared_host, shared_port)`` from ``args``, or ``None`` without ``shared_port``."""
+    if "shared_port" not in args:
+        if "shared_host" in args:
+            raise ValueError("shared_host is the shared port's address: give shared_port too")
+        return None
+    port = _number(args, "shared_port", int)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"shared_port must be a TCP port, 1 to 65535, got {port!r}")
+    if "max_replicas" in args:
+        raise ValueError(
+            "shared_port needs a fixed num_replicas: Ray's autoscaler counts only the requests "
+            "its own ingress routes, not those the replicas take on the shared port"
+        )
+    if not reuse_port_supported():
+        raise ValueError("shared_port needs SO_REUSEPORT, which this platform lacks (Windows)")
+    host = str(args.get("shared_host", "127.0.0.1"))
+    if not host:
+        raise ValueError("shared_host must name an address (0.0.0.0 binds every interface)")
+    return host, port
 
 
 def build(args: Mapping[str, Any]) -> serve.Application:
@@ -212,7 +259,10 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     replica), ``access_log`` (Ray's own line per HTTP request, default false),
     ``check_model_dir`` (default true: each ``model_dir`` is read here, as ``serving.load``
     reads it, so that a bad one is this ``ValueError`` and not a replica that fails to start;
-    false where only the replicas' nodes hold the folders), and any
+    false where only the replicas' nodes hold the folders), ``shared_port`` (every replica
+    on a node also listens on this port itself, with ``SO_REUSEPORT``, so its clients skip
+    Ray's ingress: see :mod:`serving.shared_port`; with a fixed ``num_replicas`` only) and
+    ``shared_host`` (its address, default ``127.0.0.1``), and any
     ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
     Ray's ingress may listen on any interface). Any other key is a ``ValueError``: a
     misspelled setting would have been dropped without a word.
@@ -270,6 +320,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             "device=cuda needs num_gpus (a GPU reserved for each replica): Ray hides no GPU "
             "from a replica that reserved none, so it would share one unreserved"
         )
+    shared = _shared_port(args)
     actor_options: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus > 0:
         actor_options["num_gpus"] = num_gpus
@@ -298,4 +349,4 @@ def build(args: Mapping[str, Any]) -> serve.Application:
                 raise ValueError(f"model_dir: {error}") from None
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
     threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
-    return deployment.bind(model_dirs, settings, threads, log_level, device)
+    return deployment.bind(model_dirs, settings, threads, log_level, device, shared_port=shared)

@@ -62,3 +62,33 @@ def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
     for row in rows:
         requests_per_s, errors, wrong = float(row[2]), row[6], row[7]
         assert requests_per_s > 0 and (errors, wrong) == ("0", "0"), row
+
+
+@pytest.mark.slow  # starts the plain server and a Ray head with two replicas
+def test_serving_reads_the_shared_port_replicas_and_the_clients_own_cores(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--only", "serving", "--servers", "plain", "ray-shared-1",
+         "ray-shared-2", "--clients", "8", "--duration", "2", "--warmup", "0.5", "--wrk"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ")][1:]
+    names = [(row[0].lstrip("| "), row[1]) for row in rows]
+    servers = [
+        "plain server",
+        "ray serve, shared port, 1 replica",
+        "ray serve, shared port, 2 replicas",
+    ]
+    assert names == [(server, client) for server in servers for client in ("python", "wrk")]
+    for row in rows:
+        errors, wrong, busy, client = row[6], row[7], float(row[8]), float(row[9])
+        assert errors == "0" and wrong in ("0", "not read"), row
+        assert 0 < client <= busy + 0.05, row  # the client's cores are a part of the machine's
+    ratios = [line for line in run.stdout.splitlines() if line.startswith("ray serve (shared")]
+    assert [line.split(":")[0] for line in ratios] == [
+        "ray serve (shared port), python",
+        "ray serve (shared port), wrk",
+    ]

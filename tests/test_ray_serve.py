@@ -35,17 +35,30 @@ def artifact(tmp_path_factory, fitted_reversal):
 
 
 @pytest.fixture(scope="module")
-def replicas(artifact):
-    """``http://127.0.0.1:PORT`` of a Ray Serve app with 2 replicas of the server."""
+def ray_app(artifact):
+    """The URLs of a Ray Serve app with 2 replicas of the server: Ray's ingress, and the port
+    the replicas share (``SO_REUSEPORT``)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _free_port()
+    port, shared = _free_port(), _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build({"model_dir": str(artifact), "model_name": MODEL, "num_replicas": "2"})
-    serve.run(app, name="skattn", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
+    args = {"model_dir": str(artifact), "model_name": MODEL, "num_replicas": "2"}
+    serve.run(build({**args, "shared_port": str(shared)}), name="skattn", route_prefix="/")
+    yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{shared}"
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def replicas(ray_app):
+    """``http://127.0.0.1:PORT``: Ray's ingress to the 2 replicas."""
+    return ray_app[0]
+
+
+@pytest.fixture(scope="module", params=["ingress", "shared port"])
+def either_way(request, ray_app):
+    """Ray's ingress, then the port the replicas listen on themselves."""
+    return ray_app[request.param == "shared port"]
 
 
 def _infer(client: httpx.Client, sources: list[str]) -> tuple[list[str], str]:
@@ -58,11 +71,16 @@ def _infer(client: httpx.Client, sources: list[str]) -> tuple[list[str], str]:
 
 
 @pytest.mark.slow
-def test_two_replicas_answer_concurrent_clients_as_the_runtime_does(replicas, artifact):
+def test_two_replicas_answer_concurrent_clients_as_the_runtime_does(either_way, artifact):
     expected = serving.load(artifact, device="cpu").predict(SOURCES)
     requests = [SOURCES[i : i + 1 + i % 3] for i in range(len(SOURCES))] * 3
     starts = [SOURCES.index(r[0]) for r in requests]
-    with httpx.Client(base_url=replicas) as client, ThreadPoolExecutor(16) as pool:
+    # a connection per request: on the shared port the kernel picks a replica per connection
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    with (
+        httpx.Client(base_url=either_way, limits=fresh) as client,
+        ThreadPoolExecutor(16) as pool,
+    ):
         answers = list(pool.map(lambda r: _infer(client, r), requests))
     for start, request, (predictions, _) in zip(starts, requests, answers, strict=True):
         assert predictions == expected[start : start + len(request)]
@@ -70,8 +88,8 @@ def test_two_replicas_answer_concurrent_clients_as_the_runtime_does(replicas, ar
 
 
 @pytest.mark.slow
-def test_tritonclient_works_against_ray_serve_unmodified(replicas, artifact):
-    client = triton.InferenceServerClient(replicas.removeprefix("http://"))
+def test_tritonclient_works_against_ray_serve_unmodified(either_way, artifact):
+    client = triton.InferenceServerClient(either_way.removeprefix("http://"))
     try:
         assert client.is_server_live() and client.is_server_ready()
         assert client.is_model_ready(MODEL)
@@ -86,14 +104,14 @@ def test_tritonclient_works_against_ray_serve_unmodified(replicas, artifact):
 
 
 @pytest.mark.slow
-def test_health_and_readiness_come_from_a_running_replica(replicas):
+def test_health_and_readiness_come_from_a_running_replica(either_way):
     # Ray's router may send one client's requests, one at a time, to the same idle replica,
     # so the probes go 8 at a time until both replicas have answered (at most 40 rounds).
     seen = set()
     paths = ("/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready")
 
     def probe(path):
-        response = httpx.get(f"{replicas}{path}", timeout=30)
+        response = httpx.get(f"{either_way}{path}", timeout=30)
         assert response.status_code == 200, (path, response.text)
         return response.headers[REPLICA_HEADER]
 
@@ -137,6 +155,12 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "device": "cuda"}, "device=cuda needs num_gpus"),
         ({"model_dir": "a", "device": "tpu"}, "device must be"),
         ({"model_dir": "a", "num_gpus": "-1"}, "num_gpus"),
+        ({"model_dir": "a", "shared_port": "http"}, "shared_port must be an int"),
+        ({"model_dir": "a", "shared_port": "0"}, "shared_port must be a TCP port"),
+        ({"model_dir": "a", "shared_port": "65536"}, "shared_port must be a TCP port"),
+        ({"model_dir": "a", "shared_host": "0.0.0.0"}, "give shared_port too"),
+        ({"model_dir": "a", "shared_port": "8100", "shared_host": ""}, "shared_host"),
+        ({"model_dir": "a", "shared_port": "8100", "max_replicas": "4"}, "fixed num_replicas"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -194,6 +218,17 @@ def test_a_replica_runs_on_cuda_only_with_a_gpu_reserved():
     assert gpu.init_args[-1] == "auto" and gpu.ray_actor_options["num_gpus"] == 1.0
     cpu = build({**UNREAD, "model_dir": "/m/reverse", "num_gpus": "1", "device": "cpu"})
     assert cpu._bound_deployment.init_args[-1] == "cpu"
+
+
+def test_builder_passes_the_shared_port_to_every_replica():
+    default = build({**UNREAD, "model_dir": "/m/reverse"})._bound_deployment
+    assert default.init_kwargs == {"shared_port": None}  # Ray's ingress only
+    shared = build({**UNREAD, "model_dir": "/m/reverse", "shared_port": "8100"})
+    assert shared._bound_deployment.init_kwargs == {"shared_port": ("127.0.0.1", 8100)}
+    anywhere = build(
+        {**UNREAD, "model_dir": "/m/reverse", "shared_port": 8100, "shared_host": "0.0.0.0"}
+    )
+    assert anywhere._bound_deployment.init_kwargs == {"shared_port": ("0.0.0.0", 8100)}
 
 
 def test_a_replicas_instances_share_its_cpus():
