@@ -14,8 +14,10 @@
    ``serving.ray_deployment.THROUGHPUT_ENV``, and with 1 and 2 that listen on a shared port
    themselves (``shared_port``: no ingress hop); ``--clients`` concurrent one-item clients for
    ``--duration`` seconds each (the Python client: every answer checked against
-   ``serving.load(...).predict``), then, with ``--wrk``, the same from Debian's ``wrk`` (a C
-   client that leaves the servers more of the 2 cores; status codes checked, not answers).
+   ``serving.load(...).predict``), then, with ``--lean``, the same Python client speaking HTTP
+   itself instead of through httpx (answers checked, at a fraction of the CPU), and with
+   ``--wrk`` the same from Debian's ``wrk`` (a C client that leaves the servers more of the 2
+   cores; status codes checked, not answers).
    Each window also reads how busy the machine was (``/proc/stat``: cores in use, and CPU per
    request of everything on it, client included) and how many of those cores the client
    itself took: where it takes one whole core, the Python client measures itself.
@@ -26,7 +28,7 @@
 
     python benchmarks/bench_cluster.py                  # 2 rounds of 12 x 3 fits, 64 clients x 30 s
     python benchmarks/bench_cluster.py --quick          # 3 x 2 fits, 16 clients x 5 s
-    python benchmarks/bench_cluster.py --only search    # or: --only serving [--wrk]
+    python benchmarks/bench_cluster.py --only search    # or: --only serving [--wrk] [--lean]
     python benchmarks/bench_cluster.py --only serving --wrk \
         --model-dir serving/models/cmudict-g2p-int8 --sources cmudict-0.7b.test \
         --servers plain plain-2-instances ray-fast-1 ray-fast-2
@@ -107,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wrk", action="store_true", help="serving: also drive each with wrk")
+    parser.add_argument(
+        "--lean",
+        action="store_true",
+        help="serving: also drive each with the lean Python client (HTTP over asyncio's "
+        "streams, every answer checked, far less CPU a request than httpx)",
+    )
     parser.add_argument(
         "--model-dir",
         type=Path,
@@ -374,7 +382,7 @@ def busy_jiffies() -> tuple[int, int]:
 def client_cpu_seconds(client: str) -> float:
     """CPU seconds so far of the load generator: this process (the Python client runs in it),
     or its waited-for children (each wrk run)."""
-    if client == "python":
+    if client.startswith("python"):
         return time.process_time()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -406,9 +414,10 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
     sources = sorted(expected)
     start_busy, start_all = busy_jiffies()
     start_client, start_wall = client_cpu_seconds(client), time.monotonic()
-    if client == "python":
+    if client.startswith("python"):
         window = asyncio.run(drive_python(
-            f"{url}{infer}", sources, expected, args.clients, args.duration, args.warmup
+            f"{url}{infer}", sources, expected, args.clients, args.duration, args.warmup,
+            lean=client == "python-lean",
         ))  # fmt: skip
     else:
         # 64 of the sources spread over the sorted list (wrk's script holds its bodies)
@@ -423,7 +432,7 @@ def drive(url: str, expected: dict[str, str], args: argparse.Namespace, name: st
     rate = window.requests / window.seconds
     return Level(
         name, client, window.requests, window.errors,
-        window.mismatches if client == "python" else None,
+        window.mismatches if client.startswith("python") else None,
         round(rate, 1), round(window.p50_ms, 1), round(window.p99_ms, 1), cores,
         1000 * cores / max(rate, 1e-9), client_cores,
     )  # fmt: skip
@@ -445,7 +454,7 @@ def serving_sources(args: argparse.Namespace) -> list[str]:
 def bench_serving(args: argparse.Namespace) -> list[str]:
     from serving.ray_deployment import THROUGHPUT_ENV
 
-    clients = ["python"] + (["wrk"] if args.wrk else [])
+    clients = ["python"] + (["python-lean"] if args.lean else []) + (["wrk"] if args.wrk else [])
     haproxy, fast = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, THROUGHPUT_ENV
     results = []
     with tempfile.TemporaryDirectory() as scratch:

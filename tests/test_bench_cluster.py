@@ -68,7 +68,8 @@ def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
 def test_serving_reads_the_shared_port_replicas_and_the_clients_own_cores(tmp_path):
     run = subprocess.run(
         [sys.executable, str(BENCH), "--only", "serving", "--servers", "plain", "ray-shared-1",
-         "ray-shared-2", "--clients", "8", "--duration", "2", "--warmup", "0.5", "--wrk"],
+         "ray-shared-2", "--clients", "8", "--duration", "2", "--warmup", "0.5", "--wrk",
+         "--lean"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -82,13 +83,13 @@ def test_serving_reads_the_shared_port_replicas_and_the_clients_own_cores(tmp_pa
         "ray serve, shared port, 1 replica",
         "ray serve, shared port, 2 replicas",
     ]
-    assert names == [(server, client) for server in servers for client in ("python", "wrk")]
+    clients = ("python", "python-lean", "wrk")
+    assert names == [(server, client) for server in servers for client in clients]
     for row in rows:
         errors, wrong, busy, client = row[6], row[7], float(row[8]), float(row[9])
         assert errors == "0" and wrong in ("0", "not read"), row
         assert 0 < client <= busy + 0.05, row  # the client's cores are a part of the machine's
     ratios = [line for line in run.stdout.splitlines() if line.startswith("ray serve (shared")]
     assert [line.split(":")[0] for line in ratios] == [
-        "ray serve (shared port), python",
-        "ray serve (shared port), wrk",
+        f"ray serve (shared port), {client}" for client in clients
     ]

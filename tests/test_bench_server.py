@@ -231,3 +231,78 @@ def test_paired_wrk_drives_every_server_at_once_and_counts_each_ones_failures():
 def test_paired_is_an_option():
     assert bench_server.parse_args(["--paired"]).paired
     assert not bench_server.parse_args([]).paired
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_lean_python_client_reads_and_checks_every_answer(concurrency):
+    windows = []
+    for answer in (lambda s: s[::-1], lambda s: s.upper(), lambda s: None):
+        with v2_server(answer) as base:
+            windows.append(asyncio.run(load_clients.drive_python(
+                f"{base}/v2/models/m/infer", SOURCES, EXPECTED, concurrency, 0.5, 0.1, lean=True
+            )))  # fmt: skip
+    counts = [w.requests for w in windows]
+    assert min(counts) > 0
+    assert [w.mismatches for w in windows] == [0, counts[1], 0]
+    assert [w.errors for w in windows] == [0, 0, counts[2]]
+
+
+def test_a_lean_connection_fails_cleanly_and_reconnects():
+    """A chunked answer and a connection closed mid-body are ConnectionErrors; the next post
+    opens a new connection; ``Connection: close`` is honoured."""
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # then the server closes
+        b"HTTP/1.1 503 Busy\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nyes",
+    ]
+    connections = []
+
+    async def handle(reader, writer):
+        connections.append(writer)
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                answer = answers.pop(0)
+                writer.write(answer)
+                await writer.drain()
+                if b"short" in answer or b"chunked" in answer or b"close" in answer:
+                    return
+        except asyncio.IncompleteReadError:  # the client closed its end
+            pass
+        finally:
+            writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = load_clients.LeanConnection(f"http://127.0.0.1:{port}/v2/models/m/infer")
+        results = []
+        for _ in range(5):
+            try:
+                results.append(await connection.post(b"{}"))
+            except ConnectionError as error:
+                results.append(type(error).__name__)
+        await connection.aclose()
+        server.close()
+        await server.wait_closed()
+        return results
+
+    results = asyncio.run(scenario())
+    assert results == [
+        (200, b"ok"),
+        "ConnectionError",
+        "ConnectionError",
+        (503, b"x"),
+        (200, b"yes"),
+    ]
+    assert len(connections) == 4  # reconnected after each failure and after the close
+
+
+def test_the_stock_and_lean_clients_are_one_or_the_other():
+    with pytest.raises(ValueError, match="stock and lean"):
+        asyncio.run(load_clients.drive_python("http://x/", SOURCES, EXPECTED, 1, 0.1, 0.0,
+                                              stock=True, lean=True))  # fmt: skip
