@@ -34,7 +34,6 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -65,43 +64,65 @@ def cpu_seconds(pid: int) -> float:
 
 
 class LeanConnection:
-    """One keep-alive HTTP/1.1 connection that posts JSON bodies and reads whole answers
-    (``Content-Length`` bodies, as the server sends them). Any failure closes it (the next post
-    reconnects) and raises ``ConnectionError``."""
+    """One keep-alive HTTP/1.1 connection to an ``http://`` URL that posts JSON bodies and
+    reads whole answers (``Content-Length`` bodies, as the server sends them). Any failure, and
+    an answer slower than ``timeout`` seconds, closes it (the next post reconnects) and raises
+    ``ConnectionError``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
         parts = urllib.parse.urlsplit(url)
-        self.host, self.port = parts.hostname, parts.port or 80
-        host = f"{self.host}:{self.port}".encode()
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"url must be an http:// URL with a host, got {url!r}")
+        self.host, self.port, self.timeout = parts.hostname, parts.port or 80, timeout
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.head = b"POST %s HTTP/1.1\r\nHost: %s\r\ncontent-type: application/json\r\n" % (
-            (parts.path or "/").encode(),
-            host,
+            target.encode(),
+            parts.netloc.encode(),
         )
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
+        """Post ``body``; the answer's status and body."""
         try:
-            if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-            self.writer.write(b"%scontent-length: %d\r\n\r\n%s" % (self.head, len(body), body))
-            head = await self.reader.readuntil(b"\r\n\r\n")
-            status, length, close = int(head[9:12]), 0, False
-            for line in head.lower().split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name == b"content-length":
-                    length = int(value)
-                elif name == b"transfer-encoding":
-                    raise ValueError("a chunked answer")
-                elif name == b"connection":
-                    close = b"close" in value
-            content = await self.reader.readexactly(length)
+            async with asyncio.timeout(self.timeout):
+                status, content, close = await self._exchange(body)
         except (OSError, EOFError, ValueError, asyncio.LimitOverrunError) as error:
-            await self.aclose()
+            await self.aclose()  # (TimeoutError is an OSError)
             raise ConnectionError(f"{type(error).__name__}: {error}") from None
+        except BaseException:  # cancelled half-way: the connection is out of step
+            await self.aclose()
+            raise
         if close:
             await self.aclose()
         return status, content
+
+    async def _exchange(self, body: bytes) -> tuple[int, bytes, bool]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(b"%scontent-length: %d\r\n\r\n%s" % (self.head, len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        version, _, rest = head.split(b"\r\n", 1)[0].partition(b" ")
+        code = rest[:3]
+        if (
+            version not in (b"HTTP/1.1", b"HTTP/1.0")
+            or not code.isdigit()
+            or rest[3:4] not in (b" ", b"")
+        ):
+            raise ValueError(f"not an HTTP/1.x status line: {head[:40]!r}")
+        status, length, close = int(code), None, version == b"HTTP/1.0"
+        for line in head.lower().split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                raise ValueError("a chunked answer")
+            elif name == b"connection":
+                close = b"close" in value
+        if length is None and not (status < 200 or status in (204, 304)):
+            raise ValueError(f"an answer ({status}) without Content-Length")
+        content = await self.reader.readexactly(length or 0)
+        return status, content, close
 
     async def aclose(self) -> None:
         if self.writer is not None:
@@ -149,7 +170,9 @@ async def drive_python(
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
         cpu["start"] = server_cpu_seconds()
 
-    async def post(transport: Any, body: bytes) -> tuple[int, bytes]:
+    Transport = httpx.AsyncHTTPTransport | LeanConnection | None
+
+    async def post(transport: Transport, body: bytes) -> tuple[int, bytes]:
         if isinstance(transport, LeanConnection):
             return await transport.post(body)
         if transport is None:  # stock
@@ -159,7 +182,7 @@ async def drive_python(
         response = await transport.handle_async_request(request)
         return response.status_code, await response.aread()
 
-    async def client(index: int, transport: Any) -> None:
+    async def client(index: int, transport: Transport) -> None:
         nonlocal errors, mismatches
         i = index
         while (now := time.monotonic()) < stop_at:
@@ -170,6 +193,8 @@ async def drive_python(
                 ok = status == 200
                 answer = json.loads(content)["outputs"][0]["data"][0] if ok else None
             except (httpx.HTTPError, ConnectionError):
+                ok, answer = False, None
+            except (ValueError, KeyError, IndexError, TypeError):  # a 200 that is no v2 answer
                 ok, answer = False, None
             done = time.monotonic()
             if now < measure_from:

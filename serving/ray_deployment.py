@@ -55,8 +55,13 @@ from serving.app import create_app
 from serving.artifact import ArtifactError, read_artifact
 from serving.process import LOG_LEVELS, configure_logging
 from serving.runtime import load
-from serving.settings import ServerSettings, check_model_name
-from serving.shared_port import SharedPortListener, bind_shared_port, reuse_port_supported
+from serving.settings import ConnectionLimits, ServerSettings, check_model_name
+from serving.shared_port import (
+    SharedPortListener,
+    bind_shared_port,
+    check_shared_host,
+    reuse_port_supported,
+)
 
 __all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
 
@@ -161,7 +166,9 @@ class ServerReplica:
             return app
         # the shared port's server starts once the lifespan has, and stops before it does
         level = "warning" if self.log_level in ("info", "debug") else self.log_level
-        self.listener = SharedPortListener(app, self.shared_socket, log_level=level)
+        # the connection limits' defaults, and the 503's Retry-After the queue's carries
+        limits = ConnectionLimits(retry_after_s=self.settings.retry_after_s)
+        self.listener = SharedPortListener(app, self.shared_socket, limits=limits, log_level=level)
         return self.listener
 
     def check_health(self) -> None:
@@ -171,7 +178,10 @@ class ServerReplica:
         if stopped:
             raise RuntimeError(f"replica {self.replica}: batchers not running for {stopped}")
         if self.listener is not None and self.listener.failed:
-            raise RuntimeError(f"replica {self.replica}: the shared port's server has ended")
+            raise RuntimeError(
+                f"replica {self.replica}: the shared port {self.listener.address} stopped "
+                f"serving: {self.listener.error}"
+            )
 
 
 def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -236,11 +246,10 @@ def _shared_port(args: Mapping[str, Any]) -> tuple[str, int] | None:
             "its own ingress routes, not those the replicas take on the shared port"
         )
     if not reuse_port_supported():
-        raise ValueError("shared_port needs SO_REUSEPORT, which this platform lacks (Windows)")
-    host = str(args.get("shared_host", "127.0.0.1"))
-    if not host:
-        raise ValueError("shared_host must name an address (0.0.0.0 binds every interface)")
-    return host, port
+        raise ValueError(
+            "shared_port needs Linux: elsewhere SO_REUSEPORT does not spread the connections"
+        )
+    return check_shared_host(str(args.get("shared_host", "127.0.0.1"))), port
 
 
 def build(args: Mapping[str, Any]) -> serve.Application:
@@ -262,7 +271,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     false where only the replicas' nodes hold the folders), ``shared_port`` (every replica
     on a node also listens on this port itself, with ``SO_REUSEPORT``, so its clients skip
     Ray's ingress: see :mod:`serving.shared_port`; with a fixed ``num_replicas`` only) and
-    ``shared_host`` (its address, default ``127.0.0.1``), and any
+    ``shared_host`` (its IP address, default ``127.0.0.1``; Linux only), and any
     ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
     Ray's ingress may listen on any interface). Any other key is a ``ValueError``: a
     misspelled setting would have been dropped without a word.

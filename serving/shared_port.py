@@ -5,25 +5,30 @@ HAProxy), a hop that costs more CPU a request than a small model's inference. Wi
 port every replica on a node listens on the same address itself, and the kernel spreads new
 connections among the listening sockets (Linux hashes each connection's addresses and ports),
 as nginx's ``reuseport`` and Envoy's listeners do. The replica's app answers them with the same
-routes, limits and connection guards as ``python -m serving``.
+routes and connection guards as ``python -m serving``.
 
 :class:`SharedPortListener` wraps the app: once the app's lifespan has started (warm-up done,
 batchers running) it starts a uvicorn server on the bound socket, and when the lifespan is
 asked to shut down it stops that server first (no new connections; requests in flight answered
-within the graceful timeout), then lets the app drain and stop. The socket is bound by
+within ``shutdown_timeout``), then lets the app drain and stop. The socket is bound by
 :func:`bind_shared_port` when the replica is built, so a port held by another user fails there,
 and it listens only once the app is ready: the kernel routes no connection to a replica that is
 still starting. A replica that stops closes its socket, and new connections go to the others.
 Linux drops the connections still waiting in a closing socket's accept queue (with
 ``net.ipv4.tcp_migrate_req=1``, Linux 5.14 and later move them to another socket of the group).
+
+Linux only: macOS's ``SO_REUSEPORT`` lets the sockets share the port but gives every connection
+to one of them, FreeBSD spreads them only with ``SO_REUSEPORT_LB``, and Windows has neither.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,25 +37,49 @@ import uvicorn
 from serving.connections import uvicorn_config
 from serving.settings import ConnectionLimits, fit_to_file_limit
 
-__all__ = ["SharedPortListener", "bind_shared_port", "reuse_port_supported"]
+__all__ = [
+    "SharedPortListener",
+    "bind_shared_port",
+    "check_shared_host",
+    "reuse_port_supported",
+]
 
 logger = logging.getLogger(__name__)
 
 
 def reuse_port_supported() -> bool:
-    """Whether this platform lets several sockets listen on one port (Linux, the BSDs, macOS;
-    not Windows, where ``SO_REUSEPORT`` does not exist)."""
-    return hasattr(socket, "SO_REUSEPORT")
+    """Whether the kernel spreads a shared port's connections among its sockets (Linux)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def check_shared_host(host: str) -> str:
+    """``host`` as an IP address to bind (``[::1]``'s brackets dropped); ``ValueError`` naming
+    ``shared_host`` otherwise. An address, not a name: each replica binds it on its own node."""
+    address = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        raise ValueError(
+            f"shared_host must be an IP address (0.0.0.0 or :: for every interface, 127.0.0.1 "
+            f"or ::1 for the loopback), got {host!r}"
+        ) from None
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def bind_shared_port(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT``, not yet listening.
+    """A TCP socket bound to the IP address ``host`` and ``port`` with ``SO_REUSEPORT``, not
+    yet listening.
 
-    ``RuntimeError`` naming the address when it cannot be bound (another user's socket there,
-    a socket without ``SO_REUSEPORT``, an address this machine does not have).
+    ``ValueError`` when ``host`` is not an IP address; ``RuntimeError`` naming the address when
+    it cannot be bound (another user's socket there, a socket without ``SO_REUSEPORT``, an
+    address this machine does not have) or the platform does not spread a shared port.
     """
+    host = check_shared_host(host)
     if not reuse_port_supported():
-        raise RuntimeError("this platform has no SO_REUSEPORT: a shared port needs Linux or BSD")
+        raise RuntimeError("a shared port needs Linux's SO_REUSEPORT, which spreads connections")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -60,10 +89,9 @@ def bind_shared_port(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         raise RuntimeError(
-            f"cannot bind the shared port {host}:{port}: {error.strerror or error} (every "
-            "process that shares it must set SO_REUSEPORT and run as the same user)"
+            f"cannot bind the shared port {_where(host, port)}: {error.strerror or error} "
+            "(every process that shares it must set SO_REUSEPORT and run as the same user)"
         ) from None
-    sock.set_inheritable(False)
     return sock
 
 
@@ -83,13 +111,21 @@ class SharedPortListener:
     app : ASGI app
         The app, whose lifespan (start-up and shut-down) the host server runs as usual.
     sock : socket.socket
-        Bound, not listening (:func:`bind_shared_port`); the listener closes it when it stops.
+        Bound, not listening (:func:`bind_shared_port`); the listener closes it when it stops,
+        or when the app's start-up fails.
     limits : ConnectionLimits, optional
-        Header timeout and size, connection bound, keep-alive, as for ``python -m serving``.
+        Header timeout and size, connection bound, keep-alive, as for ``python -m serving``
+        (its defaults when omitted).
     log_level : str, default="warning"
         uvicorn's log level for this server.
-    shutdown_timeout : float, default=30.0
-        How long requests in flight may take once the listener stops, before they are cancelled.
+    shutdown_timeout : float, default=15.0
+        How long requests in flight may take once the listener stops, before they are
+        cancelled: under Ray Serve's ``graceful_shutdown_timeout_s`` (20 s by default), after
+        which Ray ends the replica's process.
+
+    If the listener cannot start after the app has (``lifespan.startup.complete``), the host
+    server is told the start-up failed; the app stays started until the host ends the process,
+    as Ray Serve does with a replica whose start-up failed.
     """
 
     def __init__(
@@ -99,17 +135,18 @@ class SharedPortListener:
         *,
         limits: ConnectionLimits | None = None,
         log_level: str = "warning",
-        shutdown_timeout: float = 30.0,
+        shutdown_timeout: float = 15.0,
     ) -> None:
         self.app = app
         self.sock = sock
-        self.address = sock.getsockname()[:2]
-        self.limits = fit_to_file_limit(ConnectionLimits() if limits is None else limits)
+        self.limits = ConnectionLimits() if limits is None else limits
         self.log_level = log_level
         self.shutdown_timeout = shutdown_timeout
         self.server: _Server | None = None
         self.task: asyncio.Task | None = None
         self.stopping = False
+        self.error: str | None = None  # why the listener ended by itself
+        self.address = "(not started)"
 
     @property
     def failed(self) -> bool:
@@ -123,11 +160,13 @@ class SharedPortListener:
             return
 
         async def send_started(message: dict) -> None:
-            if message["type"] == "lifespan.startup.complete":
+            if message["type"] == "lifespan.startup.complete" and not self.stopping:
                 try:
                     await self.start()
-                except RuntimeError as error:  # the host server fails its start-up with it
+                except Exception as error:  # the host server fails its start-up with it
                     message = {"type": "lifespan.startup.failed", "message": str(error)}
+            elif message["type"] == "lifespan.startup.failed":
+                self.sock.close()  # the app did not start: nothing will listen
             await send(message)
 
         async def receive_stopping() -> dict:
@@ -140,32 +179,45 @@ class SharedPortListener:
 
     async def start(self) -> None:
         """Listen on the socket and serve; return once the server accepts connections."""
-        config = uvicorn_config(
-            self.app,
-            self.limits,
-            log_config=None,  # the process's logging, as configured
-            log_level=self.log_level,
-            access_log=False,  # the app logs one line per inference request
-            lifespan="off",  # the host server runs the app's lifespan
-            server_header=False,
-            timeout_graceful_shutdown=self.shutdown_timeout,
-        )
-        self.server = _Server(config)
-        self.task = asyncio.create_task(self._serve(), name="shared-port listener")
-        while not self.server.started:
-            if self.task.done():
-                self.task.result()  # its RuntimeError
-                raise RuntimeError(f"the shared port {self._where()} stopped while starting")
-            await asyncio.sleep(0.01)
-        logger.info("serving on the shared port %s", self._where())
+        try:
+            self.address = _where(*self.sock.getsockname()[:2])
+            config = uvicorn_config(
+                self.app,
+                fit_to_file_limit(self.limits),
+                log_config=None,  # the process's logging, as configured
+                log_level=self.log_level,
+                access_log=False,  # the app logs one line per inference request
+                lifespan="off",  # the host server runs the app's lifespan
+                server_header=False,
+                timeout_graceful_shutdown=self.shutdown_timeout,
+            )
+            self.server = _Server(config)
+            self.task = asyncio.create_task(self._serve(), name="shared-port listener")
+            while not self.server.started:
+                if self.task.done():
+                    self.task.result()  # its error
+                    raise RuntimeError(f"the shared port {self.address} stopped while starting")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            self.stopping = True  # not a failure of a running listener: the start-up's
+            self.sock.close()
+            raise
+        self.task.add_done_callback(self._ended)
+        logger.info("serving on the shared port %s", self.address)
 
     async def _serve(self) -> None:
         try:
             await self.server.serve(sockets=[self.sock])
-        except SystemExit:  # uvicorn exits when the socket cannot listen
-            raise RuntimeError(f"the shared port {self._where()} could not listen") from None
         finally:
             self.sock.close()
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """Log a listener that ended without being asked to, and keep why for the health check."""
+        if self.stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        self.error = repr(error) if error is not None else "it returned"
+        logger.error("the shared port %s stopped serving: %s", self.address, self.error)
 
     async def stop(self) -> None:
         """Stop taking connections, let requests in flight finish, and close the socket."""
@@ -176,7 +228,3 @@ class SharedPortListener:
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             await self.task
-
-    def _where(self) -> str:
-        host, port = self.address
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

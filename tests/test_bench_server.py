@@ -248,16 +248,20 @@ def test_the_lean_python_client_reads_and_checks_every_answer(concurrency):
 
 
 def test_a_lean_connection_fails_cleanly_and_reconnects():
-    """A chunked answer and a connection closed mid-body are ConnectionErrors; the next post
-    opens a new connection; ``Connection: close`` is honoured."""
+    """A chunked answer, a body cut short, an answer without Content-Length and a bad status
+    line are ConnectionErrors; the next post opens a new connection; ``Connection: close`` is
+    honoured; a 204 has no body."""
     answers = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # then the server closes
+        b"HTTP/1.1 200 OK\r\n\r\n{}",  # no length: the body cannot be delimited
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\nok",
         b"HTTP/1.1 503 Busy\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nyes",
     ]
-    connections = []
+    connections, requests = [], []
 
     async def handle(reader, writer):
         connections.append(writer)
@@ -265,7 +269,7 @@ def test_a_lean_connection_fails_cleanly_and_reconnects():
             while answers:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
+                requests.append(head + await reader.readexactly(length))
                 answer = answers.pop(0)
                 writer.write(answer)
                 await writer.drain()
@@ -279,9 +283,10 @@ def test_a_lean_connection_fails_cleanly_and_reconnects():
     async def scenario():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        connection = load_clients.LeanConnection(f"http://127.0.0.1:{port}/v2/models/m/infer")
+        url = f"http://127.0.0.1:{port}/v2/models/m/infer?x=1"
+        connection = load_clients.LeanConnection(url)
         results = []
-        for _ in range(5):
+        for _ in range(8):
             try:
                 results.append(await connection.post(b"{}"))
             except ConnectionError as error:
@@ -289,17 +294,43 @@ def test_a_lean_connection_fails_cleanly_and_reconnects():
         await connection.aclose()
         server.close()
         await server.wait_closed()
-        return results
+        return results, port
 
-    results = asyncio.run(scenario())
+    results, port = asyncio.run(scenario())
+    failed = "ConnectionError"
     assert results == [
-        (200, b"ok"),
-        "ConnectionError",
-        "ConnectionError",
-        (503, b"x"),
-        (200, b"yes"),
-    ]
-    assert len(connections) == 4  # reconnected after each failure and after the close
+        (200, b"ok"), failed, failed, failed, failed, (503, b"x"), (204, b""), (200, b"yes")
+    ]  # fmt: skip
+    assert len(connections) == 6  # reconnected after each failure and after the close
+    assert requests[0].startswith(b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\n")
+    assert f"Host: 127.0.0.1:{port}\r\n".encode() in requests[0] and requests[0].endswith(b"{}")
+
+
+def test_a_lean_connection_times_out_and_names_its_urls_kind():
+    async def silent(reader, writer):
+        try:
+            await reader.read(1 << 16)  # reads the request, never answers
+            await reader.read(1)  # until the client closes its end
+        finally:
+            writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = load_clients.LeanConnection(f"http://127.0.0.1:{port}/", timeout=0.2)
+        try:
+            with pytest.raises(ConnectionError, match="TimeoutError"):
+                await connection.post(b"{}")
+            assert connection.writer is None  # closed: the next post starts afresh
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="http:// URL"):
+        load_clients.LeanConnection("https://127.0.0.1:8000/")
+    ipv6 = load_clients.LeanConnection("http://[::1]:8000/v2")
+    assert b"Host: [::1]:8000\r\n" in ipv6.head and ipv6.host == "::1"
 
 
 def test_the_stock_and_lean_clients_are_one_or_the_other():

@@ -40,7 +40,8 @@ def ray_app(artifact):
     the replicas share (``SO_REUSEPORT``)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port, shared = _free_port(), _free_port()
+    port = _free_port()
+    shared = next(p for p in iter(_free_port, None) if p != port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     args = {"model_dir": str(artifact), "model_name": MODEL, "num_replicas": "2"}
     serve.run(build({**args, "shared_port": str(shared)}), name="skattn", route_prefix="/")
@@ -160,6 +161,7 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_port": "65536"}, "shared_port must be a TCP port"),
         ({"model_dir": "a", "shared_host": "0.0.0.0"}, "give shared_port too"),
         ({"model_dir": "a", "shared_port": "8100", "shared_host": ""}, "shared_host"),
+        ({"model_dir": "a", "shared_port": "8100", "shared_host": "localhost"}, "IP address"),
         ({"model_dir": "a", "shared_port": "8100", "max_replicas": "4"}, "fixed num_replicas"),
     ],
 )
@@ -229,6 +231,23 @@ def test_builder_passes_the_shared_port_to_every_replica():
         {**UNREAD, "model_dir": "/m/reverse", "shared_port": 8100, "shared_host": "0.0.0.0"}
     )
     assert anywhere._bound_deployment.init_kwargs == {"shared_port": ("0.0.0.0", 8100)}
+    ipv6 = build({**UNREAD, "model_dir": "/m/reverse", "shared_port": 8100, "shared_host": "[::1]"})
+    assert ipv6._bound_deployment.init_kwargs == {"shared_port": ("::1", 8100)}
+
+
+def test_a_replicas_health_check_raises_when_its_shared_port_stopped_serving():
+    from types import SimpleNamespace
+
+    from serving.ray_deployment import ServerReplica
+
+    running = SimpleNamespace(running=True)
+    server = SimpleNamespace(state=SimpleNamespace(models={"m": SimpleNamespace(batcher=running)}))
+    listener = SimpleNamespace(failed=False, address="127.0.0.1:8100", error=None)
+    replica = SimpleNamespace(server=server, listener=listener, replica="r1")
+    ServerReplica.check_health(replica)  # healthy
+    listener.failed, listener.error = True, "OSError(24, 'Too many open files')"
+    with pytest.raises(RuntimeError, match=r"r1: the shared port 127\.0\.0\.1:8100 stopped .*open"):
+        ServerReplica.check_health(replica)
 
 
 def test_a_replicas_instances_share_its_cpus():

@@ -10,29 +10,33 @@ import socket
 import httpx
 import pytest
 
-from serving.shared_port import SharedPortListener, bind_shared_port, reuse_port_supported
+from serving.shared_port import (
+    SharedPortListener,
+    bind_shared_port,
+    check_shared_host,
+    reuse_port_supported,
+)
 
-pytestmark = pytest.mark.skipif(not reuse_port_supported(), reason="no SO_REUSEPORT here")
+pytestmark = pytest.mark.skipif(not reuse_port_supported(), reason="a shared port needs Linux")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _named_app(name: str, delay: float = 0.0):
-    """An ASGI app with a lifespan that answers every request with its name after ``delay``."""
+def _named_app(name: str, arrived=None, release=None, start: str = "complete"):
+    """An ASGI app with a lifespan (whose start-up ends ``start``) that answers every request
+    with its name; with ``arrived``, it sets that event as a request comes in and answers once
+    ``release`` is set."""
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 kind = message["type"].removeprefix("lifespan.")
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
+                ending = start if kind == "startup" else "complete"
+                await send({"type": f"lifespan.{kind}.{ending}"})
+                if kind == "shutdown" or ending == "failed":
                     return
-        await asyncio.sleep(delay)
+        if arrived is not None:
+            arrived.set()
+            await release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": name.encode()})
 
@@ -72,13 +76,18 @@ def _refused(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED
 
 
-def test_listeners_share_a_port_from_their_start_to_their_stop():
-    port = _free_port()
+def _port(sock: socket.socket) -> int:
+    return sock.getsockname()[1]
 
+
+def test_listeners_share_a_port_from_their_start_to_their_stop():
     async def scenario():
+        first = bind_shared_port("127.0.0.1", 0)  # the kernel's free port, then shared
+        port = _port(first)
+        sockets = [first, bind_shared_port("127.0.0.1", port)]
         listeners = [
-            SharedPortListener(_named_app(name), bind_shared_port("127.0.0.1", port))
-            for name in ("a", "b")
+            SharedPortListener(_named_app(name), sock)
+            for name, sock in zip("ab", sockets, strict=True)
         ]
         lifespans = [_Lifespan(listener) for listener in listeners]
         assert _refused(port)  # bound, not listening: no connection reaches a starting app
@@ -97,16 +106,21 @@ def test_listeners_share_a_port_from_their_start_to_their_stop():
 
 
 def test_a_request_in_flight_when_the_listener_stops_is_answered():
-    port = _free_port()
-
     async def scenario():
-        life = _Lifespan(
-            SharedPortListener(_named_app("slow", 0.5), bind_shared_port("127.0.0.1", port))
-        )
+        arrived, release = asyncio.Event(), asyncio.Event()
+        sock = bind_shared_port("127.0.0.1", 0)
+        port = _port(sock)
+        life = _Lifespan(SharedPortListener(_named_app("slow", arrived, release), sock))
         await life.start()
         request = asyncio.create_task(_get(f"http://127.0.0.1:{port}/"))
-        await asyncio.sleep(0.2)  # the request is in the app
+        await arrived.wait()  # the request is in the app
         stopped = asyncio.create_task(life.stop())
+        for _ in range(100):  # the server sees the stop at its next tick (0.1 s)
+            await asyncio.sleep(0.05)
+            if _refused(port):
+                break
+        assert _refused(port) and not stopped.done()  # no new connection; waiting for it
+        release.set()
         assert await request == "slow"
         assert await stopped == "lifespan.shutdown.complete"
 
@@ -122,18 +136,47 @@ def test_a_port_held_without_reuseport_is_refused_naming_it():
             bind_shared_port("127.0.0.1", port)
 
 
-def test_a_listener_that_ends_by_itself_reports_failed():
-    port = _free_port()
-
+def test_a_listener_that_ends_by_itself_reports_failed_and_why(caplog):
     async def scenario():
-        listener = SharedPortListener(_named_app("a"), bind_shared_port("127.0.0.1", port))
+        listener = SharedPortListener(_named_app("a"), bind_shared_port("127.0.0.1", 0))
         life = _Lifespan(listener)
         await life.start()
-        assert not listener.failed
+        assert not listener.failed and listener.error is None
         listener.server.should_exit = True  # it ends without the lifespan asking
         await listener.task
+        await asyncio.sleep(0)  # its done-callback
         assert listener.failed and listener.sock.fileno() == -1
+        assert listener.error == "it returned"
         await life.stop()  # the replica's shut-down, after
-        assert not listener.failed
+
+    with caplog.at_level("ERROR", logger="serving.shared_port"):
+        asyncio.run(scenario())
+    assert "stopped serving: it returned" in caplog.text
+
+
+def test_start_up_failures_close_the_socket_and_reach_the_host_server():
+    async def scenario():
+        # the app's own start-up fails: nothing will listen
+        sock = bind_shared_port("127.0.0.1", 0)
+        life = _Lifespan(SharedPortListener(_named_app("a", start="failed"), sock))
+        assert await life.start() == "lifespan.startup.failed"
+        assert sock.fileno() == -1
+        # the app started, the listener cannot: the host server hears the start-up failed
+        sock = bind_shared_port("127.0.0.1", 0)
+        listener = SharedPortListener(_named_app("b"), sock)
+        sock.close()  # as if taken away
+        life = _Lifespan(listener)
+        assert await life.start() == "lifespan.startup.failed"
+        assert not listener.failed  # a start-up's failure, not a running listener's
+        await life.stop()  # the host's shut-down of the started app still runs
 
     asyncio.run(scenario())
+
+
+def test_the_shared_host_is_an_ip_address():
+    assert check_shared_host("[::1]") == "::1" and check_shared_host("0.0.0.0") == "0.0.0.0"
+    for bad in ("", "localhost", "300.1.1.1", "[::1"):
+        with pytest.raises(ValueError, match="shared_host must be an IP address"):
+            check_shared_host(bad)
+    with pytest.raises(ValueError, match="shared_host"):
+        bind_shared_port("example.org", 0)
