@@ -40,6 +40,20 @@ def test_quick_search_rounds_report_every_engine_equal_to_serial(tmp_path):
     assert table["n_jobs=1"][4:6] == ["1.00x", "1.00x"]
 
 
+def _serving(tmp_path, *options: str, timeout: float = 300) -> str:
+    """The serving half's output, 2 s windows after 0.5 s of warm-up, with ``options``."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--only", "serving", "--duration", "2", "--warmup", "0.5",
+         *options],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 @pytest.mark.slow  # starts two servers of the packaged G2P model
 def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
     """A token model's answers (lists) arrive joined by spaces: the client compares the wire
@@ -47,17 +61,9 @@ def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
     words = tmp_path / "words.txt"
     words.write_text("HELLO  HH EH L OW\nWORLD  W ER L D\nSPEECH  S P IY CH\n", encoding="utf-8")
     model_dir = BENCH.parents[1] / "serving" / "models" / "cmudict-g2p-int8"
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--only", "serving", "--model-dir", str(model_dir),
-         "--sources", str(words), "--servers", "plain", "plain-2-instances",
-         "--clients", "4", "--duration", "2", "--warmup", "0.5"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| plain")]
+    out = _serving(tmp_path, "--model-dir", str(model_dir), "--sources", str(words),
+                   "--servers", "plain", "plain-2-instances", "--clients", "4")  # fmt: skip
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| plain")]
     assert [row[0].lstrip("| ") for row in rows] == ["plain server", "plain server, --instances 2"]
     for row in rows:
         requests_per_s, errors, wrong = float(row[2]), row[6], row[7]
@@ -66,17 +72,9 @@ def test_serving_any_artifact_checks_its_answers_in_their_wire_form(tmp_path):
 
 @pytest.mark.slow  # starts the plain server and a Ray head with two replicas
 def test_serving_reads_the_shared_port_replicas_and_the_clients_own_cores(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--only", "serving", "--servers", "plain", "ray-shared-1",
-         "ray-shared-2", "--clients", "8", "--duration", "2", "--warmup", "0.5", "--wrk",
-         "--lean"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith("| ")][1:]
+    out = _serving(tmp_path, "--servers", "plain", "ray-shared-1", "ray-shared-2",
+                   "--clients", "8", "--wrk", "--lean", timeout=400)  # fmt: skip
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][1:]
     names = [(row[0].lstrip("| "), row[1]) for row in rows]
     servers = [
         "plain server",
@@ -89,7 +87,7 @@ def test_serving_reads_the_shared_port_replicas_and_the_clients_own_cores(tmp_pa
         errors, wrong, busy, client = row[6], row[7], float(row[8]), float(row[9])
         assert errors == "0" and wrong in ("0", "not read"), row
         assert 0 < client <= busy + 0.05, row  # the client's cores are a part of the machine's
-    ratios = [line for line in run.stdout.splitlines() if line.startswith("ray serve (shared")]
+    ratios = [line for line in out.splitlines() if line.startswith("ray serve (shared")]
     assert [line.split(":")[0] for line in ratios] == [
         f"ray serve (shared port), {client}" for client in clients
     ]
