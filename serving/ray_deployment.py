@@ -129,6 +129,9 @@ class ServerReplica:
     shared_port : (str, int), optional
         ``(host, port)`` that every replica on a node listens on itself (``SO_REUSEPORT``; see
         :mod:`serving.shared_port`), beside Ray's ingress: no proxy hop for its clients.
+    connection_limits : mapping, optional
+        :class:`serving.settings.ConnectionLimits` fields for the shared port's connections
+        (its defaults for the others; ``retry_after_s`` is the server settings').
     """
 
     def __init__(
@@ -139,11 +142,13 @@ class ServerReplica:
         log_level: str = "info",
         device: str = "cpu",
         shared_port: tuple[str, int] | None = None,
+        connection_limits: Mapping[str, Any] | None = None,
     ) -> None:
         configure_logging(log_level, "serving")
         # bound first, so that a port another user holds fails the replica before the models load
         self.shared_socket = None if shared_port is None else bind_shared_port(*shared_port)
         self.log_level = log_level
+        self.connection_limits = dict(connection_limits or {})
         self.listener: SharedPortListener | None = None
         self.settings = ServerSettings(**(settings or {}))
         self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
@@ -166,8 +171,10 @@ class ServerReplica:
             return app
         # the shared port's server starts once the lifespan has, and stops before it does
         level = "warning" if self.log_level in ("info", "debug") else self.log_level
-        # the connection limits' defaults, and the 503's Retry-After the queue's carries
-        limits = ConnectionLimits(retry_after_s=self.settings.retry_after_s)
+        # the limits given, and the 503's Retry-After the queue's carries
+        limits = ConnectionLimits(
+            **self.connection_limits, retry_after_s=self.settings.retry_after_s
+        )
         self.listener = SharedPortListener(app, self.shared_socket, limits=limits, log_level=level)
         return self.listener
 
@@ -223,7 +230,29 @@ def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
-#: ``build``'s own arguments; the others it takes are ``ServerSettings`` fields.
+#: The shared port's connection limits that ``build`` takes by name (``ConnectionLimits`` fields,
+#: as ``python -m serving``'s flags); ``retry_after_s`` is a server setting, for both 503s.
+LIMIT_ARGS = tuple(
+    name for name in ConnectionLimits.__dataclass_fields__ if name != "retry_after_s"
+)
+
+
+def _limits(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``ConnectionLimits`` fields among ``args``, converted; only with ``shared_port``."""
+    given = [key for key in LIMIT_ARGS if key in args]
+    if given and "shared_port" not in args:
+        raise ValueError(
+            f"{given[0]} limits the shared port's connections: give shared_port too (Ray's "
+            "ingress has its own)"
+        )
+    fields = ConnectionLimits.__dataclass_fields__
+    limits = {key: _number(args, key, type(fields[key].default)) for key in given}
+    ConnectionLimits(**limits)  # bad limits fail here, not in every replica
+    return limits
+
+
+#: ``build``'s own arguments; the others it takes are ``ServerSettings`` fields and
+#: :data:`LIMIT_ARGS`.
 BUILD_ARGS = (
     "model_dir", "model_name", "num_replicas", "num_cpus", "num_gpus", "device",
     "max_ongoing_requests", "min_replicas", "max_replicas", "target_ongoing_requests",
@@ -271,16 +300,20 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     false where only the replicas' nodes hold the folders), ``shared_port`` (every replica
     on a node also listens on this port itself, with ``SO_REUSEPORT``, so its clients skip
     Ray's ingress: see :mod:`serving.shared_port`; with a fixed ``num_replicas`` only) and
-    ``shared_host`` (its IP address, default ``127.0.0.1``; Linux only), and any
+    ``shared_host`` (its IP address, default ``127.0.0.1``; Linux only) and the shared port's
+    connection limits by their ``ConnectionLimits`` field names (``max_connections=1024``,
+    ``header_timeout_s``, ...: :data:`LIMIT_ARGS`), and any
     ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
     Ray's ingress may listen on any interface). Any other key is a ``ValueError``: a
     misspelled setting would have been dropped without a word.
     """
-    unknown = sorted(set(args) - set(BUILD_ARGS) - set(ServerSettings.__dataclass_fields__))
+    known = {*BUILD_ARGS, *ServerSettings.__dataclass_fields__, *LIMIT_ARGS}
+    unknown = sorted(set(args) - known)
     if unknown:
         raise ValueError(
-            f"unknown argument {unknown[0]!r}: build takes {', '.join(BUILD_ARGS)} and the "
-            f"server settings {', '.join(ServerSettings.__dataclass_fields__)}"
+            f"unknown argument {unknown[0]!r}: build takes {', '.join(BUILD_ARGS)}, the "
+            f"server settings {', '.join(ServerSettings.__dataclass_fields__)} and the shared "
+            f"port's connection limits {', '.join(LIMIT_ARGS)}"
         )
     autoscaling = ("min_replicas", "target_ongoing_requests")
     if "max_replicas" not in args and any(key in args for key in autoscaling):
@@ -329,7 +362,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             "device=cuda needs num_gpus (a GPU reserved for each replica): Ray hides no GPU "
             "from a replica that reserved none, so it would share one unreserved"
         )
-    shared = _shared_port(args)
+    shared, limits = _shared_port(args), _limits(args)
     actor_options: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus > 0:
         actor_options["num_gpus"] = num_gpus
@@ -358,4 +391,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
                 raise ValueError(f"model_dir: {error}") from None
     deployment = serve.deployment(ServerReplica, name="skattn").options(**options)
     threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
-    return deployment.bind(model_dirs, settings, threads, log_level, device, shared_port=shared)
+    return deployment.bind(
+        model_dirs, settings, threads, log_level, device, shared_port=shared,
+        connection_limits=limits,
+    )  # fmt: skip

@@ -44,7 +44,8 @@ def ray_app(artifact):
     shared = next(p for p in iter(_free_port, None) if p != port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     args = {"model_dir": str(artifact), "model_name": MODEL, "num_replicas": "2"}
-    serve.run(build({**args, "shared_port": str(shared)}), name="skattn", route_prefix="/")
+    shared_args = {"shared_port": str(shared), "max_connections": "256"}  # limits ride along
+    serve.run(build({**args, **shared_args}), name="skattn", route_prefix="/")
     yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{shared}"
     serve.shutdown()
     ray.shutdown()
@@ -163,6 +164,10 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_port": "8100", "shared_host": ""}, "shared_host"),
         ({"model_dir": "a", "shared_port": "8100", "shared_host": "localhost"}, "IP address"),
         ({"model_dir": "a", "shared_port": "8100", "max_replicas": "4"}, "fixed num_replicas"),
+        ({"model_dir": "a", "max_connections": "8"}, "max_connections limits the shared port"),
+        ({"model_dir": "a", "shared_port": "8100", "max_connections": "0"}, "max_connections"),
+        ({"model_dir": "a", "shared_port": "8100", "keep_alive_s": "-1"}, "keep_alive_s"),
+        ({"model_dir": "a", "shared_port": "8100", "header_timeout_s": "soon"}, "header_timeout_s"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -223,16 +228,39 @@ def test_a_replica_runs_on_cuda_only_with_a_gpu_reserved():
 
 
 def test_builder_passes_the_shared_port_to_every_replica():
-    default = build({**UNREAD, "model_dir": "/m/reverse"})._bound_deployment
-    assert default.init_kwargs == {"shared_port": None}  # Ray's ingress only
-    shared = build({**UNREAD, "model_dir": "/m/reverse", "shared_port": "8100"})
-    assert shared._bound_deployment.init_kwargs == {"shared_port": ("127.0.0.1", 8100)}
-    anywhere = build(
-        {**UNREAD, "model_dir": "/m/reverse", "shared_port": 8100, "shared_host": "0.0.0.0"}
-    )
-    assert anywhere._bound_deployment.init_kwargs == {"shared_port": ("0.0.0.0", 8100)}
-    ipv6 = build({**UNREAD, "model_dir": "/m/reverse", "shared_port": 8100, "shared_host": "[::1]"})
-    assert ipv6._bound_deployment.init_kwargs == {"shared_port": ("::1", 8100)}
+    def kwargs(**args):
+        return build({**UNREAD, "model_dir": "/m/reverse", **args})._bound_deployment.init_kwargs
+
+    none = {"connection_limits": {}}
+    assert kwargs() == {"shared_port": None, **none}  # Ray's ingress only
+    assert kwargs(shared_port="8100") == {"shared_port": ("127.0.0.1", 8100), **none}
+    assert kwargs(shared_port=8100, shared_host="0.0.0.0")["shared_port"] == ("0.0.0.0", 8100)
+    assert kwargs(shared_port=8100, shared_host="[::1]")["shared_port"] == ("::1", 8100)
+    limits = kwargs(shared_port="8100", max_connections="1024", keep_alive_s="2.5")
+    assert limits["connection_limits"] == {"max_connections": 1024, "keep_alive_s": 2.5}
+
+
+def test_a_replicas_shared_port_serves_with_the_limits_given():
+    from types import SimpleNamespace
+
+    from serving.ray_deployment import ServerReplica
+    from serving.settings import ServerSettings
+    from serving.shared_port import bind_shared_port
+
+    sock = bind_shared_port("127.0.0.1", 0)
+    replica = SimpleNamespace(
+        server=lambda scope, receive, send: None, replica="r1", shared_socket=sock,
+        log_level="info", settings=ServerSettings(retry_after_s=7),
+        connection_limits={"max_connections": 1024, "header_timeout_s": 3.0}, listener=None,
+    )  # fmt: skip
+    try:
+        listener = ServerReplica.__serve_build_asgi_app__(replica)
+        assert listener is replica.listener and listener.sock is sock
+        assert (listener.limits.max_connections, listener.limits.header_timeout_s) == (1024, 3.0)
+        assert listener.limits.retry_after_s == 7  # the queue's 503 and the bound's alike
+        assert listener.limits.keep_alive_s == 5.0  # the others: python -m serving's defaults
+    finally:
+        sock.close()
 
 
 def test_a_replicas_health_check_raises_when_its_shared_port_stopped_serving():
