@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import uvicorn
 
@@ -62,18 +63,8 @@ def serve(
         ``max_connections`` is lowered to fit the file-descriptor limit.
     """
     app = create_app(runtimes, settings)
-    config = uvicorn_config(
-        app,
-        fit_to_file_limit(ConnectionLimits() if limits is None else limits),
-        host=host,
-        port=port,
-        log_config=None,  # keep the JSON-lines handler of configure_logging
-        log_level=log_level,
-        access_log=False,  # the app logs one line per inference request
-        lifespan="on",
-        server_header=False,
-        timeout_graceful_shutdown=shutdown_timeout,
-    )
+    limits = ConnectionLimits() if limits is None else limits
+    config = server_config(app, limits, log_level, shutdown_timeout, host=host, port=port)
     server = _Server(config)
     # uvicorn re-raises the signal it caught once it has shut down; a no-op SIGTERM handler
     # underneath it turns that into a normal return, so a graceful stop exits 0.
@@ -94,6 +85,30 @@ def serve(
             "use, a name that does not resolve)"
         )
         raise SystemExit(f"error: the server could not start: {reason}")
+
+
+def server_config(
+    app: Any,
+    limits: ConnectionLimits,
+    log_level: str,
+    shutdown_timeout: float | None,
+    lifespan: str = "on",
+    **kwargs: Any,
+) -> uvicorn.Config:
+    """The server's uvicorn configuration for ``app``: ``limits`` fitted to the file limit, the
+    process's own logging, no access log (the app logs one line per inference request), no
+    ``Server`` header; ``kwargs`` (host, port) go to uvicorn."""
+    return uvicorn_config(
+        app,
+        fit_to_file_limit(limits),
+        log_config=None,  # keep the JSON-lines handler of configure_logging
+        log_level=log_level,
+        access_log=False,
+        lifespan=lifespan,
+        server_header=False,
+        timeout_graceful_shutdown=shutdown_timeout,
+        **kwargs,
+    )
 
 
 class _Server(uvicorn.Server):

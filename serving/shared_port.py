@@ -34,8 +34,8 @@ from typing import Any
 
 import uvicorn
 
-from serving.connections import uvicorn_config
-from serving.settings import ConnectionLimits, fit_to_file_limit
+from serving.process import server_config
+from serving.settings import ConnectionLimits
 
 __all__ = [
     "SharedPortListener",
@@ -181,15 +181,8 @@ class SharedPortListener:
         """Listen on the socket and serve; return once the server accepts connections."""
         try:
             self.address = _where(*self.sock.getsockname()[:2])
-            config = uvicorn_config(
-                self.app,
-                fit_to_file_limit(self.limits),
-                log_config=None,  # the process's logging, as configured
-                log_level=self.log_level,
-                access_log=False,  # the app logs one line per inference request
-                lifespan="off",  # the host server runs the app's lifespan
-                server_header=False,
-                timeout_graceful_shutdown=self.shutdown_timeout,
+            config = server_config(  # the host server runs the app's lifespan
+                self.app, self.limits, self.log_level, self.shutdown_timeout, lifespan="off"
             )
             self.server = _Server(config)
             self.task = asyncio.create_task(self._serve(), name="shared-port listener")
