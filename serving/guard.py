@@ -100,6 +100,13 @@ class RequestGuard:
         return None
 
 
+def closing(start: Message) -> Message:
+    """An ``http.response.start`` message whose answer closes its connection: ``Connection:
+    close`` in place of any ``Connection`` header the app set."""
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
+
+
 def _closing_if_unread(receive: Receive, send: Send) -> tuple[Receive, Send]:
     """``receive`` and ``send`` of a request whose answer says ``Connection: close`` when it
     starts before the body was read to its end (any early answer: a refusal here, a 404, 405,
@@ -115,8 +122,7 @@ def _closing_if_unread(receive: Receive, send: Send) -> tuple[Receive, Send]:
 
     async def closing_send(message: Message) -> None:
         if message["type"] == "http.response.start" and not read_all:
-            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            message = closing(message)
         await send(message)
 
     return tracked_receive, closing_send

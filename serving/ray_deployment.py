@@ -10,10 +10,12 @@ unchanged. One command (every replica must be able to read ``model_dir``)::
         [num_cpus=1] [max_ongoing_requests=256] [max_batch_size=64] [max_delay_ms=2]
         [log_level=info] [access_log=false]
         [min_replicas=1 max_replicas=4 target_ongoing_requests=32]    # autoscaling instead
+        [upscale_delay_s=30 downscale_delay_s=600 metrics_interval_s=10 look_back_period_s=30]
 
 Several models: ``model_dir=DIR1,DIR2`` (and ``model_name=A,B``). ``max_replicas`` turns on
 Ray Serve's autoscaling between ``min_replicas`` and ``max_replicas``, aiming at
-``target_ongoing_requests`` per replica, in place of a fixed ``num_replicas``. Health and
+``target_ongoing_requests`` per replica, in place of a fixed ``num_replicas``; Ray's timing of it
+by the names of its ``AutoscalingConfig`` (:data:`AUTOSCALING_ARGS`). Health and
 readiness: Ray Serve calls each replica's ``check_health`` and restarts a replica whose
 batchers stopped; the proxy routes only to running replicas, and ``/v2/health/ready`` answers
 from the replica it reaches. Every response names its replica in ``X-Skattn-Replica``.
@@ -33,7 +35,10 @@ port itself (``SO_REUSEPORT``: the kernel spreads the connections among them; se
 :mod:`serving.shared_port`), beside Ray's ingress, which still answers too::
 
     serve run serving.ray_deployment:build model_dir=DIR num_replicas=2 shared_port=8100 \
-        [shared_host=0.0.0.0]
+        [shared_host=0.0.0.0] [shared_close_grace_s=0.5] [max_connections=1024 ...]
+
+With ``max_replicas`` too, Ray's autoscaler counts the shared port's requests as well
+(:mod:`serving.ray_autoscaling`).
 
 ``benchmarks/bench_cluster.py`` measures the three ingresses. Ray's access log is off by default,
 as in ``python -m serving``: the server logs one JSON line per inference request itself (at
@@ -45,25 +50,24 @@ This module imports Ray; the plain server never imports it.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
 
+from serving import ray_args
 from serving.app import create_app
 from serving.artifact import ArtifactError, read_artifact
 from serving.process import LOG_LEVELS, configure_logging
+from serving.ray_args import AUTOSCALING_ARGS, LIMIT_ARGS
+from serving.ray_autoscaling import SHARED_PORT_ONGOING
 from serving.runtime import load
 from serving.settings import ConnectionLimits, ServerSettings, check_model_name
-from serving.shared_port import (
-    SharedPortListener,
-    bind_shared_port,
-    check_shared_host,
-    reuse_port_supported,
-)
+from serving.shared_port import CLOSE_GRACE_S, SharedPortListener, bind_shared_port
 
-__all__ = ["REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build"]
+__all__ = [
+    "AUTOSCALING_ARGS", "LIMIT_ARGS", "REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build",
+]  # fmt: skip
 
 #: The response header that names the replica which answered.
 REPLICA_HEADER = "x-skattn-replica"
@@ -132,6 +136,10 @@ class ServerReplica:
     connection_limits : mapping, optional
         :class:`serving.settings.ConnectionLimits` fields for the shared port's connections
         (its defaults for the others; ``retry_after_s`` is the server settings').
+    close_grace : float, default=CLOSE_GRACE_S (0.5)
+        Seconds the shared port's connections stay open after its socket closes, so that one
+        accepted just before sends its request and is answered
+        (:class:`serving.shared_port.SharedPortListener`).
     """
 
     def __init__(
@@ -143,12 +151,14 @@ class ServerReplica:
         device: str = "cpu",
         shared_port: tuple[str, int] | None = None,
         connection_limits: Mapping[str, Any] | None = None,
+        close_grace: float = CLOSE_GRACE_S,
     ) -> None:
         configure_logging(log_level, "serving")
         # bound first, so that a port another user holds fails the replica before the models load
         self.shared_socket = None if shared_port is None else bind_shared_port(*shared_port)
         self.log_level = log_level
         self.connection_limits = dict(connection_limits or {})
+        self.close_grace = close_grace
         self.listener: SharedPortListener | None = None
         self.settings = ServerSettings(**(settings or {}))
         self.runtimes = {  # a batch is one onnxruntime call, on the replica's threads
@@ -175,8 +185,17 @@ class ServerReplica:
         limits = ConnectionLimits(
             **self.connection_limits, retry_after_s=self.settings.retry_after_s
         )
-        self.listener = SharedPortListener(app, self.shared_socket, limits=limits, log_level=level)
+        self.listener = SharedPortListener(
+            app, self.shared_socket, limits=limits, log_level=level, close_grace=self.close_grace
+        )
         return self.listener
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metrics (Ray asks only when the deployment
+        autoscales): the shared port's requests in flight, which Ray's own count misses."""
+        if self.listener is None:
+            return {}
+        return {SHARED_PORT_ONGOING: float(self.listener.ongoing)}
 
     def check_health(self) -> None:
         """Ray Serve's health check: raise (and get restarted) when a batcher is not running
@@ -191,94 +210,14 @@ class ServerReplica:
             )
 
 
-def _number(args: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
-    """``args[key]`` as ``kind`` (``serve run`` passes strings); ``ValueError`` naming it."""
-    if key not in args:
-        return default
-    value = args[key]
-    if kind is bool and isinstance(value, str):
-        flags = {"true": True, "1": True, "false": False, "0": False}
-        if value.lower() not in flags:
-            raise ValueError(f"{key} must be true or false, got {value!r}")
-        return flags[value.lower()]
-    if kind is tuple:  # allowed_hosts: comma-separated names
-        return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-    # from Python (or YAML), only a value of the kind: int(1.7), int(True) and bool(2) would
-    # pass; a flag may be 1 or 0, as its string may
-    if kind is bool and isinstance(value, numbers.Integral) and value in (0, 1):
-        return bool(value)
-    expected = {int: (numbers.Integral,), float: (numbers.Real,)}.get(kind, ())
-    if not isinstance(value, str) and (not isinstance(value, expected) or isinstance(value, bool)):
-        raise ValueError(f"{key} must be {_KIND_NAMES[kind]}, got {value!r}")
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be {_KIND_NAMES[kind]}, got {value!r}") from None
-
-
-_KIND_NAMES = {int: "an int", float: "a number", bool: "true or false", str: "a str"}
-
-
-def _settings(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``ServerSettings`` fields among ``args``, converted to their fields' types."""
-    kinds = {
-        name: type(field.default) for name, field in ServerSettings.__dataclass_fields__.items()
-    }
-    kinds["allowed_hosts"] = tuple
-    settings = {key: _number(args, key, kind) for key, kind in kinds.items() if key in args}
-    ServerSettings(**settings)  # bad settings fail here, not in every replica
-    return settings
-
-
-#: The shared port's connection limits that ``build`` takes by name (``ConnectionLimits`` fields,
-#: as ``python -m serving``'s flags); ``retry_after_s`` is a server setting, for both 503s.
-LIMIT_ARGS = tuple(
-    name for name in ConnectionLimits.__dataclass_fields__ if name != "retry_after_s"
-)
-
-
-def _limits(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``ConnectionLimits`` fields among ``args``, converted; only with ``shared_port``."""
-    given = [key for key in LIMIT_ARGS if key in args]
-    if given and "shared_port" not in args:
-        raise ValueError(
-            f"{given[0]} limits the shared port's connections: give shared_port too (Ray's "
-            "ingress has its own)"
-        )
-    fields = ConnectionLimits.__dataclass_fields__
-    limits = {key: _number(args, key, type(fields[key].default)) for key in given}
-    ConnectionLimits(**limits)  # bad limits fail here, not in every replica
-    return limits
-
-
 #: ``build``'s own arguments; the others it takes are ``ServerSettings`` fields and
 #: :data:`LIMIT_ARGS`.
 BUILD_ARGS = (
     "model_dir", "model_name", "num_replicas", "num_cpus", "num_gpus", "device",
     "max_ongoing_requests", "min_replicas", "max_replicas", "target_ongoing_requests",
-    "log_level", "access_log", "check_model_dir", "shared_port", "shared_host",
+    *AUTOSCALING_ARGS, "log_level", "access_log", "check_model_dir", "shared_port",
+    "shared_host", "shared_close_grace_s",
 )  # fmt: skip
-
-
-def _shared_port(args: Mapping[str, Any]) -> tuple[str, int] | None:
-    """``(shared_host, shared_port)`` from ``args``, or ``None`` without ``shared_port``."""
-    if "shared_port" not in args:
-        if "shared_host" in args:
-            raise ValueError("shared_host is the shared port's address: give shared_port too")
-        return None
-    port = _number(args, "shared_port", int)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"shared_port must be a TCP port, 1 to 65535, got {port!r}")
-    if "max_replicas" in args:
-        raise ValueError(
-            "shared_port needs a fixed num_replicas: Ray's autoscaler counts only the requests "
-            "its own ingress routes, not those the replicas take on the shared port"
-        )
-    if not reuse_port_supported():
-        raise ValueError(
-            "shared_port needs Linux: elsewhere SO_REUSEPORT does not spread the connections"
-        )
-    return check_shared_host(str(args.get("shared_host", "127.0.0.1"))), port
 
 
 def build(args: Mapping[str, Any]) -> serve.Application:
@@ -290,17 +229,20 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     CUDA, an int8 artifact on the CPU), ``device`` (``cpu``, or ``cuda`` with ``num_gpus``;
     default: ``serving.load``'s ``auto`` when ``num_gpus`` is given, else ``cpu``),
     ``max_ongoing_requests`` (per replica, default 256: the batcher needs concurrent requests
-    to form batches), ``min_replicas`` /
-    ``max_replicas`` / ``target_ongoing_requests`` (autoscaling, in place of
-    ``num_replicas``), ``log_level`` (default ``info``: the server's own logs, one line per
-    inference request as ``python -m serving`` writes them, and Ray Serve's logger in the
+    to form batches), ``min_replicas`` / ``max_replicas`` / ``target_ongoing_requests``
+    (autoscaling, in place of ``num_replicas``; Ray's timing of it by name,
+    :data:`AUTOSCALING_ARGS`), ``log_level`` (default ``info``: the server's own logs, one line
+    per inference request as ``python -m serving`` writes them, and Ray Serve's logger in the
     replica), ``access_log`` (Ray's own line per HTTP request, default false),
     ``check_model_dir`` (default true: each ``model_dir`` is read here, as ``serving.load``
     reads it, so that a bad one is this ``ValueError`` and not a replica that fails to start;
     false where only the replicas' nodes hold the folders), ``shared_port`` (every replica
     on a node also listens on this port itself, with ``SO_REUSEPORT``, so its clients skip
-    Ray's ingress: see :mod:`serving.shared_port`; with a fixed ``num_replicas`` only) and
-    ``shared_host`` (its IP address, default ``127.0.0.1``; Linux only) and the shared port's
+    Ray's ingress: see :mod:`serving.shared_port`; with autoscaling, Ray counts its requests
+    too: :mod:`serving.ray_autoscaling`) and
+    ``shared_host`` (its IP address, default ``127.0.0.1``; Linux only),
+    ``shared_close_grace_s`` (default 0.5: how long a stopping replica's connections stay open
+    after its socket closes, so that one just accepted is answered) and the shared port's
     connection limits by their ``ConnectionLimits`` field names (``max_connections=1024``,
     ``header_timeout_s``, ...: :data:`LIMIT_ARGS`), and any
     ``ServerSettings`` field by name (``allowed_hosts``: comma-separated; default any, since
@@ -315,7 +257,7 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             f"server settings {', '.join(ServerSettings.__dataclass_fields__)} and the shared "
             f"port's connection limits {', '.join(LIMIT_ARGS)}"
         )
-    autoscaling = ("min_replicas", "target_ongoing_requests")
+    autoscaling = ("min_replicas", "target_ongoing_requests", *AUTOSCALING_ARGS)
     if "max_replicas" not in args and any(key in args for key in autoscaling):
         given = next(key for key in autoscaling if key in args)
         raise ValueError(f"{given} is an autoscaling setting: give max_replicas too")
@@ -338,18 +280,18 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             f"two models are named {twice[0]!r}: name each with model_name=NAME1,NAME2,..."
         )
     model_dirs = dict(zip(names, dirs, strict=True))
-    check_dirs = _number(args, "check_model_dir", bool, True)
+    check_dirs = ray_args.number(args, "check_model_dir", bool, True)
     if "max_queue" in args and "max_items_per_request" not in args:  # as python -m serving
-        queue = _number(args, "max_queue", int)
+        queue = ray_args.number(args, "max_queue", int)
         args = {**args, "max_items_per_request": min(ServerSettings.max_items_per_request, queue)}
-    settings = _settings(args)
-    num_cpus = _number(args, "num_cpus", float, 1.0)
+    settings = ray_args.server_settings(args)
+    num_cpus = ray_args.number(args, "num_cpus", float, 1.0)
     if not (math.isfinite(num_cpus) and num_cpus > 0):
         raise ValueError(f"num_cpus must be a finite number of CPUs > 0, got {num_cpus!r}")
     log_level = str(args.get("log_level", "info")).lower()
     if log_level not in LOG_LEVELS:
         raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
-    num_gpus = _number(args, "num_gpus", float, 0.0)
+    num_gpus = ray_args.number(args, "num_gpus", float, 0.0)
     if not (math.isfinite(num_gpus) and num_gpus >= 0):
         raise ValueError(f"num_gpus must be a finite number of GPUs >= 0, got {num_gpus!r}")
     device = str(args.get("device", "auto")).lower()
@@ -362,27 +304,24 @@ def build(args: Mapping[str, Any]) -> serve.Application:
             "device=cuda needs num_gpus (a GPU reserved for each replica): Ray hides no GPU "
             "from a replica that reserved none, so it would share one unreserved"
         )
-    shared, limits = _shared_port(args), _limits(args)
+    shared, limits = ray_args.shared_port(args), ray_args.connection_limits(args)
+    grace = ray_args.close_grace(args)
     actor_options: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus > 0:
         actor_options["num_gpus"] = num_gpus
     options: dict[str, Any] = {
         "ray_actor_options": actor_options,
-        "max_ongoing_requests": _number(args, "max_ongoing_requests", int, 256),
+        "max_ongoing_requests": ray_args.number(args, "max_ongoing_requests", int, 256),
         "health_check_period_s": 2,
         "logging_config": {
             "log_level": log_level.upper(),
-            "enable_access_log": _number(args, "access_log", bool, False),
+            "enable_access_log": ray_args.number(args, "access_log", bool, False),
         },
     }
     if "max_replicas" in args:
-        options["autoscaling_config"] = {
-            "min_replicas": _number(args, "min_replicas", int, 1),
-            "max_replicas": _number(args, "max_replicas", int),
-            "target_ongoing_requests": _number(args, "target_ongoing_requests", float, 32.0),
-        }
+        options["autoscaling_config"] = ray_args.autoscaling_config(args, shared is not None)
     else:
-        options["num_replicas"] = _number(args, "num_replicas", int, 1)
+        options["num_replicas"] = ray_args.number(args, "num_replicas", int, 1)
     if check_dirs:  # last: the arguments' own errors first
         for directory in dirs:
             try:
@@ -393,5 +332,5 @@ def build(args: Mapping[str, Any]) -> serve.Application:
     threads = max(1, int(num_cpus) // settings.get("instances", 1))  # the replica's CPUs, shared
     return deployment.bind(
         model_dirs, settings, threads, log_level, device, shared_port=shared,
-        connection_limits=limits,
+        connection_limits=limits, close_grace=grace,
     )  # fmt: skip

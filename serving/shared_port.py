@@ -9,13 +9,17 @@ routes and connection guards as ``python -m serving``.
 
 :class:`SharedPortListener` wraps the app: once the app's lifespan has started (warm-up done,
 batchers running) it starts a uvicorn server on the bound socket, and when the lifespan is
-asked to shut down it stops that server first (no new connections; requests in flight answered
-within ``shutdown_timeout``), then lets the app drain and stop. The socket is bound by
+asked to shut down it stops that server first (no new connections; the requests on open
+connections answered, those in flight within ``shutdown_timeout``), then lets the app drain and
+stop. The socket is bound by
 :func:`bind_shared_port` when the replica is built, so a port held by another user fails there,
 and it listens only once the app is ready: the kernel routes no connection to a replica that is
 still starting. A replica that stops closes its socket, and new connections go to the others.
-Linux drops the connections still waiting in a closing socket's accept queue (with
-``net.ipv4.tcp_migrate_req=1``, Linux 5.14 and later move them to another socket of the group).
+Linux resets the connections still waiting in a closing socket's accept queue; with
+``net.ipv4.tcp_migrate_req=1`` (Linux 5.14 and later) it moves them to another socket of the port
+(:func:`migrates_queued_connections`). The listener counts its requests in flight
+(:attr:`SharedPortListener.ongoing`), which Ray's autoscaler does not see
+(:mod:`serving.ray_autoscaling`).
 
 Linux only: macOS's ``SO_REUSEPORT`` lets the sockets share the port but gives every connection
 to one of them, FreeBSD spreads them only with ``SO_REUSEPORT_LB``, and Windows has neither.
@@ -30,17 +34,21 @@ import logging
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from serving.guard import closing
 from serving.process import server_config
 from serving.settings import ConnectionLimits
 
 __all__ = [
+    "CLOSE_GRACE_S",
     "SharedPortListener",
     "bind_shared_port",
     "check_shared_host",
+    "migrates_queued_connections",
     "reuse_port_supported",
 ]
 
@@ -50,6 +58,24 @@ logger = logging.getLogger(__name__)
 def reuse_port_supported() -> bool:
     """Whether the kernel spreads a shared port's connections among its sockets (Linux)."""
     return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+#: Seconds a stopping listener answers on its open connections after closing its socket.
+CLOSE_GRACE_S = 0.5
+
+#: Linux's switch for moving a closing listener's waiting connections to another socket of its
+#: port (per network namespace).
+MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+
+
+def migrates_queued_connections() -> bool | None:
+    """Whether this kernel moves the connections waiting in a closing shared-port socket's
+    accept queue to another socket of the port (``net.ipv4.tcp_migrate_req``): ``None`` where it
+    cannot say (not Linux, a kernel before 5.14, or unreadable)."""
+    try:
+        return MIGRATE_REQ.read_text().strip() != "0"
+    except OSError:
+        return None
 
 
 def check_shared_host(host: str) -> str:
@@ -103,6 +129,32 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _PortApp:
+    """ASGI middleware, the app as the shared port serves it: its HTTP requests in flight
+    counted in ``ongoing``; once ``draining``, every answer closes its connection
+    (``Connection: close``), so that a kept-alive client's next request opens a connection,
+    which the kernel gives to another replica."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.ongoing, self.draining = app, 0, False
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: dict) -> None:
+            if self.draining and message["type"] == "http.response.start":
+                message = closing(message)
+            await send(message)
+
+        self.ongoing += 1
+        try:
+            await self.app(scope, receive, send_closing)
+        finally:
+            self.ongoing -= 1
+
+
 class SharedPortListener:
     """ASGI middleware: serve ``app`` on ``sock`` too, from its lifespan's start to its stop.
 
@@ -119,9 +171,16 @@ class SharedPortListener:
     log_level : str, default="warning"
         uvicorn's log level for this server.
     shutdown_timeout : float, default=15.0
-        How long requests in flight may take once the listener stops, before they are
-        cancelled: under Ray Serve's ``graceful_shutdown_timeout_s`` (20 s by default), after
-        which Ray ends the replica's process.
+        How long the listener's stop may take (its ``close_grace``, then the requests in
+        flight, which are cancelled after it): under Ray Serve's ``graceful_shutdown_timeout_s``
+        (20 s by default), after which Ray ends the replica's process.
+    close_grace : float, default=CLOSE_GRACE_S (0.5)
+        Seconds, counted within ``shutdown_timeout``, between closing the socket (the port's
+        new connections go to the other replicas) and closing the idle connections: a
+        connection accepted just before the stop sends its first request meanwhile, and it is
+        answered, not closed unread; each answer meanwhile says ``Connection: close``, so a
+        kept-alive client that asks meanwhile moves to another replica after its answer, not
+        in the middle of a request.
 
     If the listener cannot start after the app has (``lifespan.startup.complete``), the host
     server is told the start-up failed; the app stays started until the host ends the process,
@@ -136,17 +195,30 @@ class SharedPortListener:
         limits: ConnectionLimits | None = None,
         log_level: str = "warning",
         shutdown_timeout: float = 15.0,
+        close_grace: float = CLOSE_GRACE_S,
     ) -> None:
+        if not 0 <= close_grace < shutdown_timeout:
+            raise ValueError(
+                f"close_grace must be >= 0 and below shutdown_timeout ({shutdown_timeout} s), "
+                f"got {close_grace!r}"
+            )
         self.app = app
         self.sock = sock
         self.limits = ConnectionLimits() if limits is None else limits
         self.log_level = log_level
         self.shutdown_timeout = shutdown_timeout
+        self.close_grace = close_grace
         self.server: _Server | None = None
         self.task: asyncio.Task | None = None
         self.stopping = False
         self.error: str | None = None  # why the listener ended by itself
         self.address = "(not started)"
+        self.port_app = _PortApp(app)  # the app as the shared port serves it
+
+    @property
+    def ongoing(self) -> int:
+        """The shared port's HTTP requests in flight (Ray's autoscaler does not see them)."""
+        return self.port_app.ongoing
 
     @property
     def failed(self) -> bool:
@@ -182,8 +254,9 @@ class SharedPortListener:
         try:
             self.address = _where(*self.sock.getsockname()[:2])
             config = server_config(  # the host server runs the app's lifespan
-                self.app, self.limits, self.log_level, self.shutdown_timeout, lifespan="off"
-            )
+                self.port_app, self.limits, self.log_level,
+                self.shutdown_timeout - self.close_grace, lifespan="off",
+            )  # fmt: skip
             self.server = _Server(config)
             self.task = asyncio.create_task(self._serve(), name="shared-port listener")
             while not self.server.started:
@@ -213,11 +286,20 @@ class SharedPortListener:
         logger.error("the shared port %s stopped serving: %s", self.address, self.error)
 
     async def stop(self) -> None:
-        """Stop taking connections, let requests in flight finish, and close the socket."""
+        """Close the socket, answer the requests that arrive on open connections within
+        ``close_grace`` and those in flight, then close the connections."""
         self.stopping = True
         if self.task is None:
             self.sock.close()
             return
+        for server in self.server.servers:  # no new connections (uvicorn's shutdown does it too)
+            server.close()
+        # a connection accepted just now may not have sent its request yet, and a kept-alive
+        # client may be sending its next: uvicorn's shut-down closes an idle connection at
+        # once, and the request would meet a reset. Meanwhile every answer closes its connection.
+        self.port_app.draining = True
+        if self.server.server_state.connections:  # (none open: nothing to wait for)
+            await asyncio.sleep(self.close_grace)
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             await self.task

@@ -39,7 +39,8 @@ def ray_app(artifact):
     """The URLs of a Ray Serve app with 2 replicas of the server: Ray's ingress, and the port
     the replicas share (``SO_REUSEPORT``)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # 2 CPUs for the 2 replicas, and a third for the autoscaling test's (0.1 CPU each)
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     shared = next(p for p in iter(_free_port, None) if p != port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -129,6 +130,60 @@ def test_health_and_readiness_come_from_a_running_replica(either_way):
     assert deployment.replica_states == {"RUNNING": 2}
 
 
+def _running(app: str) -> int:
+    (deployment,) = serve.status().applications[app].deployments.values()
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+#: Ray 2.60 warns that metrics_interval_s will move to environment variables; it reads it still.
+RAY_DEPRECATES_INTERVAL = "ignore:The `metrics_interval_s` field:DeprecationWarning"
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(RAY_DEPRECATES_INTERVAL)
+def test_replicas_autoscale_on_the_load_of_their_shared_port_alone(ray_app, artifact):
+    """Up to 2 replicas while 24 clients post to the shared port only (Ray's ingress idle), and
+    back to 1 after; every answer right."""
+    import threading
+    import time
+
+    port = next(p for p in iter(_free_port, None) if f":{p}" not in "".join(ray_app))
+    args = {
+        "model_dir": str(artifact), "model_name": MODEL, "shared_port": port, "num_cpus": 0.1,
+        "max_replicas": 2, "target_ongoing_requests": 2, "metrics_interval_s": 0.25,
+        "look_back_period_s": 1, "upscale_delay_s": 0.5, "downscale_delay_s": 1,
+    }  # fmt: skip
+    serve.run(build(args), name="scaled", route_prefix="/scaled")
+    try:
+        assert _running("scaled") == 1
+        expected = serving.load(artifact, device="cpu").predict(SOURCES)
+        answers, scaled = [], threading.Event()
+
+        def post_until_scaled(index):
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+                while not scaled.is_set():
+                    answers.append((index, _infer(client, SOURCES[index : index + 1])[0]))
+
+        with ThreadPoolExecutor(25) as pool:
+            load = [pool.submit(post_until_scaled, i) for i in range(24)]
+            for _ in range(240):  # Ray's status, read by one thread (4 a second at most)
+                if _running("scaled") == 2 or any(f.done() for f in load):
+                    break
+                time.sleep(0.25)
+            scaled.set()
+            for future in load:
+                future.result()  # (a client's error)
+        assert _running("scaled") == 2, "no second replica within 60 s of load"
+        assert all(predictions == expected[i : i + 1] for i, predictions in answers)
+        for _ in range(120):
+            if _running("scaled") == 1:
+                break
+            time.sleep(0.25)
+        assert _running("scaled") == 1, "still 2 replicas 30 s after the load"
+    finally:
+        serve.delete("scaled")
+
+
 #: For the tests of build's settings with made-up folders: read by the replicas only.
 UNREAD = {"check_model_dir": "false"}
 
@@ -163,7 +218,21 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_host": "0.0.0.0"}, "give shared_port too"),
         ({"model_dir": "a", "shared_port": "8100", "shared_host": ""}, "shared_host"),
         ({"model_dir": "a", "shared_port": "8100", "shared_host": "localhost"}, "IP address"),
-        ({"model_dir": "a", "shared_port": "8100", "max_replicas": "4"}, "fixed num_replicas"),
+        ({"model_dir": "a", "shared_close_grace_s": "1"}, "give shared_port too"),
+        ({"model_dir": "a", "shared_port": "8100", "shared_close_grace_s": "6"}, "0 to 5"),
+        (
+            {"model_dir": "a", "shared_port": "8100", "max_replicas": "2", "min_replicas": "0"},
+            "min_replicas must be >= 1 with shared_port",
+        ),
+        ({"model_dir": "a", "max_replicas": "2", "metrics_interval_s": "30"}, "longer than"),
+        ({"model_dir": "a", "upscale_delay_s": "1"}, "upscale_delay_s is an autoscaling"),
+        ({"model_dir": "a", "max_replicas": "2", "min_replicas": "3"}, "min_replicas <= max"),
+        ({"model_dir": "a", "max_replicas": "0"}, "max_replicas >= 1"),
+        ({"model_dir": "a", "max_replicas": "2", "target_ongoing_requests": "0"}, "target_ong"),
+        ({"model_dir": "a", "max_replicas": "2", "downscale_delay_s": "-1"}, "downscale_delay_s"),
+        ({"model_dir": "a", "max_replicas": "2", "metrics_interval_s": "0"}, "metrics_interval_s"),
+        ({"model_dir": "a", "max_replicas": "2", "look_back_period_s": "inf"}, "look_back_period"),
+        ({"model_dir": "a", "max_replicas": "2", "look_back_period_s": "5"}, "longer than metr"),
         ({"model_dir": "a", "max_connections": "8"}, "max_connections limits the shared port"),
         ({"model_dir": "a", "shared_port": "8100", "max_connections": "0"}, "max_connections"),
         ({"model_dir": "a", "shared_port": "8100", "keep_alive_s": "-1"}, "keep_alive_s"),
@@ -215,6 +284,60 @@ def test_builder_sets_replicas_or_autoscaling():
     assert (config.min_replicas, config.max_replicas) == (1, 4)
 
 
+@pytest.mark.filterwarnings(RAY_DEPRECATES_INTERVAL)
+def test_autoscaling_a_shared_port_counts_its_requests_with_rays():
+    """Ray's autoscaler saw only the requests its ingress routes: a deployment loaded on the
+    shared port alone stayed at min_replicas (so build refused the two together)."""
+    from ray.serve.config import AutoscalingContext
+
+    from serving.ray_autoscaling import POLICY, SHARED_PORT_ONGOING, shared_port_policy
+
+    def config(**args):
+        app = build({**UNREAD, "model_dir": "/m/reverse", "max_replicas": "4", **args})
+        return app._bound_deployment._deployment_config.autoscaling_config
+
+    timing = {"upscale_delay_s": "0", "downscale_delay_s": "2.5", "metrics_interval_s": "0.5"}
+    shared = config(shared_port="8100", target_ongoing_requests="8", **timing)
+    assert shared.policy.policy_function == POLICY  # Ray's policy counts the shared port too
+    assert (shared.upscale_delay_s, shared.downscale_delay_s) == (0.0, 2.5)
+    assert (shared.metrics_interval_s, shared.look_back_period_s) == (0.5, 30.0)  # Ray's default
+    assert config().policy.is_default_policy_function()  # Ray's ingress only: Ray's own
+
+    def context(ray_requests, per_replica, replicas=2):
+        return AutoscalingContext(
+            deployment_id=None, deployment_name="skattn", app_name="a",
+            current_num_replicas=replicas, target_num_replicas=2, running_replicas=[],
+            total_num_requests=ray_requests, total_queued_requests=0,
+            aggregated_metrics={SHARED_PORT_ONGOING: dict(enumerate(per_replica))},
+            raw_metrics=None, capacity_adjusted_min_replicas=1,
+            capacity_adjusted_max_replicas=4, policy_state={}, last_scale_up_time=None,
+            last_scale_down_time=None, current_time=None, config=shared,
+        )  # fmt: skip
+
+    assert shared_port_policy(context(0, [30.0, 26.0])) == (7.0, {})  # (0 + 56) / 8
+    assert shared_port_policy(context(8, [4.0, 4.0])) == (2.0, {})  # Ray's and the port's
+    assert shared_port_policy(context(4, []))[0] == 0.5  # no replica has reported yet
+    assert shared_port_policy(context(5, [], replicas=0))[0] == 2  # Ray's target at start
+    # as Ray's controller wraps it: rounded up, its delays (none up here); the controller
+    # then bounds the number by min_replicas and max_replicas
+    from ray.serve.autoscaling_policy import _apply_autoscaling_config
+
+    as_ray_runs_it = _apply_autoscaling_config(shared_port_policy)
+    assert as_ray_runs_it(context(0, [9.0, 4.0]))[0] == 2  # 13 / 8 -> 2
+    assert as_ray_runs_it(context(3, [0.0, 0.0]))[0] == 2  # down waits downscale_delay_s
+
+
+def test_a_replica_reports_its_shared_ports_requests_in_flight():
+    from types import SimpleNamespace
+
+    from serving.ray_autoscaling import SHARED_PORT_ONGOING
+    from serving.ray_deployment import ServerReplica
+
+    replica = SimpleNamespace(listener=SimpleNamespace(ongoing=12))
+    assert ServerReplica.record_autoscaling_stats(replica) == {SHARED_PORT_ONGOING: 12.0}
+    assert ServerReplica.record_autoscaling_stats(SimpleNamespace(listener=None)) == {}
+
+
 def test_a_replica_runs_on_cuda_only_with_a_gpu_reserved():
     """Ray hides no GPU from a replica that reserved none: device "auto" would have taken
     one unreserved on a GPU node."""
@@ -231,13 +354,14 @@ def test_builder_passes_the_shared_port_to_every_replica():
     def kwargs(**args):
         return build({**UNREAD, "model_dir": "/m/reverse", **args})._bound_deployment.init_kwargs
 
-    none = {"connection_limits": {}}
+    none = {"connection_limits": {}, "close_grace": 0.5}
     assert kwargs() == {"shared_port": None, **none}  # Ray's ingress only
     assert kwargs(shared_port="8100") == {"shared_port": ("127.0.0.1", 8100), **none}
     assert kwargs(shared_port=8100, shared_host="0.0.0.0")["shared_port"] == ("0.0.0.0", 8100)
     assert kwargs(shared_port=8100, shared_host="[::1]")["shared_port"] == ("::1", 8100)
     limits = kwargs(shared_port="8100", max_connections="1024", keep_alive_s="2.5")
     assert limits["connection_limits"] == {"max_connections": 1024, "keep_alive_s": 2.5}
+    assert kwargs(shared_port="8100", shared_close_grace_s="2")["close_grace"] == 2.0
 
 
 def test_a_replicas_shared_port_serves_with_the_limits_given():
@@ -252,6 +376,7 @@ def test_a_replicas_shared_port_serves_with_the_limits_given():
         server=lambda scope, receive, send: None, replica="r1", shared_socket=sock,
         log_level="info", settings=ServerSettings(retry_after_s=7),
         connection_limits={"max_connections": 1024, "header_timeout_s": 3.0}, listener=None,
+        close_grace=1.5,
     )  # fmt: skip
     try:
         listener = ServerReplica.__serve_build_asgi_app__(replica)
@@ -259,6 +384,7 @@ def test_a_replicas_shared_port_serves_with_the_limits_given():
         assert (listener.limits.max_connections, listener.limits.header_timeout_s) == (1024, 3.0)
         assert listener.limits.retry_after_s == 7  # the queue's 503 and the bound's alike
         assert listener.limits.keep_alive_s == 5.0  # the others: python -m serving's defaults
+        assert listener.close_grace == 1.5
     finally:
         sock.close()
 

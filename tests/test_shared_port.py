@@ -127,6 +127,94 @@ def test_a_request_in_flight_when_the_listener_stops_is_answered():
     asyncio.run(scenario())
 
 
+async def _late_request(grace: float, delay: float) -> bytes:
+    """Open a connection to a listener (``close_grace=grace``) and, once it is accepted, stop
+    the listener and send a request ``delay`` seconds later; what the connection reads back."""
+    listener = SharedPortListener(
+        _named_app("late"), bind_shared_port("127.0.0.1", 0), close_grace=grace
+    )
+    life = _Lifespan(listener)
+    await life.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(listener.sock))
+    for _ in range(100):  # accepted by the server
+        if listener.server.server_state.connections:
+            break
+        await asyncio.sleep(0.01)
+    stopped = asyncio.create_task(life.stop())
+    await asyncio.sleep(delay)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    except ConnectionError:
+        answer = b""
+    finally:
+        writer.close()
+    assert await stopped == "lifespan.shutdown.complete"
+    return answer
+
+
+def test_a_connection_accepted_just_before_the_stop_has_its_request_answered():
+    """uvicorn's shut-down closes a connection that has not sent its request yet: the client,
+    which had connected before the stop, would meet a reset. The listener closes its socket
+    first and waits ``close_grace`` before it closes the idle connections."""
+    answer = asyncio.run(_late_request(grace=1.0, delay=0.3))
+    assert answer.startswith(b"HTTP/1.1 200") and b"\r\nlate\r\n" in answer
+    # without the grace: closed unread (what the grace is for)
+    assert asyncio.run(_late_request(grace=0.0, delay=0.5)) == b""
+
+
+def test_a_kept_alive_client_is_told_to_close_while_the_listener_stops():
+    """Its next request would otherwise race the idle connection's close at the grace's end:
+    each answer in the grace says Connection: close, and the client reconnects elsewhere."""
+
+    async def scenario():
+        listener = SharedPortListener(
+            _named_app("a"), bind_shared_port("127.0.0.1", 0), close_grace=1.0
+        )
+        life = _Lifespan(listener)
+        await life.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(listener.sock))
+
+        async def ask() -> bytes:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readuntil(b"0\r\n\r\n")  # the chunked body's end
+            return head.lower()
+
+        assert b"connection: close" not in await ask()  # kept alive
+        port = _port(listener.sock)
+        stopped = asyncio.create_task(life.stop())
+        await asyncio.sleep(0.2)  # the grace running
+        assert _refused(port)  # the socket closed first: new connections go elsewhere
+        assert b"connection: close" in await ask()  # answered, and told to go
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # then closed by the server
+        writer.close()
+        assert await stopped == "lifespan.shutdown.complete"
+
+    asyncio.run(scenario())
+
+
+def test_the_listener_counts_its_requests_in_flight():
+    async def scenario():
+        arrived, release = asyncio.Event(), asyncio.Event()
+        listener = SharedPortListener(
+            _named_app("slow", arrived, release), bind_shared_port("127.0.0.1", 0)
+        )
+        life = _Lifespan(listener)
+        await life.start()
+        assert listener.ongoing == 0
+        request = asyncio.create_task(_get(f"http://127.0.0.1:{_port(listener.sock)}/"))
+        await arrived.wait()
+        assert listener.ongoing == 1  # in the app
+        release.set()
+        assert await request == "slow"
+        assert listener.ongoing == 0
+        await life.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_port_held_without_reuseport_is_refused_naming_it():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
