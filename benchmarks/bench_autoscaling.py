@@ -39,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_cluster import MODEL, free_port, reversal_artifact  # noqa: E402
+from bench_cluster import MODEL, ray_serve, reversal_artifact  # noqa: E402
 from load_clients import LeanConnection, request_body  # noqa: E402
 from machine import describe  # noqa: E402
 
@@ -173,32 +173,21 @@ async def run_phases(url: str, args: argparse.Namespace, counts: ReplicaCount) -
 def scenario(args: argparse.Namespace, grace: float) -> tuple[list[str], dict]:
     """One Ray Serve app, the phases against its shared port; the scenario's table, and its
     totals (answered, errors, wrong answers, scale-ups and scale-downs)."""
-    import ray
-    from ray import serve
-
-    from serving.ray_deployment import build
-
+    app = {
+        "max_replicas": args.max_replicas, "target_ongoing_requests": args.target,
+        "shared_close_grace_s": grace, **TIMING,
+    }  # fmt: skip
+    # Ray's Python proxy (env {}: unused here), a (logical) CPU for each replica at most: on 2
+    # cores, more replicas share them
+    cpus = max(2, args.max_replicas)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # a (logical) CPU for each replica at most: on 2 cores, more replicas share them
-    ray.init(num_cpus=max(2, args.max_replicas), include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-        shared = free_port()
-        app = {
-            "model_dir": str(args.model_dir), "model_name": MODEL, "shared_port": shared,
-            "max_replicas": args.max_replicas, "target_ongoing_requests": args.target,
-            "log_level": "warning", "shared_close_grace_s": grace, **TIMING,
-        }  # fmt: skip
-        serve.run(build(app), name="bench", route_prefix="/")
+    with ray_serve(args.model_dir, None, {}, shared_port=True, app_args=app, num_cpus=cpus) as url:
         counts = ReplicaCount(time.monotonic())
         counts.read()  # the replicas at the start (serve.run returned: running)
         counts.start()
-        rows = asyncio.run(run_phases(f"http://127.0.0.1:{shared}", args, counts))
+        rows = asyncio.run(run_phases(url, args, counts))
         counts.done.set()
         counts.join()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     lines = [
         "| phase | clients | seconds | answered | req/s | errors | wrong | replicas seen |",
         "|---:|---:|---:|---:|---:|---|---:|---|",

@@ -328,13 +328,20 @@ def plain_server(model_dir: Path, *options: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def ray_serve(
-    model_dir: Path, replicas: int, env: dict[str, str], shared_port: bool = False
+    model_dir: Path,
+    replicas: int | None,
+    env: dict[str, str],
+    shared_port: bool = False,
+    app_args: dict | None = None,
+    num_cpus: int = 2,
 ) -> Iterator[str]:
-    """Ray Serve with ``replicas`` replicas, Ray started under the environment ``env`` (its
-    ingress and request path are read when Ray starts: ``{}`` is the Python proxy; the keys
-    of ``THROUGHPUT_ENV`` that ``env`` leaves out are unset, whatever the shell exports), the
-    replicas logging at warning as the plain server here. With ``shared_port`` the replicas
-    listen on a port of their own (``SO_REUSEPORT``), whose URL this yields: no ingress hop."""
+    """Ray Serve with ``replicas`` replicas, Ray started with ``num_cpus`` under the environment
+    ``env`` (its ingress and request path are read when Ray starts: ``{}`` is the Python proxy;
+    the keys of ``THROUGHPUT_ENV`` that ``env`` leaves out are unset, whatever the shell
+    exports), the replicas logging at warning as the plain server here; ``app_args``: more of
+    ``build``'s arguments (with ``replicas`` None, autoscaling's). With ``shared_port`` the
+    replicas listen on a port of their own (``SO_REUSEPORT``), whose URL this yields: no
+    ingress hop."""
     import ray
     from ray import serve
 
@@ -346,13 +353,15 @@ def ray_serve(
         for key in keys:
             os.environ.pop(key, None)
         os.environ.update(env)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = {"model_dir": str(model_dir), "model_name": MODEL, "num_replicas": replicas}
+        args = {"model_dir": str(model_dir), "model_name": MODEL, "log_level": "warning"}
+        if replicas is not None:
+            args["num_replicas"] = replicas
         if shared_port:
             port = args["shared_port"] = free_port()
-        serve.run(build({**args, "log_level": "warning"}), name="bench", route_prefix="/")
+        serve.run(build({**args, **(app_args or {})}), name="bench", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         if ray.is_initialized():

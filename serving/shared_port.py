@@ -11,10 +11,10 @@ routes and connection guards as ``python -m serving``.
 batchers running) it starts a uvicorn server on the bound socket, and when the lifespan is
 asked to shut down it stops that server first (no new connections; the requests on open
 connections answered, those in flight within ``shutdown_timeout``), then lets the app drain and
-stop. The socket is bound by
-:func:`bind_shared_port` when the replica is built, so a port held by another user fails there,
-and it listens only once the app is ready: the kernel routes no connection to a replica that is
-still starting. A replica that stops closes its socket, and new connections go to the others.
+stop. The socket is bound by :func:`bind_shared_port` when the replica is built, so a port held
+by another user fails there, and it listens only once the app is ready: the kernel routes no
+connection to a replica that is still starting. A replica that stops closes its socket, and new
+connections go to the others.
 Linux resets the connections still waiting in a closing socket's accept queue; with
 ``net.ipv4.tcp_migrate_req=1`` (Linux 5.14 and later) it moves them to another socket of the port
 (:func:`migrates_queued_connections`). The listener counts its requests in flight
