@@ -9,19 +9,27 @@ speak only to the shared port, so Ray's own count of requests sees none of them.
 should scale up to ``--max-replicas``), then few (down to 1). Every client posts one item
 at a time and checks every answer; with ``--connections fresh`` (the default) it opens a new
 connection for each request, as clients without a pool do, so connections keep arriving while a
-replica closes its socket; ``keepalive`` keeps one each.
+replica closes its socket; ``keepalive`` keeps one each (reconnecting when an answer says
+``Connection: close``).
 
-Each scenario prints, per phase, the requests, errors (by kind) and wrong answers, and the
-running replicas Ray reported (every 0.5 s), then the totals of every scenario side by side.
+Each scenario prints, per phase, the requests, errors (by kind) and wrong answers, the
+running replicas Ray reported (every 0.5 s) and, while two or more ran, the least-loaded
+replica's share of the shared port's open connections (``ss``, every 0.5 s: a replica that
+started mid-phase gets no kept-alive connection), then the totals of every scenario side by
+side.
 The scenarios: ``--close-grace`` (default 0 and 0.5 s: how long a stopping replica keeps its
 connections open after closing its socket, ``shared_close_grace_s``) times, with
 ``--migrate-req both`` (the default where this process may write
 ``/proc/sys/net/ipv4/tcp_migrate_req``, as root), that switch 0 and 1 (restored after). Without
 the switch a closing socket's waiting connections are reset; without the grace, a connection
-accepted just before the stop is closed before its request is read.
+accepted just before the stop is closed before its request is read. ``--connection-age``
+(default ``none``) runs each scenario with those ``max_connection_age_s`` too (``none``: no
+limit): with kept-alive clients, what spreads their connections over a replica started since.
 
     python benchmarks/bench_autoscaling.py                       # 4 scenarios, ~7 minutes
     python benchmarks/bench_autoscaling.py --migrate-req keep --phases 64:10,4:15
+    python benchmarks/bench_autoscaling.py --connections keepalive --migrate-req 1 \
+        --close-grace 0.5 --connection-age none 2
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ import asyncio
 import collections
 import itertools
 import os
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -73,14 +84,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="shared_close_grace_s values to run (0: a stopping replica closes its idle "
         "connections at once, as uvicorn does)",
     )
+    parser.add_argument(
+        "--connection-age",
+        nargs="+",
+        default=["none"],
+        help="max_connection_age_s values to run (none: no limit)",
+    )
     writable = os.access(MIGRATE_REQ, os.W_OK)
     parser.add_argument(
         "--migrate-req",
-        choices=("both", "keep"),
+        choices=("both", "0", "1", "keep"),
         default="both" if writable else "keep",
-        help="run with net.ipv4.tcp_migrate_req 0 then 1 (root), or as it is",
+        help="run with net.ipv4.tcp_migrate_req 0 then 1, or 0 or 1 only (root), or as it is",
     )
     args = parser.parse_args(argv)
+    try:
+        args.connection_age = [None if age == "none" else float(age) for age in args.connection_age]
+        if any(age is not None and not 0 < age <= 3600 for age in args.connection_age):
+            raise ValueError
+    except ValueError:
+        parser.error(
+            f"--connection-age takes none or seconds in (0, 3600], got {args.connection_age}"
+        )
     try:
         args.phases = [tuple(int(x) for x in p.split(":")) for p in args.phases.split(",")]
         if any(len(p) != 2 or min(p) < 1 for p in args.phases):
@@ -115,6 +140,26 @@ class ReplicaCount(threading.Thread):
             self.read()
 
 
+def connections_per_process(port: int) -> collections.Counter:
+    """The established TCP connections whose local port is ``port``, by owning process id
+    (``ss -tnp``: the server's side of each connection; every process's, as root)."""
+    out = subprocess.run(
+        ["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    return collections.Counter(m.group(1) for m in re.finditer(r"pid=(\d+)", out))
+
+
+def least_share(per_process: collections.Counter, replicas: int) -> float | None:
+    """The least-loaded of ``replicas`` replicas' share of the connections (a replica with
+    none counts as 0); None without connections."""
+    total = sum(per_process.values())
+    if not total:
+        return None
+    counts = sorted(per_process.values()) if len(per_process) >= replicas else [0]
+    return counts[0] / total
+
+
 async def phase(
     infer: str, expected: dict[str, str], clients: int, seconds: float, fresh: bool,
     counts: ReplicaCount,
@@ -123,7 +168,8 @@ async def phase(
     what they saw, and the replica counts Ray reported meanwhile."""
     sources = list(expected)
     row = {"clients": clients, "seconds": seconds, "requests": 0, "wrong": 0}
-    row["errors"], row["replicas"] = collections.Counter(), {counts.now()}
+    row["errors"], row["replicas"], shares = collections.Counter(), {counts.now()}, []
+    port = int(infer.split(":")[2].split("/")[0])
     stop = time.monotonic() + seconds
 
     async def client(index: int) -> None:
@@ -150,11 +196,17 @@ async def phase(
 
     async def watch() -> None:
         while time.monotonic() < stop:
-            row["replicas"].add(counts.now())
-            await asyncio.sleep(0.25)
+            running = counts.now()
+            row["replicas"].add(running)
+            if running >= 2:
+                per_process = await asyncio.to_thread(connections_per_process, port)
+                if (share := least_share(per_process, running)) is not None:
+                    shares.append(share)
+            await asyncio.sleep(0.5)
 
     await asyncio.gather(watch(), *(client(i) for i in range(clients)))
     row["replicas"].add(counts.now())
+    row["least_share"] = statistics.fmean(shares) if shares else None
     return row
 
 
@@ -170,13 +222,15 @@ async def run_phases(url: str, args: argparse.Namespace, counts: ReplicaCount) -
     ]
 
 
-def scenario(args: argparse.Namespace, grace: float) -> tuple[list[str], dict]:
+def scenario(args: argparse.Namespace, grace: float, age: float | None) -> tuple[list[str], dict]:
     """One Ray Serve app, the phases against its shared port; the scenario's table, and its
     totals (answered, errors, wrong answers, scale-ups and scale-downs)."""
     app = {
         "max_replicas": args.max_replicas, "target_ongoing_requests": args.target,
         "shared_close_grace_s": grace, **TIMING,
     }  # fmt: skip
+    if age is not None:
+        app["max_connection_age_s"] = age
     # Ray's Python proxy (env {}: unused here), a (logical) CPU for each replica at most: on 2
     # cores, more replicas share them
     cpus = max(2, args.max_replicas)
@@ -189,18 +243,22 @@ def scenario(args: argparse.Namespace, grace: float) -> tuple[list[str], dict]:
         counts.done.set()
         counts.join()
     lines = [
-        "| phase | clients | seconds | answered | req/s | errors | wrong | replicas seen |",
-        "|---:|---:|---:|---:|---:|---|---:|---|",
+        "| phase | clients | seconds | answered | req/s | errors | wrong | replicas seen "
+        "| least-loaded replica's share of connections, 2+ running |",
+        "|---:|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for i, row in enumerate(rows, 1):
         errors = ", ".join(f"{n} {kind}" for kind, n in row["errors"].most_common()) or "0"
         seen = "-".join(str(n) for n in sorted(row["replicas"]))
+        share = "-" if row["least_share"] is None else f"{row['least_share']:.2f}"
         lines.append(
             f"| {i} | {row['clients']} | {row['seconds']} | {row['requests']} | "
-            f"{row['requests'] / row['seconds']:,.0f} | {errors} | {row['wrong']} | {seen} |"
+            f"{row['requests'] / row['seconds']:,.0f} | {errors} | {row['wrong']} | {seen} "
+            f"| {share} |"
         )
     timeline = ", ".join(f"{t:.1f} s: {n}" for t, n in counts.changes)
     lines.append(f"\nrunning replicas (seconds from the first phase: count): {timeline}")
+    most = max(row["clients"] for row in rows)
     pairs = itertools.pairwise(counts.changes)
     steps = [new - old for (_, old), (_, new) in pairs]
     totals = {
@@ -208,6 +266,7 @@ def scenario(args: argparse.Namespace, grace: float) -> tuple[list[str], dict]:
         "errors": sum(sum(row["errors"].values()) for row in rows),
         "wrong": sum(row["wrong"] for row in rows),
         "ups": sum(step > 0 for step in steps), "downs": sum(step < 0 for step in steps),
+        "many": [row["least_share"] for row in rows if row["clients"] == most],
     }  # fmt: skip
     return lines, totals
 
@@ -219,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         f"phases {args.phases}, max_replicas {args.max_replicas}, target_ongoing_requests "
         f"{args.target}, {args.connections} connections, Ray's timing {TIMING}"
     )
-    settings = ["0", "1"] if args.migrate_req == "both" else [None]
-    saved = MIGRATE_REQ.read_text() if args.migrate_req == "both" else None
+    settings = {"both": ["0", "1"], "keep": [None]}.get(args.migrate_req, [args.migrate_req])
+    saved = MIGRATE_REQ.read_text() if args.migrate_req != "keep" else None
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
         args.model_dir = reversal_artifact(Path(tmp))
@@ -229,23 +288,28 @@ def main(argv: list[str] | None = None) -> int:
                 if setting is not None:
                     MIGRATE_REQ.write_text(setting)
                 state = {True: "1", False: "0", None: "unknown"}[migrates_queued_connections()]
-                for grace in args.close_grace:
-                    print(f"\n## net.ipv4.tcp_migrate_req = {state}, close grace {grace} s\n")
-                    lines, totals = scenario(args, grace)
+                for grace, age in itertools.product(args.close_grace, args.connection_age):
+                    print(
+                        f"\n## net.ipv4.tcp_migrate_req = {state}, close grace {grace} s, "
+                        f"max_connection_age_s {age}\n"
+                    )
+                    lines, totals = scenario(args, grace, age)
                     print("\n".join(lines), flush=True)
-                    summary.append((state, grace, totals))
+                    summary.append((state, grace, age, totals))
         finally:
             if saved is not None:
                 MIGRATE_REQ.write_text(saved)
     print("\n## side by side\n")
-    print("| tcp_migrate_req | close grace (s) | scale-ups | scale-downs | answered | errors "
-          "| errors per scale-down | wrong |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for state, grace, t in summary:
+    print("| tcp_migrate_req | close grace (s) | connection age (s) | scale-ups | scale-downs "
+          "| answered | errors | errors per scale-down | wrong | least-loaded replica's share, "
+          "busiest phases |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for state, grace, age, t in summary:
         per_down = f"{t['errors'] / t['downs']:.1f}" if t["downs"] else "-"
+        shares = ", ".join("-" if x is None else f"{x:.2f}" for x in t["many"])
         print(
-            f"| {state} | {grace} | {t['ups']} | {t['downs']} | {t['answered']} | {t['errors']} "
-            f"| {per_down} | {t['wrong']} |"
+            f"| {state} | {grace} | {'none' if age is None else age} | {t['ups']} | {t['downs']} "
+            f"| {t['answered']} | {t['errors']} | {per_down} | {t['wrong']} | {shares} |"
         )
     return 0
 

@@ -291,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         "before it is aborted; a client reading slowly keeps it (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=connections.max_connection_age_s,
+        help="a connection's first answer after this long (within 10%%) says Connection: close "
+        "and closes it, so kept-alive clients reconnect and spread over replicas started since "
+        "(default: no limit)",
+    )
+    parser.add_argument(
         "--device",
         type=_device,
         default="auto",
@@ -363,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep_alive_s=args.keep_alive_s,
             send_timeout_s=args.send_timeout_s,
             retry_after_s=args.retry_after_s,
+            max_connection_age_s=args.max_connection_age_s,
         )
         limits = fit_to_file_limit(limits)  # before any model loads: a limit too low is an error
     except ValueError as exc:

@@ -29,6 +29,12 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   get 503), so that a load balancer can still see the server; beyond those, a new connection
   gets 503 and is closed at once. Both 503s carry ``Retry-After`` (``retry_after_s``).
 
+A connection older than ``max_connection_age_s`` (when set; within 10 % of it, drawn for each
+connection) is told to close by the first answer that starts after it: the protocol wraps each
+request's ``send``, which adds ``Connection: close`` to such an answer's head (:func:`closing`),
+and uvicorn closes the connection once that answer is sent. A request already queued behind the
+answer on the connection defers the close to its own answer.
+
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
 (``{"error": "malformed HTTP request: ..."}``) instead of uvicorn's plain-text 400, then
@@ -58,7 +64,9 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import math
 import operator
+import random
 import struct
 import time
 from typing import Any
@@ -77,6 +85,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "REFUSE",
     "ConnectionLimits",
+    "closing",
     "fit_to_file_limit",
     "protocol_class",
     "uvicorn_config",
@@ -87,6 +96,9 @@ logger = logging.getLogger("serving.connections")
 #: The scope key under which the protocol asks the app to refuse a request:
 #: ``(status, message, headers)``.
 REFUSE = "skattn.refuse"
+
+#: The spread of each connection's age limit about ``max_connection_age_s`` (gRPC's jitter).
+AGE_JITTER = 0.1
 
 HEALTH_PREFIX = "/v2/health/"
 
@@ -181,6 +193,8 @@ class _GuardedProtocol:
         if cycle is not None:
             cycle.transport = _HeadWithBody(cycle.transport)
             cycle.scope[SIGNALS] = RequestSignals(cycle.flow.resume_reading)
+            if self._close_at < math.inf:  # (uvicorn calls the app with cycle.send)
+                cycle.send = self._closing_when_aged(cycle.send)
             self._headers_complete(cycle.scope)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -201,6 +215,7 @@ class _GuardedProtocol:
         self._send_timer: asyncio.TimerHandle | None = None
         self._running: Any = None  # httptools: the cycle in progress (self.cycle is the newest)
         self._read_began_with: Any = None  # self.cycle when the read in progress began
+        self._close_at = math.inf  # (the loop's clock) when its age limit is reached
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -208,6 +223,9 @@ class _GuardedProtocol:
         super().connection_made(transport)
         self._await_headers()
         limits = self.limits
+        if limits.max_connection_age_s is not None:
+            age = limits.max_connection_age_s * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self._close_at = self.loop.time() + age
         if len(self.connections) <= limits.max_connections:
             return
         if self._close_an_idle_connection():
@@ -429,6 +447,20 @@ class _GuardedProtocol:
             return bool(conn.trailing_data[0])
         return self._began
 
+    def _closing_when_aged(self, send: Any) -> Any:
+        """A request's ``send``, whose answer says ``Connection: close`` when it starts past
+        the connection's age limit with no request waiting behind it on the connection (that
+        one's answer closes instead)."""
+
+        async def aged_send(message: dict) -> None:
+            if message["type"] == "http.response.start" and self.loop.time() >= self._close_at:
+                pipelined = self._running is not None and self.cycle is not self._running
+                if not (pipelined or self._next_request_begun()):  # (h11: its bytes buffered)
+                    message = closing(message)
+            await send(message)
+
+        return aged_send
+
     def _keep_alive(self) -> None:
         """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's
         bytes cancelled) runs anew; the next request's header deadline starts at its first
@@ -560,6 +592,13 @@ class _GuardedProtocol:
         )
         self.transport.write(head.encode("ascii") + body)
         self.transport.close()
+
+
+def closing(start: dict) -> dict:
+    """An ``http.response.start`` message whose answer closes its connection: ``Connection:
+    close`` in place of any ``Connection`` header the app set."""
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:

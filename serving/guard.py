@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import protocol
-from serving.connections import DISCARD_BYTES, REFUSE
+from serving.connections import DISCARD_BYTES, REFUSE, closing
 from serving.infer import request_headers, send_answer
 from serving.settings import host_name
 
@@ -98,13 +98,6 @@ class RequestGuard:
                         f"{' or '.join(INFER_CONTENT_TYPES)} (or none)"
                     )
         return None
-
-
-def closing(start: Message) -> Message:
-    """An ``http.response.start`` message whose answer closes its connection: ``Connection:
-    close`` in place of any ``Connection`` header the app set."""
-    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
-    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 def _closing_if_unread(receive: Receive, send: Send) -> tuple[Receive, Send]:

@@ -90,7 +90,10 @@ def connection_limits(args: Mapping[str, Any]) -> dict[str, Any]:
             "ingress has its own)"
         )
     fields = ConnectionLimits.__dataclass_fields__
-    limits = {key: number(args, key, type(fields[key].default)) for key in given}
+    kinds = {
+        key: float if fields[key].default is None else type(fields[key].default) for key in given
+    }
+    limits = {key: number(args, key, kinds[key]) for key in given}
     ConnectionLimits(**limits)  # bad limits fail here, not in every replica
     return limits
 

@@ -206,6 +206,14 @@ class ConnectionLimits:
     retry_after_s : int, default=1
         The ``Retry-After`` (seconds) of the 503 a connection over the bound gets (the server
         passes its ``--retry-after-s``, the same as the queue's 503 carries).
+    max_connection_age_s : float or None, default=None
+        How long a connection carries requests (nginx's ``keepalive_time``, gRPC's
+        ``MAX_CONNECTION_AGE``): the first answer that starts after it says ``Connection:
+        close`` and the connection closes once it is sent, so that a client's kept-alive pool
+        reconnects and is spread anew, over replicas started since (a shared port, a Kubernetes
+        Service). Each connection's age is drawn within 10 % of it, so that connections opened
+        together do not all close together; a request already queued behind the answer on the
+        connection (pipelined) defers the close to its own answer. None: no limit.
     """
 
     header_timeout_s: float = 10.0
@@ -215,8 +223,13 @@ class ConnectionLimits:
     keep_alive_s: float = 5.0
     send_timeout_s: float = 30.0
     retry_after_s: int = 1
+    max_connection_age_s: float | None = None
 
     def __post_init__(self) -> None:
+        check_real(
+            self.max_connection_age_s, "max_connection_age_s", 0.0, MAX_TIMEOUT_S,
+            low_open=True, none_ok=True,
+        )  # fmt: skip
         check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_real(self.send_timeout_s, "send_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ pytest.importorskip("ray")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_autoscaling.py"
 sys.path.insert(0, str(BENCH.parent))
 
-from bench_autoscaling import parse_args  # noqa: E402
+from bench_autoscaling import least_share, parse_args  # noqa: E402
 
 from serving.shared_port import migrates_queued_connections  # noqa: E402
 
@@ -22,18 +23,26 @@ from serving.shared_port import migrates_queued_connections  # noqa: E402
 def test_a_short_run_scales_up_and_back_and_answers_everything(tmp_path):
     run = subprocess.run(
         [sys.executable, str(BENCH), "--phases", "64:8,2:10", "--close-grace", "0.5",
-         "--migrate-req", "keep"],
+         "--migrate-req", "keep", "--connection-age", "none", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     side_by_side = run.stdout.split("## side by side")[1]
-    (row,) = [line for line in side_by_side.splitlines() if line.startswith("| ") and "0.5" in line]
-    cells = [cell.strip() for cell in row.strip("|").split("|")]
-    ups, downs, answered, errors, wrong = (int(cells[i]) for i in (2, 3, 4, 5, 7))
-    assert answered > 0 and wrong == 0
-    assert ups >= 1 and downs >= 1  # up to 2 on the shared port's load alone, and back to 1
-    if migrates_queued_connections():  # (else a closing socket's waiting connections reset)
-        assert errors == 0
+    rows = [line for line in side_by_side.splitlines() if line.startswith("| ") and "0.5" in line]
+    assert len(rows) == 2  # without an age limit and with 1 s
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        ups, downs, answered, errors, wrong = (int(cells[i]) for i in (3, 4, 5, 6, 8))
+        assert answered > 0 and wrong == 0
+        assert ups >= 1 and downs >= 1  # up to 2 on the shared port's load alone, and back
+        if migrates_queued_connections():  # (else a closing socket's waiting connections reset)
+            assert errors == 0
+
+
+def test_the_least_loaded_replicas_share_counts_a_replica_without_connections():
+    assert least_share(Counter({"1": 30, "2": 10}), 2) == 0.25
+    assert least_share(Counter({"1": 40}), 2) == 0.0  # the second replica has none
+    assert least_share(Counter(), 2) is None
 
 
 @pytest.mark.parametrize(
@@ -42,6 +51,8 @@ def test_a_short_run_scales_up_and_back_and_answers_everything(tmp_path):
         (["--phases", "64"], "--phases must be CLIENTS:SECONDS"),
         (["--phases", "0:5"], "--phases must be CLIENTS:SECONDS"),
         (["--max-replicas", "1"], "--max-replicas must be >= 2"),
+        (["--connection-age", "old"], "--connection-age takes none or seconds"),
+        (["--connection-age", "0"], "--connection-age takes none or seconds"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them(argv, message, capsys):

@@ -699,6 +699,10 @@ def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
         ({"keep_alive_s": 1e308}, "keep_alive_s"),  # finite, but the protection would be off
         ({"header_timeout_s": 3600.5}, "header_timeout_s"),
         ({"retry_after_s": 0}, "retry_after_s"),
+        ({"max_connection_age_s": 0}, "max_connection_age_s"),
+        ({"max_connection_age_s": float("nan")}, "max_connection_age_s"),
+        ({"max_connection_age_s": 3600.5}, "max_connection_age_s"),
+        ({"max_connection_age_s": "60"}, "max_connection_age_s"),
     ],
 )
 def test_connection_limits_are_validated(limits, name):
@@ -712,11 +716,12 @@ def test_the_cli_maps_every_limit_to_a_flag():
     args = build_parser().parse_args(
         ["--model-dir", "m", "--header-timeout-s", "2", "--body-timeout-s", "3",
          "--max-header-bytes", "4096", "--max-connections", "9", "--health-connections", "2",
-         "--keep-alive-s", "1.5", "--send-timeout-s", "4"]
+         "--keep-alive-s", "1.5", "--send-timeout-s", "4", "--max-connection-age-s", "60"]
     )  # fmt: skip
     assert (args.header_timeout_s, args.body_timeout_s, args.max_header_bytes) == (2, 3, 4096)
     assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
-    assert args.send_timeout_s == 4
+    assert (args.send_timeout_s, args.max_connection_age_s) == (4, 60)
+    assert build_parser().parse_args(["--model-dir", "m"]).max_connection_age_s is None
 
 
 def test_the_readme_lists_every_limit_and_timeout_with_its_default():
@@ -748,6 +753,57 @@ def test_the_readme_lists_every_limit_and_timeout_with_its_default():
         assert flag in rows, f"{flag} is not in the README's table of limits"
         if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
             assert float(rows[flag]) == action.default, flag
+
+
+HEALTH = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+_AB = json.dumps(infer_body(["ab"])).encode()
+INFER_HEAD_AND_BODY = post_head(INFER, len(_AB)) + _AB
+
+
+def closes(head: bytes) -> bool:
+    return b"\r\nconnection: close" in head.lower()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_the_first_answer_past_a_connections_age_says_close_and_closes_it(serve, http_impl):
+    # the age is drawn within 10 % of 1 s: an answer at 0.5 s keeps the connection, the first
+    # after 1.1 s says Connection: close and the connection is closed once it is sent
+    server = serve(limits=ConnectionLimits(max_connection_age_s=1.0), http_impl=http_impl)
+    with connect(server) as sock:
+        time.sleep(0.5)
+        sock.sendall(HEALTH)
+        head, _ = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and not closes(head), head
+        time.sleep(0.7)
+        sock.sendall(INFER_HEAD_AND_BODY)
+        answer, waited = read_until_closed(sock)
+    assert statuses(answer) == [b"200"] and closes(answer.split(b"\r\n\r\n")[0]), answer
+    assert b'"ba"' in answer and waited < 2.0
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_without_an_age_limit_a_connection_stays_open(serve, http_impl):
+    server = serve(limits=ConnectionLimits(keep_alive_s=5.0), http_impl=http_impl)
+    with connect(server) as sock:
+        for _ in range(2):
+            sock.sendall(HEALTH)
+            head, _ = read_response(sock)
+            assert head.startswith(b"HTTP/1.1 200") and not closes(head), head
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_requests_pipelined_past_the_age_are_all_answered_and_the_last_closes(serve, http_impl):
+    # a close after the first answer would drop the two requests already queued behind it
+    server = serve(limits=ConnectionLimits(max_connection_age_s=0.1), http_impl=http_impl)
+    with connect(server) as sock:
+        time.sleep(0.3)
+        sock.sendall(HEALTH + INFER_HEAD_AND_BODY + HEALTH)
+        answer, _ = read_until_closed(sock)
+    # (the JSON body ends without a line break: the next answer's status line follows it)
+    heads = [head.split(b"\r\n\r\n")[0] for head in answer.split(b"HTTP/1.1 ")[1:]]
+    assert [head[:3] for head in heads] == [b"200", b"200", b"200"], answer
+    assert [closes(head) for head in heads] == [False, False, True], heads
 
 
 BODIES_COMPLETE: list[bool] = []

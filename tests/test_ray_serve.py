@@ -237,6 +237,8 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_port": "8100", "max_connections": "0"}, "max_connections"),
         ({"model_dir": "a", "shared_port": "8100", "keep_alive_s": "-1"}, "keep_alive_s"),
         ({"model_dir": "a", "shared_port": "8100", "header_timeout_s": "soon"}, "header_timeout_s"),
+        ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "0"}, "max_connection_age"),
+        ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "old"}, "max_connection_a"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -361,6 +363,8 @@ def test_builder_passes_the_shared_port_to_every_replica():
     assert kwargs(shared_port=8100, shared_host="[::1]")["shared_port"] == ("::1", 8100)
     limits = kwargs(shared_port="8100", max_connections="1024", keep_alive_s="2.5")
     assert limits["connection_limits"] == {"max_connections": 1024, "keep_alive_s": 2.5}
+    aged = kwargs(shared_port="8100", max_connection_age_s="30")  # (its default is None)
+    assert aged["connection_limits"] == {"max_connection_age_s": 30.0}
     assert kwargs(shared_port="8100", shared_close_grace_s="2")["close_grace"] == 2.0
 
 
