@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +16,7 @@ from serving.settings import ConnectionLimits, ServerSettings
 from serving.shared_port import (
     CLOSE_GRACE_S,
     check_shared_host,
-    migrates_queued_connections,
+    migration_warning,
     reuse_port_supported,
 )
 
@@ -146,16 +145,8 @@ def autoscaling_config(args: Mapping[str, Any], shared: bool) -> dict[str, Any]:
         )
     if shared:
         config["policy"] = {"policy_function": POLICY}
-        migrates = migrates_queued_connections()
-        if not migrates and sys.platform.startswith("linux"):  # (None: before Linux 5.14)
-            setting = "0" if migrates is False else "missing (Linux before 5.14)"
-            logger.warning(
-                "net.ipv4.tcp_migrate_req is %s on this node: a replica that scale-down stops "
-                "resets the connections waiting in its shared port's accept queue; set it to 1 "
-                "on every node that runs replicas (sysctl -w net.ipv4.tcp_migrate_req=1) to "
-                "move them to another replica",
-                setting,
-            )
+        if (warning := migration_warning()) is not None:  # scale-downs will stop replicas
+            logger.warning(warning)
     return config
 
 

@@ -49,6 +49,7 @@ This module imports Ray; the plain server never imports it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -63,11 +64,18 @@ from serving.ray_args import AUTOSCALING_ARGS, LIMIT_ARGS
 from serving.ray_autoscaling import SHARED_PORT_ONGOING
 from serving.runtime import load
 from serving.settings import ConnectionLimits, ServerSettings, check_model_name
-from serving.shared_port import CLOSE_GRACE_S, SharedPortListener, bind_shared_port
+from serving.shared_port import (
+    CLOSE_GRACE_S,
+    SharedPortListener,
+    bind_shared_port,
+    migration_warning,
+)
 
 __all__ = [
     "AUTOSCALING_ARGS", "LIMIT_ARGS", "REPLICA_HEADER", "THROUGHPUT_ENV", "ServerReplica", "build",
 ]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 #: The response header that names the replica which answered.
 REPLICA_HEADER = "x-skattn-replica"
@@ -188,6 +196,8 @@ class ServerReplica:
         self.listener = SharedPortListener(
             app, self.shared_socket, limits=limits, log_level=level, close_grace=self.close_grace
         )
+        if (warning := migration_warning()) is not None:  # each node's own setting
+            logger.warning(warning)
         return self.listener
 
     def record_autoscaling_stats(self) -> dict[str, float]:

@@ -49,6 +49,7 @@ __all__ = [
     "bind_shared_port",
     "check_shared_host",
     "migrates_queued_connections",
+    "migration_warning",
     "reuse_port_supported",
 ]
 
@@ -76,6 +77,21 @@ def migrates_queued_connections() -> bool | None:
         return MIGRATE_REQ.read_text().strip() != "0"
     except OSError:
         return None
+
+
+def migration_warning() -> str | None:
+    """What a replica that stops costs on this node when ``tcp_migrate_req`` is not 1 (0, or
+    missing on Linux before 5.14), and how to mend it; None where it is 1 or not Linux."""
+    migrates = migrates_queued_connections()
+    if migrates or not sys.platform.startswith("linux"):
+        return None
+    setting = "0" if migrates is False else "missing (Linux before 5.14)"
+    return (
+        f"net.ipv4.tcp_migrate_req is {setting} on {socket.gethostname()}: a replica that stops "
+        "(scale-down, redeploy) resets the connections waiting in its shared port's accept "
+        "queue; set it to 1 on every node that runs replicas (sysctl -w "
+        "net.ipv4.tcp_migrate_req=1) to move them to another replica"
+    )
 
 
 def check_shared_host(host: str) -> str:

@@ -393,6 +393,30 @@ def test_a_replicas_shared_port_serves_with_the_limits_given():
         sock.close()
 
 
+def test_a_replica_on_a_node_without_tcp_migrate_req_warns(monkeypatch, caplog):
+    """build warns on its own node only, and only when autoscaling; each replica warns on the
+    node it runs on (a redeploy stops replicas too)."""
+    from types import SimpleNamespace
+
+    import serving.ray_deployment as ray_deployment
+    from serving.settings import ServerSettings
+    from serving.shared_port import bind_shared_port
+
+    monkeypatch.setattr(ray_deployment, "migration_warning", lambda: "tcp_migrate_req is 0 here")
+    sock = bind_shared_port("127.0.0.1", 0)
+    replica = SimpleNamespace(
+        server=lambda scope, receive, send: None, replica="r1", shared_socket=sock,
+        log_level="info", settings=ServerSettings(), connection_limits={}, listener=None,
+        close_grace=0.5,
+    )  # fmt: skip
+    try:
+        with caplog.at_level("WARNING", logger="serving.ray_deployment"):
+            ray_deployment.ServerReplica.__serve_build_asgi_app__(replica)
+    finally:
+        sock.close()
+    assert "tcp_migrate_req is 0 here" in caplog.text
+
+
 def test_a_replicas_health_check_raises_when_its_shared_port_stopped_serving():
     from types import SimpleNamespace
 

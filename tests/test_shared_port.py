@@ -248,6 +248,24 @@ def test_a_kept_alive_client_reaches_a_listener_started_after_it_only_with_an_ag
     assert asyncio.run(scenario()) == ({"a"} if age is None else {"a", "b"})
 
 
+@pytest.mark.parametrize(
+    ("setting", "says"), [("0\n", "is 0 on"), (None, "missing"), ("1\n", None)]
+)
+def test_a_node_without_tcp_migrate_req_is_warned_of(tmp_path, monkeypatch, setting, says):
+    import serving.shared_port as shared_port
+
+    switch = tmp_path / "tcp_migrate_req"
+    if setting is not None:
+        switch.write_text(setting)
+    monkeypatch.setattr(shared_port, "MIGRATE_REQ", switch)
+    warning = shared_port.migration_warning()
+    if says is None:
+        assert warning is None
+    else:
+        assert says in warning and socket.gethostname() in warning
+        assert "sysctl -w net.ipv4.tcp_migrate_req=1" in warning
+
+
 def test_a_port_held_without_reuseport_is_refused_naming_it():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
