@@ -3,11 +3,12 @@
 
 Starts ``python -m serving`` once per mode (``--modes``: ``batched``, dynamic batching;
 ``unbatched``, ``--max-batch-size 1``; ``continuous``, ``--batching continuous``, for the
-models that can run it: greedy RNN decoders), all up at once, and drives each in turn with
-one-item requests at several concurrencies (default 1, 8, 64 and 256), the modes of a level
-back to back and taking turns at going first. ``--repeats N`` measures each level N times,
-the modes' order flipped each time, and takes the ratios from the medians: the way to tell a
-difference at concurrency 1 from the noise of one short window. The
+models that can run it: greedy RNN decoders; ``aged``, not run by default, dynamic batching with
+``--max-connection-age-s`` at ``--connection-age``: what the reconnections cost), all up at
+once, and drives each in turn with one-item requests at several concurrencies (default 1, 8, 64
+and 256), the modes of a level back to back and taking turns at going first. ``--repeats N``
+measures each level N times, the modes' order flipped each time, and takes the ratios from the
+medians: the way to tell a difference at concurrency 1 from the noise of one short window. The
 server is confined to one core and the load generator to another (``os.sched_setaffinity``;
 ``--no-pin`` turns it off), so that the figures are the server's and not the client's. For each
 level: throughput, p50 and p99 latency, errors, and the server's own CPU time per request
@@ -89,8 +90,10 @@ MODEL = "bench"
 SOURCE_COUNT = 512
 #: Source lengths in tokens of each mix.
 MIXES = {"fixed": (8, 8), "mixed": (1, 30)}
-#: The servers compared: dynamic batching, none, and continuous batching.
-MODES = ("batched", "unbatched", "continuous")
+#: The servers compared: dynamic batching, none, continuous batching, and dynamic batching whose
+#: connections close at an age (``--connection-age``; run when named).
+MODES = ("batched", "unbatched", "continuous", "aged")
+DEFAULT_MODES = MODES[:3]
 #: The load generator's event loop: uvloop (which uvicorn[standard] installs) where available,
 #: since the client shares the cores with the server under test; else asyncio's own.
 CLIENT_LOOP = uvloop.new_event_loop if uvloop is not None else asyncio.new_event_loop
@@ -157,8 +160,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--modes",
         nargs="+",
         choices=MODES,
-        default=list(MODES),
-        help="continuous runs only for models that support it",
+        default=list(DEFAULT_MODES),
+        help="continuous runs only for models that support it (default: all but aged)",
+    )
+    parser.add_argument(
+        "--connection-age",
+        type=float,
+        default=1.0,
+        help="the aged server's --max-connection-age-s (default: %(default)s)",
     )
     parser.add_argument("--no-pin", action="store_true", help="share the cores, do not pin")
     parser.add_argument("--quick", action="store_true",
@@ -331,6 +340,8 @@ def running_server(model_dir: Path, mode: str, args: argparse.Namespace):
     ]  # fmt: skip
     if args.intra_op_threads is not None:
         command += ["--intra-op-threads", str(args.intra_op_threads)]
+    if mode == "aged":
+        command += ["--max-connection-age-s", str(args.connection_age)]
     cpus = None if args.no_pin else args.server_cpus
 
     def pin() -> None:  # in the child, before exec: every thread the server starts inherits it
@@ -508,10 +519,13 @@ def median_results(results: list[LevelResult]) -> dict[tuple, LevelResult]:
 
 
 def print_ratios(results: list[LevelResult]) -> None:
-    """Each mode against the unbatched server, and continuous against dynamic batching, at
+    """Each mode against the unbatched server, continuous and aged against dynamic batching, at
     each level (the median of its windows): throughput, server CPU per request and p99."""
     by_key = median_results(results)
-    pairs = [("batched", "unbatched"), ("continuous", "unbatched"), ("continuous", "batched")]
+    pairs = [
+        ("batched", "unbatched"), ("continuous", "unbatched"), ("continuous", "batched"),
+        ("aged", "batched"),
+    ]  # fmt: skip
     for mode, base_mode in pairs:
         lines = []
         for (model, client, mix, concurrency, m), result in by_key.items():

@@ -120,6 +120,17 @@ def test_ratios_come_from_the_medians(capsys):
     assert line.split()[5] == "1.000x"  # CPU a request: three decimals (the 1/4 goal's bound)
 
 
+def test_the_aged_server_runs_when_named_and_is_compared_with_dynamic_batching(capsys):
+    assert "aged" not in bench_server.parse_args([]).modes  # the three designs by default
+    args = bench_server.parse_args(["--modes", "batched", "aged", "--connection-age", "2"])
+    assert (args.modes, args.connection_age) == (["batched", "aged"], 2.0)
+    bench_server.print_ratios([window("batched", 400.0, 2.0), window("aged", 380.0, 2.2)])
+    out = capsys.readouterr().out
+    assert "aged / batched" in out
+    line = next(x for x in out.splitlines() if x.startswith("reversal"))
+    assert line.split()[4:6] == ["0.95x", "1.100x"]
+
+
 def test_the_batcher_overhead_benchmark_alternates_sizes_and_prints_their_ratio(
     capsys, monkeypatch
 ):
