@@ -40,6 +40,7 @@ import collections
 import itertools
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,12 +101,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.connection_age = [None if age == "none" else float(age) for age in args.connection_age]
-        if any(age is not None and not 0 < age <= 3600 for age in args.connection_age):
+        if any(age is not None and not 0 < age <= 86400 for age in args.connection_age):
             raise ValueError
     except ValueError:
         parser.error(
-            f"--connection-age takes none or seconds in (0, 3600], got {args.connection_age}"
+            f"--connection-age takes none or seconds in (0, 86400], got {args.connection_age}"
         )
+    if args.migrate_req not in ("keep", "both") and not writable:
+        parser.error(f"--migrate-req {args.migrate_req} sets {MIGRATE_REQ}: run as root")
     try:
         args.phases = [tuple(int(x) for x in p.split(":")) for p in args.phases.split(",")]
         if any(len(p) != 2 or min(p) < 1 for p in args.phases):
@@ -142,7 +145,10 @@ class ReplicaCount(threading.Thread):
 
 def connections_per_process(port: int) -> collections.Counter:
     """The established TCP connections whose local port is ``port``, by owning process id
-    (``ss -tnp``: the server's side of each connection; every process's, as root)."""
+    (``ss -tnp``: the server's side of each connection; every process's, as root); empty
+    without ``ss``."""
+    if shutil.which("ss") is None:
+        return collections.Counter()
     out = subprocess.run(
         ["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
         capture_output=True, text=True, check=False,

@@ -120,6 +120,16 @@ def _device(value: str) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, not {value!r}")
 
 
+def _seconds_or_none(value: str) -> float | None:
+    """``none`` (no limit) or a number (checked with the other limits)."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be seconds or none, not {value!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m serving``."""
     defaults = ServerSettings()
@@ -292,11 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-connection-age-s",
-        type=float,
+        type=_seconds_or_none,
         default=connections.max_connection_age_s,
         help="a connection's first answer after this long (within 10%%) says Connection: close "
         "and closes it, so kept-alive clients reconnect and spread over replicas started since "
-        "(default: no limit)",
+        "(at most 86400; default: none, no limit)",
     )
     parser.add_argument(
         "--device",

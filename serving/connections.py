@@ -32,8 +32,9 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
 A connection older than ``max_connection_age_s`` (when set; within 10 % of it, drawn for each
 connection) is told to close by the first answer that starts after it: the protocol wraps each
 request's ``send``, which adds ``Connection: close`` to such an answer's head (:func:`closing`),
-and uvicorn closes the connection once that answer is sent. A request already queued behind the
-answer on the connection defers the close to its own answer.
+and uvicorn closes the connection once that answer is sent. When requests are already queued
+behind that answer (pipelined, or begun), the close goes with the answer to the last of them;
+what the client sends after the closing answer has begun is not read (RFC 9112).
 
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
@@ -193,8 +194,9 @@ class _GuardedProtocol:
         if cycle is not None:
             cycle.transport = _HeadWithBody(cycle.transport)
             cycle.scope[SIGNALS] = RequestSignals(cycle.flow.resume_reading)
+            self._requests += 1
             if self._close_at < math.inf:  # (uvicorn calls the app with cycle.send)
-                cycle.send = self._closing_when_aged(cycle.send)
+                cycle.send = self._closing_when_aged(cycle.send, self._requests)
             self._headers_complete(cycle.scope)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -216,6 +218,8 @@ class _GuardedProtocol:
         self._running: Any = None  # httptools: the cycle in progress (self.cycle is the newest)
         self._read_began_with: Any = None  # self.cycle when the read in progress began
         self._close_at = math.inf  # (the loop's clock) when its age limit is reached
+        self._requests = 0  # requests whose headers came (cycles made)
+        self._last_request: int | None = None  # the one whose answer closes, once past the age
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -359,6 +363,12 @@ class _GuardedProtocol:
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing() or self._parser_stopped:
             return  # (after an Upgrade request on httptools: the answer closes the connection)
+        conn = getattr(self, "conn", None)
+        if conn is not None and conn.their_state is h11.MUST_CLOSE:
+            # an answer in progress says Connection: close (or the client did): no later request
+            # is read (RFC 9112); h11 would refuse the bytes, and the 400 would land inside that
+            # answer
+            return
         self._last_active = time.monotonic()
         before = self._read_began_with = self.cycle
         answered = before is None or before.response_complete
@@ -447,19 +457,31 @@ class _GuardedProtocol:
             return bool(conn.trailing_data[0])
         return self._began
 
-    def _closing_when_aged(self, send: Any) -> Any:
-        """A request's ``send``, whose answer says ``Connection: close`` when it starts past
-        the connection's age limit with no request waiting behind it on the connection (that
-        one's answer closes instead)."""
+    def _closing_when_aged(self, send: Any, request: int) -> Any:
+        """The ``send`` of the connection's ``request``-th request. The first answer that
+        starts past the age limit picks the last request to answer: the newest one received,
+        or the one whose first bytes have come after it; that one's answer says ``Connection:
+        close`` (so a client that always keeps a request queued is closed too; one that
+        pipelines more after it is left to retry them, as RFC 9112 has it)."""
 
         async def aged_send(message: dict) -> None:
-            if message["type"] == "http.response.start" and self.loop.time() >= self._close_at:
-                pipelined = self._running is not None and self.cycle is not self._running
-                if not (pipelined or self._next_request_begun()):  # (h11: its bytes buffered)
+            if message["type"] == "http.response.start":
+                if self._last_request is None and self.loop.time() >= self._close_at:
+                    self._last_request = self._requests + self._requests_behind()
+                if self._last_request is not None and request >= self._last_request:
                     message = closing(message)
             await send(message)
 
         return aged_send
+
+    def _requests_behind(self) -> int:
+        """The requests received after the newest one whose headers were parsed: those whose
+        first bytes have come (httptools parses every request of a read at once; h11 one at a
+        time, the rest waiting in its buffer, counted by a parser of their own)."""
+        conn = getattr(self, "conn", None)
+        if conn is None:
+            return int(self._began and not self._reading_body)  # (not the newest one's body)
+        return _requests_in(conn.trailing_data[0])
 
     def _keep_alive(self) -> None:
         """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's
@@ -599,6 +621,29 @@ def closing(start: dict) -> dict:
     close`` in place of any ``Connection`` header the app set."""
     headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
     return {**start, "headers": [*headers, (b"connection", b"close")]}
+
+
+def _requests_in(data: bytes) -> int:
+    """How many requests ``data`` holds, the last one counted if it is only begun (or does
+    not parse: it will be answered 400)."""
+    parser, complete = h11.Connection(h11.SERVER), 0
+    parser.receive_data(data)
+    while True:
+        try:
+            event = parser.next_event()
+        except h11.RemoteProtocolError:
+            return complete + 1
+        if event is h11.NEED_DATA:
+            return complete + (parser.their_state is not h11.IDLE or bool(parser.trailing_data[0]))
+        if isinstance(event, h11.EndOfMessage):
+            complete += 1
+            parser.send(h11.Response(status_code=204, headers=[]))
+            parser.send(h11.EndOfMessage())
+            if parser.their_state is not h11.DONE:  # it said Connection: close: the last one
+                return complete
+            parser.start_next_cycle()  # answered, so that the next one is parsed
+        elif event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+            return complete
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:

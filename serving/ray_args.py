@@ -89,10 +89,13 @@ def connection_limits(args: Mapping[str, Any]) -> dict[str, Any]:
             "ingress has its own)"
         )
     fields = ConnectionLimits.__dataclass_fields__
-    kinds = {
-        key: float if fields[key].default is None else type(fields[key].default) for key in given
-    }
-    limits = {key: number(args, key, kinds[key]) for key in given}
+    limits = {}
+    for key in given:
+        optional = fields[key].default is None  # max_connection_age_s: None or "none", no limit
+        if optional and (args[key] is None or str(args[key]).strip().lower() == "none"):
+            limits[key] = None
+        else:
+            limits[key] = number(args, key, float if optional else type(fields[key].default))
     ConnectionLimits(**limits)  # bad limits fail here, not in every replica
     return limits
 

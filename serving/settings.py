@@ -29,6 +29,9 @@ logger = logging.getLogger("serving.settings")
 #: The longest a timeout may be set (an hour): beyond it the protection it exists for is off.
 MAX_TIMEOUT_S = 3600.0
 
+#: The longest connection age limit (a day; gRPC's ``MAX_CONNECTION_AGE`` is often hours).
+MAX_CONNECTION_AGE_S = 86400.0
+
 #: The batching designs (``ServerSettings.batching``).
 BATCHING = ("dynamic", "continuous")
 
@@ -212,8 +215,9 @@ class ConnectionLimits:
         close`` and the connection closes once it is sent, so that a client's kept-alive pool
         reconnects and is spread anew, over replicas started since (a shared port, a Kubernetes
         Service). Each connection's age is drawn within 10 % of it, so that connections opened
-        together do not all close together; a request already queued behind the answer on the
-        connection (pipelined) defers the close to its own answer. None: no limit.
+        together do not all close together. Requests already received behind that answer on the
+        connection (pipelined, or begun) are answered first, the last of them with the close.
+        At most a day; None: no limit.
     """
 
     header_timeout_s: float = 10.0
@@ -227,7 +231,7 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         check_real(
-            self.max_connection_age_s, "max_connection_age_s", 0.0, MAX_TIMEOUT_S,
+            self.max_connection_age_s, "max_connection_age_s", 0.0, MAX_CONNECTION_AGE_S,
             low_open=True, none_ok=True,
         )  # fmt: skip
         check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)

@@ -127,6 +127,10 @@ def test_the_aged_server_runs_when_named_and_is_compared_with_dynamic_batching(c
     bench_server.print_ratios([window("batched", 400.0, 2.0), window("aged", 380.0, 2.2)])
     out = capsys.readouterr().out
     assert "aged / batched" in out
+    for bad in ("0", "nan", "-2"):
+        with pytest.raises(SystemExit):
+            bench_server.parse_args(["--connection-age", bad])
+    assert "--connection-age must be seconds" in capsys.readouterr().err
     line = next(x for x in out.splitlines() if x.startswith("reversal"))
     assert line.split()[4:6] == ["0.95x", "1.100x"]
 

@@ -701,7 +701,7 @@ def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
         ({"retry_after_s": 0}, "retry_after_s"),
         ({"max_connection_age_s": 0}, "max_connection_age_s"),
         ({"max_connection_age_s": float("nan")}, "max_connection_age_s"),
-        ({"max_connection_age_s": 3600.5}, "max_connection_age_s"),
+        ({"max_connection_age_s": 86400.5}, "max_connection_age_s"),
         ({"max_connection_age_s": "60"}, "max_connection_age_s"),
     ],
 )
@@ -722,6 +722,19 @@ def test_the_cli_maps_every_limit_to_a_flag():
     assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
     assert (args.send_timeout_s, args.max_connection_age_s) == (4, 60)
     assert build_parser().parse_args(["--model-dir", "m"]).max_connection_age_s is None
+    none = ["--model-dir", "m", "--max-connection-age-s", "none"]
+    assert build_parser().parse_args(none).max_connection_age_s is None
+    assert ConnectionLimits(max_connection_age_s=7200).max_connection_age_s == 7200  # hours
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "86401"])
+def test_a_bad_connection_age_on_the_command_line_is_refused_naming_its_flag(value, capsys):
+    from serving.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model-dir", "m", "--max-connection-age-s", value])
+    assert exit_info.value.code == 2
+    assert "--max-connection-age-s" in capsys.readouterr().err
 
 
 def test_the_readme_lists_every_limit_and_timeout_with_its_default():
@@ -804,6 +817,111 @@ def test_requests_pipelined_past_the_age_are_all_answered_and_the_last_closes(se
     heads = [head.split(b"\r\n\r\n")[0] for head in answer.split(b"HTTP/1.1 ")[1:]]
     assert [head[:3] for head in heads] == [b"200", b"200", b"200"], answer
     assert [closes(head) for head in heads] == [False, False, True], heads
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_partly_received_request_behind_the_aged_answer_is_answered_and_closes(serve, http_impl):
+    # the first answer past the age has the next request's first bytes behind it: that one,
+    # once whole, is answered, and its answer closes (not the first one's, which would drop it)
+    server = serve(limits=ConnectionLimits(max_connection_age_s=0.1), http_impl=http_impl)
+    with connect(server) as sock:
+        time.sleep(0.3)
+        sock.sendall(HEALTH + INFER_HEAD_AND_BODY[:20])
+        head, _ = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and not closes(head), head
+        sock.sendall(INFER_HEAD_AND_BODY[20:])
+        answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and closes(answer.split(b"\r\n\r\n")[0])
+    assert b'"ba"' in answer
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_client_that_always_keeps_a_request_queued_is_closed_too(serve, http_impl):
+    # the close goes with the answer to the newest request received when the age passed, not
+    # always one further: a client that keeps one request queued behind the one in progress
+    # would otherwise keep its connection forever
+    server = serve(limits=ConnectionLimits(max_connection_age_s=0.1), http_impl=http_impl)
+    with connect(server) as sock:
+        time.sleep(0.3)
+        sock.sendall(HEALTH + HEALTH)
+        answers, closed = 0, False
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            head, _ = read_response(sock)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            answers += 1
+            if closes(head):
+                closed = True
+                break
+            sock.sendall(HEALTH)  # one more queued behind the next answer
+        rest, _ = read_until_closed(sock)
+    assert closed and answers <= 3, answers  # the two received when the age passed, or one more
+    assert rest == b""  # what came after the close was not answered, and the connection closed
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_an_aged_early_answer_to_a_request_whose_body_is_unread_closes(serve, http_impl):
+    # httptools counts a request begun until its body has come: the newest request's own
+    # unread body is not a request behind it
+    server = serve(limits=ConnectionLimits(max_connection_age_s=0.1), http_impl=http_impl)
+    with connect(server) as sock:
+        time.sleep(0.3)
+        sock.sendall(post_head(b"/v2/models/nope/infer", 10) + b"abc")
+        answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 404") and closes(answer.split(b"\r\n\r\n")[0])
+
+
+async def _stream_until(release):
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await release.wait()
+        await send({"type": "http.response.body", "body": b"last"})
+
+    return app
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_request_sent_during_a_closing_answer_is_not_read(http_impl):
+    # h11 refused the bytes of a request sent after an answer that closes had begun, and its
+    # 400 was written into the middle of that (chunked) answer
+    import asyncio
+
+    from uvicorn.server import ServerState
+
+    from serving.connections import uvicorn_config
+
+    async def scenario():
+        release = asyncio.Event()
+        limits = ConnectionLimits(max_connection_age_s=0.001)
+        config = uvicorn_config(
+            await _stream_until(release), limits, http_impl=http_impl, log_level="warning"
+        )
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        await asyncio.sleep(0.01)  # past the age
+        protocol.data_received(HEALTH)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.data_received(HEALTH)  # while the answer streams
+        for _ in range(20):
+            await asyncio.sleep(0)
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        closed = transport.closed
+        protocol.connection_lost(None)
+        return b"".join(transport.writes), closed
+
+    written, closed = asyncio.run(scenario())
+    assert written.count(b"HTTP/1.1 ") == 1 and b"400" not in written, written
+    assert closes(written.split(b"\r\n\r\n")[0]) and b"last" in written and closed
 
 
 BODIES_COMPLETE: list[bool] = []

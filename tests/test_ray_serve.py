@@ -239,6 +239,7 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_port": "8100", "header_timeout_s": "soon"}, "header_timeout_s"),
         ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "0"}, "max_connection_age"),
         ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "old"}, "max_connection_a"),
+        ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "1e6"}, "max_connection_a"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -365,6 +366,9 @@ def test_builder_passes_the_shared_port_to_every_replica():
     assert limits["connection_limits"] == {"max_connections": 1024, "keep_alive_s": 2.5}
     aged = kwargs(shared_port="8100", max_connection_age_s="30")  # (its default is None)
     assert aged["connection_limits"] == {"max_connection_age_s": 30.0}
+    for none in ("none", None):  # no limit, said explicitly (YAML's null)
+        unaged = kwargs(shared_port="8100", max_connection_age_s=none)["connection_limits"]
+        assert unaged == {"max_connection_age_s": None}
     assert kwargs(shared_port="8100", shared_close_grace_s="2")["close_grace"] == 2.0
 
 
