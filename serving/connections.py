@@ -34,7 +34,8 @@ connection) is told to close by the first answer that starts after it: the proto
 request's ``send``, which adds ``Connection: close`` to such an answer's head (:func:`closing`),
 and uvicorn closes the connection once that answer is sent. When requests are already queued
 behind that answer (pipelined, or begun), the close goes with the answer to the last of them;
-what the client sends after the closing answer has begun is not read (RFC 9112).
+requests that come after that first answer began are not answered (RFC 9112 has the client
+retry them).
 
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
@@ -461,8 +462,8 @@ class _GuardedProtocol:
         """The ``send`` of the connection's ``request``-th request. The first answer that
         starts past the age limit picks the last request to answer: the newest one received,
         or the one whose first bytes have come after it; that one's answer says ``Connection:
-        close`` (so a client that always keeps a request queued is closed too; one that
-        pipelines more after it is left to retry them, as RFC 9112 has it)."""
+        close`` (so a client that always keeps a request queued is closed too; what it sends
+        after that first answer began is left to it to retry, as RFC 9112 has it)."""
 
         async def aged_send(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -481,6 +482,8 @@ class _GuardedProtocol:
         conn = getattr(self, "conn", None)
         if conn is None:
             return int(self._began and not self._reading_body)  # (not the newest one's body)
+        if conn.their_state is h11.SEND_BODY:  # its buffer holds the newest one's body
+            return 0
         return _requests_in(conn.trailing_data[0])
 
     def _keep_alive(self) -> None:
@@ -623,27 +626,38 @@ def closing(start: dict) -> dict:
     return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
+#: The most parser events :func:`_requests_in` reads.
+COUNT_EVENTS = 1024
+
+
 def _requests_in(data: bytes) -> int:
     """How many requests ``data`` holds, the last one counted if it is only begun (or does
-    not parse: it will be answered 400)."""
+    not parse: it will be answered 400); at most ``MAX_PIPELINED + 1``, after as many parser
+    events (a body of one-byte chunks is one event a chunk), so that the count stays cheap."""
     parser, complete = h11.Connection(h11.SERVER), 0
     parser.receive_data(data)
-    while True:
+    for _ in range(COUNT_EVENTS):
         try:
             event = parser.next_event()
-        except h11.RemoteProtocolError:
-            return complete + 1
-        if event is h11.NEED_DATA:
-            return complete + (parser.their_state is not h11.IDLE or bool(parser.trailing_data[0]))
-        if isinstance(event, h11.EndOfMessage):
-            complete += 1
-            parser.send(h11.Response(status_code=204, headers=[]))
-            parser.send(h11.EndOfMessage())
-            if parser.their_state is not h11.DONE:  # it said Connection: close: the last one
+            if event is h11.NEED_DATA:
+                begun = parser.their_state is not h11.IDLE or bool(parser.trailing_data[0])
+                return complete + begun
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                 return complete
-            parser.start_next_cycle()  # answered, so that the next one is parsed
-        elif event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-            return complete
+            if isinstance(event, h11.EndOfMessage):
+                complete += 1
+                if complete > MAX_PIPELINED:
+                    return complete
+                # answered (not 2xx: a CONNECT's 2xx would switch protocols), so that the
+                # next one is parsed
+                parser.send(h11.Response(status_code=404, headers=[(b"content-length", b"0")]))
+                parser.send(h11.EndOfMessage())
+                if parser.their_state is not h11.DONE:  # it said Connection: close: the last
+                    return complete
+                parser.start_next_cycle()
+        except h11.ProtocolError:  # the real parser answers it 400
+            return complete + 1
+    return complete + 1
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:
