@@ -728,7 +728,9 @@ def test_the_cli_maps_every_limit_to_a_flag():
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "86401"])
-def test_a_bad_connection_age_on_the_command_line_is_refused_naming_its_flag(value, capsys):
+def test_a_bad_connection_age_on_the_command_line_is_refused_naming_its_flag(
+    value, capsys, keep_logging
+):
     from serving.__main__ import main
 
     with pytest.raises(SystemExit) as exit_info:
