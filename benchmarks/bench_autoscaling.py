@@ -56,6 +56,7 @@ from load_clients import LeanConnection, request_body  # noqa: E402
 from machine import describe  # noqa: E402
 
 import serving  # noqa: E402
+from serving.settings import MAX_CONNECTION_AGE_S  # noqa: E402
 from serving.shared_port import MIGRATE_REQ, migrates_queued_connections  # noqa: E402
 
 #: Ray's autoscaling timing for the run: short, so that a phase of seconds moves the replicas.
@@ -101,11 +102,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.connection_age = [None if age == "none" else float(age) for age in args.connection_age]
-        if any(age is not None and not 0 < age <= 86400 for age in args.connection_age):
+        if any(
+            age is not None and not 0 < age <= MAX_CONNECTION_AGE_S for age in args.connection_age
+        ):
             raise ValueError
     except ValueError:
         parser.error(
-            f"--connection-age takes none or seconds in (0, 86400], got {args.connection_age}"
+            f"--connection-age takes none or seconds in (0, {MAX_CONNECTION_AGE_S:g}], "
+            f"got {args.connection_age}"
         )
     if args.migrate_req not in ("keep", "both") and not writable:
         parser.error(f"--migrate-req {args.migrate_req} sets {MIGRATE_REQ}: run as root")

@@ -79,6 +79,8 @@ from load_clients import (
     wrk_available,
 )
 
+from serving.settings import MAX_CONNECTION_AGE_S
+
 try:
     import uvloop
 except ImportError:  # Windows
@@ -196,8 +198,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    if not (math.isfinite(args.connection_age) and 0 < args.connection_age <= 86400):
-        parser.error(f"--connection-age must be seconds in (0, 86400], got {args.connection_age}")
+    if not (math.isfinite(args.connection_age) and 0 < args.connection_age <= MAX_CONNECTION_AGE_S):
+        parser.error(
+            f"--connection-age must be seconds in (0, {MAX_CONNECTION_AGE_S:g}], "
+            f"got {args.connection_age}"
+        )
     if min(args.concurrency) < 1:
         parser.error(f"--concurrency must be >= 1, got {min(args.concurrency)}")
     if not (math.isfinite(args.duration) and args.duration > 0):

@@ -452,7 +452,10 @@ class _GuardedProtocol:
             self._close_after_discard()
 
     def _next_request_begun(self) -> bool:
-        """Whether bytes of a next request came after the end of the last one's body."""
+        """Whether bytes of a next request came after the end of the last one's body (while
+        that body is still coming, the bytes are its own)."""
+        if self._body_unread():
+            return False
         conn = getattr(self, "conn", None)
         if conn is not None:  # h11 keeps them in its buffer until they make a request
             return bool(conn.trailing_data[0])
@@ -479,12 +482,10 @@ class _GuardedProtocol:
         """The requests received after the newest one whose headers were parsed: those whose
         first bytes have come (httptools parses every request of a read at once; h11 one at a
         time, the rest waiting in its buffer, counted by a parser of their own)."""
-        conn = getattr(self, "conn", None)
-        if conn is None:
-            return int(self._began and not self._reading_body)  # (not the newest one's body)
-        if conn.their_state is h11.SEND_BODY:  # its buffer holds the newest one's body
+        if not self._next_request_begun():
             return 0
-        return _requests_in(conn.trailing_data[0])
+        conn = getattr(self, "conn", None)
+        return 1 if conn is None else _requests_in(conn.trailing_data[0])
 
     def _keep_alive(self) -> None:
         """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's
