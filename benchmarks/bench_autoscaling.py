@@ -56,7 +56,7 @@ from load_clients import LeanConnection, request_body  # noqa: E402
 from machine import describe  # noqa: E402
 
 import serving  # noqa: E402
-from serving.settings import MAX_CONNECTION_AGE_S  # noqa: E402
+from serving.settings import MAX_CONNECTION_AGE_S, is_no_limit  # noqa: E402
 from serving.shared_port import MIGRATE_REQ, migrates_queued_connections  # noqa: E402
 
 #: Ray's autoscaling timing for the run: short, so that a phase of seconds moves the replicas.
@@ -101,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     try:
-        args.connection_age = [None if age == "none" else float(age) for age in args.connection_age]
+        ages = args.connection_age
+        args.connection_age = [None if is_no_limit(age) else float(age) for age in ages]
         if any(
             age is not None and not 0 < age <= MAX_CONNECTION_AGE_S for age in args.connection_age
         ):

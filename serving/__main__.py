@@ -29,6 +29,7 @@ from serving.settings import (
     check_model_name,
     fit_to_file_limit,
     host_name,
+    is_no_limit,
 )
 from skattn.core.checks import DEVICE_PATTERN, check_int, check_real
 
@@ -122,7 +123,7 @@ def _device(value: str) -> str:
 
 def _seconds_or_none(value: str) -> float | None:
     """``none`` (no limit) or a number (checked with the other limits)."""
-    if value.strip().lower() == "none":
+    if is_no_limit(value):
         return None
     try:
         return float(value)

@@ -55,10 +55,10 @@ answer was sent already; when the declared length is already longer, the answer 
 ``Connection: close``).
 
 Two things keep a request cheap on the event loop: an answer's head waits for its body and the
-two leave in one write (``_HeadWithBody``: uvicorn writes them apart), and each request's scope
-carries a :class:`serving.signals.RequestSignals`, by which the protocol tells the handler that
-the body has all come and that the client has gone, so that the handler needs no body timer and
-no watcher task of its own.
+two leave in one write (:class:`serving.http1.HeadWithBody`: uvicorn writes them apart), and
+each request's scope carries a :class:`serving.signals.RequestSignals`, by which the protocol
+tells the handler that the body has all come and that the client has gone, so that the handler
+needs no body timer and no watcher task of its own.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ import h11
 import uvicorn
 
 from serving import protocol
+from serving.http1 import HeadWithBody, closing, requests_in, transfer_codings
 
 # ConnectionLimits, fit_to_file_limit and MAX_TIMEOUT_S lived here until 2026-12-06: the
 # old import path still works.
@@ -87,7 +88,6 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "REFUSE",
     "ConnectionLimits",
-    "closing",
     "fit_to_file_limit",
     "protocol_class",
     "uvicorn_config",
@@ -127,54 +127,6 @@ except (ImportError, AttributeError):
 STALL_EVICT_S = 5.0
 
 
-class _HeadWithBody:
-    """The transport as one request's cycle sees it: the response's head (status line and
-    headers) waits for the body's first write, and the two leave in one system call.
-
-    uvicorn writes them in two (``http.response.start``, then ``http.response.body``): two
-    sends and two TCP segments for every answer, where the server's small JSON answers fit in
-    one. Go's ``net/http`` buffers a response's head the same way until the handler writes
-    (so a streaming response's head leaves with its first chunk). The cycle's first write
-    other than an interim ``1xx`` response (``100 Continue``) is its head; it is held until
-    the next write, and sent at the latest when the response completes (a HEAD answer writes
-    no body) or the cycle closes the connection.
-    """
-
-    __slots__ = ("_head", "_state", "_transport")
-
-    _BEFORE, _HOLDING, _SENT = 0, 1, 2
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._head: bytes | None = None
-        self._state = self._BEFORE
-
-    def write(self, data: bytes) -> None:
-        if self._state == self._HOLDING:
-            head, self._head, self._state = self._head, None, self._SENT
-            self._transport.writelines((head, data))  # one writev
-        elif self._state == self._BEFORE and not data.startswith(_INTERIM):
-            self._head, self._state = data, self._HOLDING
-        else:
-            self._transport.write(data)
-
-    def flush(self) -> None:
-        """Send a held head."""
-        if self._state == self._HOLDING:
-            head, self._head, self._state = self._head, None, self._SENT
-            self._transport.write(head)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...
-        return getattr(self._transport, name)
-
-
-_INTERIM = b"HTTP/1.1 1"  # an interim 1xx answer (uvicorn: 100 Continue, before a body)
-
-
 class _GuardedProtocol:
     """The mixin of the guarded protocols: put before uvicorn's H11Protocol or
     HttpToolsProtocol (it relies only on their ``cycle``, ``transport``, ``connections`` and
@@ -193,7 +145,7 @@ class _GuardedProtocol:
         task starts, pipelined requests included: each is checked here."""
         self.__dict__["_cycle"] = cycle
         if cycle is not None:
-            cycle.transport = _HeadWithBody(cycle.transport)
+            cycle.transport = HeadWithBody(cycle.transport)
             cycle.scope[SIGNALS] = RequestSignals(cycle.flow.resume_reading)
             self._requests += 1
             if self._close_at < math.inf:  # (uvicorn calls the app with cycle.send)
@@ -485,7 +437,7 @@ class _GuardedProtocol:
         if not self._next_request_begun():
             return 0
         conn = getattr(self, "conn", None)
-        return 1 if conn is None else _requests_in(conn.trailing_data[0])
+        return 1 if conn is None else requests_in(conn.trailing_data[0], MAX_PIPELINED + 1)
 
     def _keep_alive(self) -> None:
         """Idle between requests again: uvicorn's keep-alive timer (which the dropped body's
@@ -530,7 +482,7 @@ class _GuardedProtocol:
             + len(scope.get("query_string", b""))
             + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         )
-        codings = _transfer_codings(scope["headers"])
+        codings = transfer_codings(scope["headers"])
         if size > self.limits.max_header_bytes:
             scope[REFUSE] = (431, self._too_large_message(), {})
         elif codings - {"chunked"}:  # the parser removed the chunking, nothing else (RFC 9112)
@@ -620,47 +572,6 @@ class _GuardedProtocol:
         self.transport.close()
 
 
-def closing(start: dict) -> dict:
-    """An ``http.response.start`` message whose answer closes its connection: ``Connection:
-    close`` in place of any ``Connection`` header the app set."""
-    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
-    return {**start, "headers": [*headers, (b"connection", b"close")]}
-
-
-#: The most parser events :func:`_requests_in` reads.
-COUNT_EVENTS = 1024
-
-
-def _requests_in(data: bytes) -> int:
-    """How many requests ``data`` holds, the last one counted if it is only begun (or does
-    not parse: it will be answered 400); at most ``MAX_PIPELINED + 1``, after as many parser
-    events (a body of one-byte chunks is one event a chunk), so that the count stays cheap."""
-    parser, complete = h11.Connection(h11.SERVER), 0
-    parser.receive_data(data)
-    for _ in range(COUNT_EVENTS):
-        try:
-            event = parser.next_event()
-            if event is h11.NEED_DATA:
-                begun = parser.their_state is not h11.IDLE or bool(parser.trailing_data[0])
-                return complete + begun
-            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-                return complete
-            if isinstance(event, h11.EndOfMessage):
-                complete += 1
-                if complete > MAX_PIPELINED:
-                    return complete
-                # answered (not 2xx: a CONNECT's 2xx would switch protocols), so that the
-                # next one is parsed
-                parser.send(h11.Response(status_code=404, headers=[(b"content-length", b"0")]))
-                parser.send(h11.EndOfMessage())
-                if parser.their_state is not h11.DONE:  # it said Connection: close: the last
-                    return complete
-                parser.start_next_cycle()
-        except h11.ProtocolError:  # the real parser answers it 400
-            return complete + 1
-    return complete + 1
-
-
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (``"httptools"``, ``"h11"``, or ``"auto"``: httptools when
     installed) with the limits of ``limits``."""
@@ -675,17 +586,6 @@ def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[as
         from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
     name = f"Guarded{base.__name__}"
     return type(name, (_GuardedProtocol, base), {"limits": limits})
-
-
-def _transfer_codings(headers: list[tuple[bytes, bytes]]) -> set[str]:
-    """The transfer codings a request's ``Transfer-Encoding`` headers name, lowercased."""
-    return {
-        coding.strip().lower()
-        for name, value in headers
-        if name.lower() == b"transfer-encoding"
-        for coding in value.decode("latin-1").split(",")
-        if coding.strip()
-    }
 
 
 def uvicorn_config(

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import protocol
-from serving.connections import DISCARD_BYTES, REFUSE, closing
+from serving.connections import DISCARD_BYTES, REFUSE
+from serving.http1 import closing
 from serving.infer import request_headers, send_answer
 from serving.settings import host_name
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from serving.ray_autoscaling import POLICY
-from serving.settings import ConnectionLimits, ServerSettings
+from serving.settings import ConnectionLimits, ServerSettings, is_no_limit
 from serving.shared_port import (
     CLOSE_GRACE_S,
     check_shared_host,
@@ -92,7 +92,7 @@ def connection_limits(args: Mapping[str, Any]) -> dict[str, Any]:
     limits = {}
     for key in given:
         optional = fields[key].default is None  # max_connection_age_s: None or "none", no limit
-        if optional and (args[key] is None or str(args[key]).strip().lower() == "none"):
+        if optional and is_no_limit(args[key]):
             limits[key] = None
         else:
             limits[key] = number(args, key, float if optional else type(fields[key].default))

@@ -22,6 +22,7 @@ __all__ = [
     "check_model_name",
     "fit_to_file_limit",
     "host_name",
+    "is_no_limit",
 ]
 
 logger = logging.getLogger("serving.settings")
@@ -176,6 +177,12 @@ def host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_no_limit(value: object) -> bool:
+    """Whether ``value`` sets an optional limit to none: None, or the word ``none`` (any case),
+    as the command line, ``serve run`` and YAML may give it."""
+    return value is None or (isinstance(value, str) and value.strip().lower() == "none")
 
 
 # File descriptors the process needs besides its connections: the listening socket, epoll,

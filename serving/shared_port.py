@@ -39,7 +39,7 @@ from typing import Any
 
 import uvicorn
 
-from serving.connections import closing
+from serving.http1 import closing
 from serving.process import server_config
 from serving.settings import ConnectionLimits
 

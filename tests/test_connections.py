@@ -895,7 +895,8 @@ def test_an_aged_early_answer_closes_when_its_chunked_body_stopped_mid_line(serv
 
 
 def test_requests_buffered_behind_an_answer_are_counted_cheaply():
-    from serving.connections import MAX_PIPELINED, _requests_in
+    from serving.connections import MAX_PIPELINED
+    from serving.http1 import requests_in
 
     get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
     post = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
@@ -907,10 +908,11 @@ def test_requests_buffered_behind_an_answer_are_counted_cheaply():
         b"garbage\r\n\r\n": 1, closing_get + get: 1, b"GET / HTTP/1.0\r\n\r\n" + get: 1,
         tunnel: 1, tunnel + get: 2, get + tunnel: 2, upgrade + get: 2,
     }  # fmt: skip
-    assert {data: _requests_in(data) for data in cases} == cases
-    assert _requests_in(get * 10_000) == MAX_PIPELINED + 1  # bounded
+    most = MAX_PIPELINED + 1
+    assert {data: requests_in(data, most) for data in cases} == cases
+    assert requests_in(get * 10_000, most) == most  # bounded
     one_byte_chunks = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    assert _requests_in(one_byte_chunks + b"1\r\na\r\n" * 50_000) == 1  # bounded events
+    assert requests_in(one_byte_chunks + b"1\r\na\r\n" * 50_000, most) == 1  # bounded events
 
 
 async def _stream_until(release):
@@ -1088,10 +1090,10 @@ def test_a_head_answer_without_a_body_write_is_sent_whole(http_impl):
 
 
 def test_a_held_head_is_sent_when_its_connection_closes():
-    from serving.connections import _HeadWithBody
+    from serving.http1 import HeadWithBody
 
     transport = RecordingTransport()
-    held = _HeadWithBody(transport)
+    held = HeadWithBody(transport)
     held.write(b"HTTP/1.1 500 Internal Server Error\r\n\r\n")
     assert transport.writes == []  # held for the body
     held.close()  # (an app that failed after the head: uvicorn closes the connection)
