@@ -22,6 +22,15 @@ scenario bounded in count and time:
 - ``failure isolation``: 20 requests batched with one whose runtime call fails: how many of
   the 20 got 500;
 - ``broken model``: a model whose every inference fails: is the server ready?
+- ``closing``: what a client reads when the server closes on it with its bytes unread, with
+  ``--linger-s 0`` (close at once, as before) and the default (the lingering close): 20
+  ``http.client`` POSTs of a 16 MB body (413 or a reset?); 20 connections over
+  ``--max-connections`` that each send a 4 MB body at once (503 or a reset?), kept open by the
+  client, and the server's open sockets after them; and what the lingering costs: one-item
+  requests (``--closing-requests``, 2,000 per server), each on a new connection that says
+  ``Connection: close``, one after another, to both servers in turns of 250, the servers on
+  one core and the client on the other: requests a second and the server's CPU time per
+  request (``/proc``), medians;
 - the small ones: ``Content-Type: text/plain``, a foreign ``Host``, ``HEAD
   /v2/health/ready``, ``/openapi.json``, gzip with trailing garbage, two-member gzip, a lone
   surrogate in a source and in ``id``.
@@ -86,7 +95,14 @@ def free_port() -> int:
 class Server:
     """``python -m serving`` in a subprocess, with the probe's stand-in model."""
 
-    def __init__(self, *flags: str, nofile: int | None = None, broken: bool = False, cost=7.0):
+    def __init__(
+        self,
+        *flags: str,
+        nofile: int | None = None,
+        broken: bool = False,
+        cost=7.0,
+        cpus: set[int] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory()
@@ -100,6 +116,8 @@ class Server:
         def limit() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+            if cpus is not None:  # (before exec: every thread the server starts inherits it)
+                os.sched_setaffinity(0, cpus)
 
         # cwd: not this repository, whose serving/ would come before PYTHONPATH's
         self.process = subprocess.Popen(
@@ -300,6 +318,135 @@ def big_header(megabytes: int) -> None:
         )
 
 
+def outcome(action) -> str:
+    """``action()``'s result, or the name of the error it raised."""
+    try:
+        return action()
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def post_big_body(server: Server, size: int) -> str:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("POST", INFER, body=b"x" * size)
+        return str(conn.getresponse().status)
+    finally:
+        conn.close()
+
+
+def counted(outcomes: list[str]) -> str:
+    return ", ".join(f"{outcomes.count(key)} {key}" for key in sorted(set(outcomes)))
+
+
+def open_sockets(pid: int) -> int:
+    return sum(os.readlink(fd).startswith("socket:") for fd in Path(f"/proc/{pid}/fd").iterdir())
+
+
+def refused_over_capacity(server: Server, count: int) -> tuple[str, int]:
+    """``count`` connections over capacity (one connection held part-way through its headers,
+    ``--max-connections 1``), each sending a 4 MB upload at once and kept open: their answers'
+    statuses, and the server's open sockets after them."""
+    held = socket.create_connection(("127.0.0.1", server.port))
+    held.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # not idle: it is never closed for one
+    time.sleep(0.2)
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {4 << 20}\r\n\r\n"
+    kept, outcomes = [held], []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        kept.append(sock)
+        sock.settimeout(10)
+        try:
+            sock.sendall(head.encode() + b"x" * (4 << 20))
+        except OSError:
+            pass  # answered and no longer read: the answer may still be there to read
+        try:
+            answer = sock.recv(65536)
+            outcomes.append(answer.split(b" ", 2)[1].decode() if answer else "closed")
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+    sockets = open_sockets(server.process.pid)
+    for sock in kept:
+        sock.close()
+    return counted(outcomes), sockets
+
+
+def closing_requests(server: Server, count: int) -> tuple[float, float]:
+    """``count`` one-item requests, each on a new connection that says ``Connection: close``:
+    requests a second, and the server's CPU milliseconds per request."""
+    from load_clients import cpu_seconds
+
+    payload = json.dumps(body(["abc"])).encode()
+    request = (
+        f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    cpu, started = cpu_seconds(server.process.pid), time.monotonic()
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+    elapsed = time.monotonic() - started
+    return count / elapsed, 1000 * (cpu_seconds(server.process.pid) - cpu) / count
+
+
+def closing(requests: int, rounds: int = 8) -> None:
+    """The lingering close against closing at once (``--linger-s 0``), side by side; the cost
+    from both servers up at once (on one core, the client on the other), measured in turns
+    (``rounds`` windows each, the order flipped each round), as medians."""
+    for linger in ("0", "30"):
+        label = f"--linger-s {linger}"
+        with Server("--linger-s", linger) as server:
+            bodies = [outcome(lambda s=server: post_big_body(s, 16 << 20)) for _ in range(20)]
+            report(f"{label}: 16 MB bodies (http.client)", counted(bodies))
+        with Server(
+            "--linger-s", linger, "--max-connections", "1", "--health-connections", "0"
+        ) as server:
+            answers, sockets = refused_over_capacity(server, 20)
+            report(f"{label}: 20 uploads over capacity", f"{answers}; {sockets} sockets open")
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpus, client_cpus = ({cores[0]}, {cores[1]}) if len(cores) > 1 else (None, None)
+    window = max(requests // rounds, 1)
+    before = os.sched_getaffinity(0)
+    with (
+        Server("--linger-s", "0", cpus=server_cpus) as at_once,
+        Server("--linger-s", "30", cpus=server_cpus) as lingering,
+    ):
+        if client_cpus is not None:
+            os.sched_setaffinity(0, client_cpus)
+        try:
+            servers = {"0": at_once, "30": lingering}
+            for server in servers.values():
+                closing_requests(server, 200)  # warm-up
+            windows: dict[str, list[tuple[float, float]]] = {"0": [], "30": []}
+            for turn in range(rounds):
+                for linger in ("0", "30") if turn % 2 == 0 else ("30", "0"):
+                    windows[linger].append(closing_requests(servers[linger], window))
+        finally:
+            os.sched_setaffinity(0, before)
+    for linger, measured in windows.items():
+        rate = statistics.median(rate for rate, _ in measured)
+        cpu_ms = statistics.median(cpu for _, cpu in measured)
+        report(
+            f"--linger-s {linger}: Connection: close requests",
+            f"{rate:.0f} req/s, server {cpu_ms:.3f} ms CPU/request (medians of {rounds} x "
+            f"{window})",
+        )
+    rate_ratios = [a[0] / b[0] for a, b in zip(windows["30"], windows["0"], strict=True)]
+    cpu_ratios = [a[1] / b[1] for a, b in zip(windows["30"], windows["0"], strict=True)]
+    report(
+        "lingering / at once, median of the rounds",
+        f"req/s {statistics.median(rate_ratios):.3f}x (range {min(rate_ratios):.2f}-"
+        f"{max(rate_ratios):.2f}), CPU {statistics.median(cpu_ratios):.3f}x (range "
+        f"{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})",
+    )
+
+
 def stalled_upload() -> None:
     with Server("--max-delay-ms", "50") as server:
 
@@ -408,6 +555,9 @@ def main() -> None:
     parser.add_argument("--wait-s", type=float, default=15.0, help="longest wait per connection")
     parser.add_argument("--header-mb", type=int, default=20)
     parser.add_argument("--only", nargs="*", help="run only these scenarios")
+    parser.add_argument(
+        "--closing-requests", type=int, default=2000, help="Connection: close requests per server"
+    )
     args = parser.parse_args()
     scenarios = {
         "attention": lambda: (attention(32, 256), attention(14, 256)),
@@ -419,6 +569,7 @@ def main() -> None:
         "isolation": failure_isolation,
         "broken": broken_model,
         "small": small_ones,
+        "closing": lambda: closing(args.closing_requests),
     }
     with Server() as server:
         print(f"server's serving package: {Path(server.where.read_text()).parent}")

@@ -310,6 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(at most 86400; default: none, no limit)",
     )
     parser.add_argument(
+        "--linger-s",
+        type=float,
+        default=connections.linger_s,
+        help="how long a connection the server closes reads and drops what its client still "
+        "sends, so that the client reads its last answer (a 413 to a long body) rather than a "
+        "reset; it closes sooner when the client closes or is silent for 5 s (nginx's "
+        "lingering_close; 0: close at once; default: %(default)s)",
+    )
+    parser.add_argument(
         "--device",
         type=_device,
         default="auto",
@@ -383,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             send_timeout_s=args.send_timeout_s,
             retry_after_s=args.retry_after_s,
             max_connection_age_s=args.max_connection_age_s,
+            linger_s=args.linger_s,
         )
         limits = fit_to_file_limit(limits)  # before any model loads: a limit too low is an error
     except ValueError as exc:

@@ -37,6 +37,14 @@ behind that answer (pipelined, or begun), the close goes with the answer to the 
 requests that come after that first answer began are not answered (RFC 9112 has the client
 retry them).
 
+A connection the server closes while its client may still be sending (an answer that says
+``Connection: close``, a refusal, a dropped body past its bound) **lingers**, as nginx's
+``lingering_close``: closing a socket with unread bytes makes the kernel send a reset, which
+can overtake the last answer (a client still sending a 16 MB body read a reset, not its 413).
+The server shuts down writing after its last answer, reads and drops what comes, and closes when
+the client closes, after :data:`LINGER_IDLE_S` without a byte, or after ``linger_s``. A
+lingering connection is idle: the first one closed for a new connection.
+
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
 (``{"error": "malformed HTTP request: ..."}``) instead of uvicorn's plain-text 400, then
@@ -102,6 +110,10 @@ REFUSE = "skattn.refuse"
 #: The spread of each connection's age limit about ``max_connection_age_s`` (gRPC's jitter).
 AGE_JITTER = 0.1
 
+#: How long a lingering connection waits for its client's next byte before it closes (nginx's
+#: ``lingering_timeout``), within ``linger_s`` in all.
+LINGER_IDLE_S = 5.0
+
 HEALTH_PREFIX = "/v2/health/"
 
 #: The most bytes of a body left unread by an early answer that the connection reads and drops
@@ -145,7 +157,7 @@ class _GuardedProtocol:
         task starts, pipelined requests included: each is checked here."""
         self.__dict__["_cycle"] = cycle
         if cycle is not None:
-            cycle.transport = HeadWithBody(cycle.transport)
+            cycle.transport = HeadWithBody(cycle.transport, self._close)
             cycle.scope[SIGNALS] = RequestSignals(cycle.flow.resume_reading)
             self._requests += 1
             if self._close_at < math.inf:  # (uvicorn calls the app with cycle.send)
@@ -173,6 +185,11 @@ class _GuardedProtocol:
         self._close_at = math.inf  # (the loop's clock) when its age limit is reached
         self._requests = 0  # requests whose headers came (cycles made)
         self._last_request: int | None = None  # the one whose answer closes, once past the age
+        self._lingering = False  # closed for writing: what the client sends is dropped
+        self._linger_end = 0.0  # (the loop's clock) when a lingering connection closes at last
+        self._heard_at = 0.0  # (the loop's clock) the lingering client's latest bytes
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._stopping = False  # the server stops: closes do not linger
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -185,7 +202,8 @@ class _GuardedProtocol:
             self._close_at = self.loop.time() + age
         if len(self.connections) <= limits.max_connections:
             return
-        if self._close_an_idle_connection():
+        self._close_an_idle_connection()  # (a lingering one first)
+        if len(self.connections) <= limits.max_connections:
             return
         if len(self.connections) <= limits.max_connections + limits.health_connections:
             self._health_only = True
@@ -195,10 +213,19 @@ class _GuardedProtocol:
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_send_timer()
-        # uvicorn tells only self.cycle, the newest request, that the client has gone: with
-        # requests pipelined, the one in progress ran on for no one (its batch never withdrawn)
-        # and its answer went to a closed transport. Every unfinished request is told here,
-        # through uvicorn's cycle and through its signals (which withdraw its queued items).
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        self._disconnect_unanswered()
+        super().connection_lost(exc)
+
+    def _disconnect_unanswered(self) -> None:
+        """Tell every unfinished request that its client has gone (its answer will not be sent).
+
+        uvicorn tells only self.cycle, the newest request: with requests pipelined, the one in
+        progress ran on for no one (its batch never withdrawn) and its answer went to a closed
+        transport. Each is told through uvicorn's cycle and through its signals (which withdraw
+        its queued items)."""
         queued = [cycle for cycle, _ in getattr(self, "pipeline", ())]
         for cycle in {self._running, self.cycle, *queued} - {None}:
             if not cycle.response_complete:
@@ -207,14 +234,68 @@ class _GuardedProtocol:
                 cycle.scope[SIGNALS].disconnect()
         if queued:
             self.pipeline.clear()
-        super().connection_lost(exc)
+
+    def _close(self) -> None:
+        """Close the connection once what was written has been sent: every close that may leave
+        bytes of the client unread (an answer that says ``Connection: close``, a refusal, a
+        dropped body past its bound) comes here.
+
+        Closing a socket with unread bytes in it makes the kernel send a reset, which discards
+        what the socket had still to send and can overtake, at the client, the answer already
+        sent; a client still sending a long body would read a reset, not its 413. So the
+        connection lingers, as nginx's ``lingering_close`` does: it shuts down writing (a FIN
+        after the last answer), reads and drops what comes, and closes when the client closes
+        (the transport does, at its FIN), after :data:`LINGER_IDLE_S` without a byte, or after
+        ``linger_s``. Requests still unanswered are told that their client has gone. A TLS
+        transport, which cannot shut down writing alone, and a stopping server (which would
+        wait for the client) close at once."""
+        transport = self.transport
+        if self._lingering or transport.is_closing():
+            return
+        if self.limits.linger_s == 0 or self._stopping or not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        self._cancel_header_timer()
+        self._awaiting_headers = False
+        self._unset_keepalive_if_required()
+        self._disconnect_unanswered()
+        self.flow.resume_reading()
+        transport.write_eof()  # once its buffer is sent
+        now = self.loop.time()
+        self._linger_end, self._heard_at = now + self.limits.linger_s, now
+        self._linger_timer = self.loop.call_at(now, self._check_linger)
+
+    def shutdown(self) -> None:
+        """The server stops (uvicorn, once for each connection): a lingering connection closes
+        now, and one whose answer is in progress closes at once after it."""
+        self._stopping = True
+        if self._lingering:
+            self.transport.close()
+        else:
+            super().shutdown()
+
+    def _check_linger(self) -> None:
+        """Close the lingering connection once its client has been silent for
+        :data:`LINGER_IDLE_S` or ``linger_s`` has passed (bytes still unread then are reset)."""
+        end = min(self._linger_end, self._heard_at + LINGER_IDLE_S)
+        if self.loop.time() >= end:
+            self._linger_timer = None
+            self.transport.close()
+        else:
+            self._linger_timer = self.loop.call_at(end, self._check_linger)
 
     def on_response_complete(self) -> None:
         """A response is complete (before httptools starts a pipelined request's task): its
-        head is sent if it was held (a HEAD answer has no body write to carry it)."""
+        head is sent if it was held (a HEAD answer has no body write to carry it). On a
+        lingering connection nothing follows: uvicorn, which sees its transport open, would
+        arm its keep-alive timer or start a pipelined request."""
         cycle = self._running if self._running is not None else self.cycle  # httptools', h11's
         if cycle is not None:
             cycle.transport.flush()
+        if self._lingering:
+            self.server_state.total_requests += 1  # (what uvicorn counts first)
+            return
         super().on_response_complete()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools' (h11 has none)
@@ -314,6 +395,9 @@ class _GuardedProtocol:
         )
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._heard_at = self.loop.time()  # dropped
+            return
         if self.transport.is_closing() or self._parser_stopped:
             return  # (after an Upgrade request on httptools: the answer closes the connection)
         conn = getattr(self, "conn", None)
@@ -458,7 +542,7 @@ class _GuardedProtocol:
 
     def _close_after_discard(self) -> None:
         self._cancel_header_timer()
-        self.transport.close()
+        self._close()
 
     def _await_headers(self, arm: bool = True) -> None:
         """A request's headers are awaited from now; ``arm=False`` leaves the timer to
@@ -523,15 +607,18 @@ class _GuardedProtocol:
         """No request in progress: the last one (if any) was answered, and no byte of the next
         one's request line or headers has come (a request part-way through its headers is
         not idle, however long ago its last byte came)."""
+        if self._lingering:
+            return True
         cycle = self.cycle
         answered = cycle is None or cycle.response_complete
         return answered and not (self._awaiting_headers and self._header_bytes)
 
     def _close_an_idle_connection(self) -> bool:
-        """Close the longest-idle connection (one whose answer is all sent first), else abort
-        the one whose answer has drained nothing for longest, at least :data:`STALL_EVICT_S`
-        as TCP's acknowledgements show it (a client that stopped reading, or reads slower than
-        about a receive window in that time); False when there is neither."""
+        """Close a lingering connection, else the longest-idle one (one whose answer is all sent
+        first), else abort the one whose answer has drained nothing for longest, at least
+        :data:`STALL_EVICT_S` as TCP's acknowledgements show it (a client that stopped reading,
+        or reads slower than about a receive window in that time); False when there is
+        neither."""
         others = [
             other
             for other in self.connections
@@ -539,7 +626,9 @@ class _GuardedProtocol:
         ]
         idle = [other for other in others if other._idle()]
         if idle:  # (one whose answer still drains finishes it, or the send timeout ends it)
-            oldest = min(idle, key=lambda other: (other._paused, other._last_active))
+            oldest = min(
+                idle, key=lambda other: (not other._lingering, other._paused, other._last_active)
+            )
             oldest._cancel_header_timer()
             oldest.transport.close()
         else:  # each paused answer's drain read once (a system call each)
@@ -569,7 +658,7 @@ class _GuardedProtocol:
             f"{extra}connection: close\r\n\r\n"
         )
         self.transport.write(head.encode("ascii") + body)
-        self.transport.close()
+        self._close()
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:

@@ -6,6 +6,7 @@ head held for its body (:class:`HeadWithBody`), the ``Connection: close`` of an 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -25,15 +26,19 @@ class HeadWithBody:
     (so a streaming response's head leaves with its first chunk). The cycle's first write
     other than an interim ``1xx`` response (``100 Continue``) is its head; it is held until
     the next write, and sent at the latest when the response completes (a HEAD answer writes
-    no body) or the cycle closes the connection.
+    no body) or the cycle closes the connection: through ``close``, the connection's own close
+    (which may linger), where given.
     """
 
-    __slots__ = ("_head", "_state", "_transport")
+    __slots__ = ("_close", "_head", "_state", "_transport")
 
     _BEFORE, _HOLDING, _SENT = 0, 1, 2
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, close: Callable[[], None] | None = None
+    ) -> None:
         self._transport = transport
+        self._close = transport.close if close is None else close  # (the connection's close)
         self._head: bytes | None = None
         self._state = self._BEFORE
 
@@ -54,7 +59,7 @@ class HeadWithBody:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        self._close()
 
     def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...
         return getattr(self._transport, name)

@@ -225,6 +225,16 @@ class ConnectionLimits:
         together do not all close together. Requests already received behind that answer on the
         connection (pipelined, or begun) are answered first, the last of them with the close.
         At most a day; None: no limit.
+    linger_s : float, default=30.0
+        How long a connection the server closes keeps reading, and dropping, what its client
+        still sends (nginx's ``lingering_close`` and ``lingering_time``): the server stops
+        writing (a FIN after its last answer), and closes when the client does, after
+        :data:`serving.connections.LINGER_IDLE_S` (5 s) without a byte from it, or after
+        ``linger_s``. Closing a socket with unread bytes makes the kernel answer with a reset
+        that can overtake the last answer: a client still sending a body over
+        ``max_body_bytes`` (Python's ``http.client``, ``requests``) would get a reset, not the
+        413. A lingering connection counts towards ``max_connections`` and is the first one
+        closed for a new connection. At most an hour; 0: close at once.
     """
 
     header_timeout_s: float = 10.0
@@ -235,6 +245,7 @@ class ConnectionLimits:
     send_timeout_s: float = 30.0
     retry_after_s: int = 1
     max_connection_age_s: float | None = None
+    linger_s: float = 30.0
 
     def __post_init__(self) -> None:
         check_real(
@@ -244,6 +255,7 @@ class ConnectionLimits:
         check_real(self.header_timeout_s, "header_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_real(self.keep_alive_s, "keep_alive_s", 0.0, MAX_TIMEOUT_S, low_open=True)
         check_real(self.send_timeout_s, "send_timeout_s", 0.0, MAX_TIMEOUT_S, low_open=True)
+        check_real(self.linger_s, "linger_s", 0.0, MAX_TIMEOUT_S)
         check_int(self.max_header_bytes, "max_header_bytes", 1024)
         check_int(self.max_connections, "max_connections")
         check_int(self.health_connections, "health_connections", 0)

@@ -703,6 +703,9 @@ def test_max_connections_is_fitted_to_the_file_limit(monkeypatch):
         ({"max_connection_age_s": float("nan")}, "max_connection_age_s"),
         ({"max_connection_age_s": 86400.5}, "max_connection_age_s"),
         ({"max_connection_age_s": "60"}, "max_connection_age_s"),
+        ({"linger_s": -0.5}, "linger_s"),
+        ({"linger_s": 3600.5}, "linger_s"),
+        ({"linger_s": None}, "linger_s"),
     ],
 )
 def test_connection_limits_are_validated(limits, name):
@@ -716,11 +719,13 @@ def test_the_cli_maps_every_limit_to_a_flag():
     args = build_parser().parse_args(
         ["--model-dir", "m", "--header-timeout-s", "2", "--body-timeout-s", "3",
          "--max-header-bytes", "4096", "--max-connections", "9", "--health-connections", "2",
-         "--keep-alive-s", "1.5", "--send-timeout-s", "4", "--max-connection-age-s", "60"]
+         "--keep-alive-s", "1.5", "--send-timeout-s", "4", "--max-connection-age-s", "60",
+         "--linger-s", "0"]
     )  # fmt: skip
     assert (args.header_timeout_s, args.body_timeout_s, args.max_header_bytes) == (2, 3, 4096)
     assert (args.max_connections, args.health_connections, args.keep_alive_s) == (9, 2, 1.5)
-    assert (args.send_timeout_s, args.max_connection_age_s) == (4, 60)
+    assert (args.send_timeout_s, args.max_connection_age_s, args.linger_s) == (4, 60, 0)
+    assert build_parser().parse_args(["--model-dir", "m"]).linger_s == 30
     assert build_parser().parse_args(["--model-dir", "m"]).max_connection_age_s is None
     none = ["--model-dir", "m", "--max-connection-age-s", "none"]
     assert build_parser().parse_args(none).max_connection_age_s is None
@@ -959,7 +964,7 @@ def test_a_request_sent_during_a_closing_answer_is_not_read(http_impl):
         release.set()
         for _ in range(20):
             await asyncio.sleep(0)
-        closed = transport.closed
+        closed = transport.closed or transport.eof
         protocol.connection_lost(None)
         return b"".join(transport.writes), closed
 
@@ -977,13 +982,21 @@ class RecordingTransport:
     def __init__(self):
         self.writes: list[bytes] = []
         self.closed = False
+        self.eof = False  # writing shut down (a lingering close)
+        self.after_eof: list[bytes] = []  # (asyncio's transports raise RuntimeError)
 
     def write(self, data):
         if data:  # (h11 writes an empty end of message; a transport ignores it)
-            self.writes.append(bytes(data))
+            (self.after_eof if self.eof else self.writes).append(bytes(data))
 
     def writelines(self, chunks):
-        self.writes.append(b"".join(chunks))
+        self.write(b"".join(chunks))
+
+    def can_write_eof(self):
+        return True
+
+    def write_eof(self):
+        self.eof = True
 
     def close(self):
         self.closed = True
@@ -1009,8 +1022,9 @@ class RecordingTransport:
         pass
 
 
-def drive_protocol(request: bytes, app, http_impl: str) -> RecordingTransport:
-    """Feed ``request`` to the guarded protocol over a recording transport, with ``app``."""
+def drive_protocol(request: bytes, app, http_impl: str, limits=None) -> RecordingTransport:
+    """Feed ``request`` to the guarded protocol over a recording transport, with ``app`` (and
+    ``limits``)."""
     import asyncio
 
     import uvicorn
@@ -1019,7 +1033,7 @@ def drive_protocol(request: bytes, app, http_impl: str) -> RecordingTransport:
     from serving.connections import uvicorn_config
 
     async def scenario():
-        config = uvicorn_config(app, http_impl=http_impl, log_level="warning")
+        config = uvicorn_config(app, limits, http_impl=http_impl, log_level="warning")
         config.load()
         protocol = config.http_protocol_class(
             config=config, server_state=ServerState(), app_state={}
@@ -1099,3 +1113,212 @@ def test_a_held_head_is_sent_when_its_connection_closes():
     held.close()  # (an app that failed after the head: uvicorn closes the connection)
     assert transport.writes == [b"HTTP/1.1 500 Internal Server Error\r\n\r\n"]
     assert transport.closed and held.is_closing()
+
+
+# -- the lingering close -------------------------------------------------------------------
+
+
+def post_big_body(server, size: int) -> int:
+    """POST ``size`` bytes with Python's ``http.client`` (as ``requests`` does: the whole body is
+    sent before the answer is read); the answer's status."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("POST", INFER.decode(), body=b"x" * size)
+        answer = conn.getresponse()
+        assert "exceeds" in json.loads(answer.read())["error"]
+        return answer.status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_client_still_sending_a_body_over_the_limit_reads_its_413(serve, http_impl):
+    # closed with 16 MB unread, the socket's reset reached the client before it read the 413
+    # (ConnectionResetError or BrokenPipeError, 10 times in 10 on both parsers)
+    server = serve(http_impl=http_impl)
+    assert [post_big_body(server, 16 << 20) for _ in range(3)] == [413] * 3
+
+
+def read_431(sock) -> None:
+    """Send a header over the 8 KiB limit, and read the 431 up to the server's FIN."""
+    sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000)
+    answer, _ = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+def wait_for_connections(server, count: int, limit_s: float = 5.0) -> float:
+    """Seconds until the server holds ``count`` open connections."""
+    started = time.monotonic()
+    while open_connections(server) != count:
+        assert time.monotonic() - started < limit_s, open_connections(server)
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_lingering_connection_closes_when_its_client_does(serve, http_impl):
+    limits = ConnectionLimits(max_header_bytes=8192, linger_s=30)
+    server = serve(limits=limits, http_impl=http_impl)
+    sock = connect(server)
+    read_431(sock)  # the server's FIN came after its answer
+    time.sleep(0.3)
+    assert open_connections(server) == 1  # lingering: it still reads
+    sock.sendall(b"more of what the server will not read")
+    sock.close()
+    assert wait_for_connections(server, 0) < 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_lingering_client_that_goes_quiet_is_closed_after_the_idle_wait(
+    serve, http_impl, monkeypatch
+):
+    monkeypatch.setattr("serving.connections.LINGER_IDLE_S", 0.5)
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    with connect(server) as sock:
+        read_431(sock)
+        assert 0.2 < wait_for_connections(server, 0) < 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_client_that_sends_without_end_is_closed_after_linger_s(serve, http_impl):
+    limits = ConnectionLimits(max_header_bytes=8192, linger_s=0.5)
+    server = serve(limits=limits, http_impl=http_impl)
+    with connect(server) as sock:
+        read_431(sock)
+        started = time.monotonic()
+        with pytest.raises(OSError):  # a reset: the server closed with these bytes unread
+            while time.monotonic() - started < 5:
+                sock.sendall(b"x" * 65536)
+                time.sleep(0.01)
+        assert 0.3 < time.monotonic() - started < 3
+    wait_for_connections(server, 0)
+
+
+def test_a_lingering_connection_is_the_first_closed_for_a_new_one(serve):
+    limits = ConnectionLimits(max_connections=2, health_connections=0, max_header_bytes=8192)
+    server = serve(limits=limits)
+    with connect(server) as idle, connect(server) as lingering:
+        idle.sendall(HEALTH)  # kept alive, the longest idle once the other lingers
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")
+        read_431(lingering)
+        with httpx.Client(base_url=server.url) as client:  # a third connection
+            assert client.get("/v2/health/ready").status_code == 200
+        idle.sendall(HEALTH)  # still open
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
+def test_connections_refused_over_capacity_read_their_503_and_stay_bounded(serve):
+    runtime = ReverseRuntime(gated=True)
+    limits = ConnectionLimits(max_connections=1, health_connections=0)
+    server = serve(runtime, limits=limits)
+    busy = connect(server, timeout=10)
+    body = json.dumps(infer_body(["x"])).encode()
+    busy.sendall(post_head(INFER, len(body)) + body)
+    assert runtime.started.acquire(timeout=10)
+    refused = []
+    try:
+        for _ in range(5):  # each sends a request at once, with a body too long to be read
+            sock = connect(server, timeout=10)
+            refused.append(sock)
+            try:
+                sock.sendall(post_head(INFER, 4 << 20) + b"x" * (4 << 20))
+            except OSError:  # the server answered and stopped reading
+                pass
+            answer, _ = read_until_closed(sock)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
+            # its clients keep them open: the newest lingers, each older one was closed for it
+            assert open_connections(server) <= 2
+    finally:
+        runtime.release()
+        busy.settimeout(10)
+        assert busy.recv(65536).startswith(b"HTTP/1.1 200 ")
+        for sock in [busy, *refused]:
+            sock.close()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("linger_s", [30.0, 0.0])
+def test_a_closing_answer_ends_the_writing_and_later_requests_are_never_started(
+    http_impl, linger_s
+):
+    answered = drive_protocol(
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n",  # pipelined after it: never answered
+        answer_a_head_request,
+        http_impl,
+        ConnectionLimits(linger_s=linger_s),
+    )
+    written = b"".join(answered.writes)
+    assert written.count(b"HTTP/1.1 200 OK") == 1 and closes(written.split(b"\r\n\r\n")[0])
+    assert answered.after_eof == []
+    if linger_s:  # writing shut down (closed at the end of the drive: connection_lost)
+        assert answered.eof
+    else:
+        assert answered.closed and not answered.eof
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_lingering_connection_outlasts_the_keep_alive_timeout(serve, http_impl):
+    # (uvicorn, which sees the transport open, would arm its keep-alive timer after the answer)
+    limits = ConnectionLimits(keep_alive_s=0.2, linger_s=30)
+    server = serve(limits=limits, http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer, _ = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        for _ in range(8):  # 0.8 s, four keep-alive timeouts
+            sock.sendall(b"still sending")
+            time.sleep(0.1)
+        assert open_connections(server) == 1
+    wait_for_connections(server, 0)
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_connection_refused_part_way_through_a_body_lingers_idle(serve, http_impl):
+    # its request was never answered, and it is as idle as any lingering connection
+    limits = ConnectionLimits(max_connections=1, health_connections=0)
+    server = serve(limits=limits, http_impl=http_impl)
+    with connect(server) as broken:
+        broken.sendall(
+            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nnot a chunk size\r\n"
+        )
+        answer, _ = read_until_closed(broken)
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        with httpx.Client(base_url=server.url) as client:  # closes it to come in
+            assert client.get("/v2/health/ready").status_code == 200
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_stopping_server_does_not_wait_for_its_clients_to_close(http_impl):
+    from test_server import RunningServer
+
+    from serving.settings import ServerSettings
+
+    runtime = ReverseRuntime(gated=True)
+    server = RunningServer(runtime, ServerSettings(), ConnectionLimits(), http_impl)
+    with server, connect(server) as lingering, connect(server) as in_flight:
+        # refused part-way through a body: its request unanswered, the connection lingering
+        lingering.sendall(
+            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nnot a chunk size\r\n"
+        )
+        assert read_until_closed(lingering)[0].startswith(b"HTTP/1.1 400 ")
+        body = json.dumps(infer_body(["ab"])).encode()
+        in_flight.sendall(post_head(INFER, len(body)) + body)
+        assert runtime.started.acquire(timeout=10)
+        started = time.monotonic()
+        server.server.should_exit = True  # uvicorn tells each connection, then waits for them
+        time.sleep(0.3)
+        runtime.release()  # the request in flight is answered
+        answer, _ = read_until_closed(in_flight)  # and the connection closed after it
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        # (uvicorn's h11 protocol closes without saying so in the answer's head)
+        assert closes(answer.split(b"\r\n\r\n")[0]) or http_impl == "h11"
+        server._thread.join(timeout=10)
+        # both clients keep their sockets open: neither connection lingered for them
+        assert time.monotonic() - started < 3 and not server._thread.is_alive()

@@ -19,3 +19,14 @@ def test_the_probe_server_starts_and_answers_with_its_stand_in_model():
     assert response.status_code == 200, response.text
     (output,) = response.json()["outputs"]
     assert output["data"] == ["cba", "yx"]  # ReverseRuntime reverses its sources
+
+
+def test_the_closing_scenarios_pieces_read_what_the_server_answers():
+    with probe_hostile.Server(cost=0.0) as server:
+        assert probe_hostile.post_big_body(server, 4 << 20) == "413"
+        rate, cpu_ms = probe_hostile.closing_requests(server, 5)
+        assert rate > 0 and cpu_ms > 0
+    flags = ("--max-connections", "1", "--health-connections", "0")
+    with probe_hostile.Server(*flags, cost=0.0) as server:
+        answers, sockets = probe_hostile.refused_over_capacity(server, 2)
+    assert answers == "2 503" and sockets >= 2  # the held one, the lingering one

@@ -240,6 +240,8 @@ UNREAD = {"check_model_dir": "false"}
         ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "0"}, "max_connection_age"),
         ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "old"}, "max_connection_a"),
         ({"model_dir": "a", "shared_port": "1", "max_connection_age_s": "1e6"}, "max_connection_a"),
+        ({"model_dir": "a", "shared_port": "1", "linger_s": "-1"}, "linger_s"),
+        ({"model_dir": "a", "linger_s": "5"}, "linger_s limits the shared port"),
     ],
 )
 def test_bad_builder_arguments_raise_value_error_naming_them(args, message):
@@ -369,6 +371,8 @@ def test_builder_passes_the_shared_port_to_every_replica():
     for none in ("none", None):  # no limit, said explicitly (YAML's null)
         unaged = kwargs(shared_port="8100", max_connection_age_s=none)["connection_limits"]
         assert unaged == {"max_connection_age_s": None}
+    lingerless = kwargs(shared_port="8100", linger_s="0")["connection_limits"]
+    assert lingerless == {"linger_s": 0.0}
     assert kwargs(shared_port="8100", shared_close_grace_s="2")["close_grace"] == 2.0
 
 

@@ -1219,7 +1219,13 @@ def test_cli_model_dir_repeats_as_name_equals_dir(tmp_path, capsys, keep_logging
     with pytest.raises(SystemExit):
         main(["--model-dir", "x", "--model-name", ""])
     assert "model name '' must be non-empty" in capsys.readouterr().err
-    for flag in ("--max-delay-ms", "--shutdown-timeout", "--body-timeout-s", "--keep-alive-s"):
+    for flag in (
+        "--max-delay-ms",
+        "--shutdown-timeout",
+        "--body-timeout-s",
+        "--keep-alive-s",
+        "--linger-s",
+    ):
         with pytest.raises(SystemExit):
             main(["--model-dir", "x", flag, "1e308"])
         assert flag.lstrip("-").replace("-", "_") in capsys.readouterr().err.replace("-", "_")
