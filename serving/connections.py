@@ -26,8 +26,10 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   (at least :data:`STALL_EVICT_S`, 5 s);
   when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
-  get 503), so that a load balancer can still see the server; beyond those, a new connection
-  gets 503 and is closed at once. Both 503s carry ``Retry-After`` (``retry_after_s``).
+  get 503), so that a load balancer can still see the server (an idle one makes room for
+  another); beyond those, a new connection gets 503 and is closed. Both 503s carry
+  ``Retry-After`` (``retry_after_s``). Lingering connections (below) are not counted; the
+  longest-lingering ones are closed while the sockets are over both bounds together.
 
 A connection older than ``max_connection_age_s`` (when set; within 10 % of it, drawn for each
 connection) is told to close by the first answer that starts after it: the protocol wraps each
@@ -43,7 +45,8 @@ A connection the server closes while its client may still be sending (an answer 
 can overtake the last answer (a client still sending a 16 MB body read a reset, not its 413).
 The server shuts down writing after its last answer, reads and drops what comes, and closes when
 the client closes, after :data:`LINGER_IDLE_S` without a byte, or after ``linger_s``. A
-lingering connection is idle: the first one closed for a new connection.
+lingering connection takes no slot of the bounds above, and is the first closed when the
+sockets are over them.
 
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
@@ -202,10 +205,26 @@ class _GuardedProtocol:
             self._close_at = self.loop.time() + age
         if len(self.connections) <= limits.max_connections:
             return
-        self._close_an_idle_connection()  # (a lingering one first)
-        if len(self.connections) <= limits.max_connections:
+        # A lingering connection holds a socket but no slot: the longest-lingering ones are
+        # closed while the sockets are over max_connections + health_connections, and the slots
+        # are counted without them.
+        others = [
+            other
+            for other in self.connections
+            if other is not self and isinstance(other, _GuardedProtocol)
+        ]
+        lingering = sorted(
+            (other for other in others if other._lingering), key=lambda other: other._linger_end
+        )
+        excess = len(self.connections) - limits.max_connections - limits.health_connections
+        for other in lingering[: max(excess, 0)]:
+            other.transport.close()
+            self.connections.discard(other)  # connection_lost follows on the next loop turn
+        full = [other for other in others if not other._lingering and not other._health_only]
+        if len(full) < limits.max_connections or self._close_an_idle_connection(full):
             return
-        if len(self.connections) <= limits.max_connections + limits.health_connections:
+        health = [other for other in others if not other._lingering and other._health_only]
+        if len(health) < limits.health_connections or self._close_an_idle_connection(health):
             self._health_only = True
             return
         self._refuse(503, "too many connections; retry later", self._retry_after())
@@ -230,6 +249,7 @@ class _GuardedProtocol:
         for cycle in {self._running, self.cycle, *queued} - {None}:
             if not cycle.response_complete:
                 cycle.disconnected = True
+                cycle.transport.discard()  # (uvicorn's 100 Continue, a held head, a close)
                 cycle.message_event.set()
                 cycle.scope[SIGNALS].disconnect()
         if queued:
@@ -412,7 +432,7 @@ class _GuardedProtocol:
         discarding = answered and self._body_unread()  # the rest of an early-answered body
         if discarding:
             self._discard(len(data))
-            if self.transport.is_closing():
+            if self._lingering or self.transport.is_closing():
                 return
         elif answered and not self._awaiting_headers:
             # the first byte of the next request on this connection: its header deadline
@@ -421,6 +441,8 @@ class _GuardedProtocol:
         if self._awaiting_headers:
             self._header_bytes += len(data)
         super().data_received(data)
+        if self._lingering:  # refused in this read (400, 431): nothing more is read or armed
+            return
         if getattr(self, "conn", None) is not None:  # h11: its request's end came in this read
             self._body_completed()
         if self._awaiting_headers and self._header_timer is None:
@@ -607,28 +629,19 @@ class _GuardedProtocol:
         """No request in progress: the last one (if any) was answered, and no byte of the next
         one's request line or headers has come (a request part-way through its headers is
         not idle, however long ago its last byte came)."""
-        if self._lingering:
-            return True
         cycle = self.cycle
         answered = cycle is None or cycle.response_complete
         return answered and not (self._awaiting_headers and self._header_bytes)
 
-    def _close_an_idle_connection(self) -> bool:
-        """Close a lingering connection, else the longest-idle one (one whose answer is all sent
+    def _close_an_idle_connection(self, others: list[_GuardedProtocol]) -> bool:
+        """Close the longest-idle connection of ``others`` (one whose answer is all sent
         first), else abort the one whose answer has drained nothing for longest, at least
         :data:`STALL_EVICT_S` as TCP's acknowledgements show it (a client that stopped reading,
         or reads slower than about a receive window in that time); False when there is
         neither."""
-        others = [
-            other
-            for other in self.connections
-            if other is not self and isinstance(other, _GuardedProtocol)
-        ]
         idle = [other for other in others if other._idle()]
         if idle:  # (one whose answer still drains finishes it, or the send timeout ends it)
-            oldest = min(
-                idle, key=lambda other: (not other._lingering, other._paused, other._last_active)
-            )
+            oldest = min(idle, key=lambda other: (other._paused, other._last_active))
             oldest._cancel_header_timer()
             oldest.transport.close()
         else:  # each paused answer's drain read once (a system call each)

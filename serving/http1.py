@@ -32,7 +32,7 @@ class HeadWithBody:
 
     __slots__ = ("_close", "_head", "_state", "_transport")
 
-    _BEFORE, _HOLDING, _SENT = 0, 1, 2
+    _BEFORE, _HOLDING, _SENT, _DISCARDED = 0, 1, 2, 3
 
     def __init__(
         self, transport: asyncio.Transport, close: Callable[[], None] | None = None
@@ -48,8 +48,14 @@ class HeadWithBody:
             self._transport.writelines((head, data))  # one writev
         elif self._state == self._BEFORE and not data.startswith(_INTERIM):
             self._head, self._state = data, self._HOLDING
-        else:
+        elif self._state != self._DISCARDED:
             self._transport.write(data)
+
+    def discard(self) -> None:
+        """The answer will not be sent (its client has gone, or the connection closed for
+        writing): a held head is dropped, and every later write is ignored, as a closed
+        transport ignores it."""
+        self._head, self._state = None, self._DISCARDED
 
     def flush(self) -> None:
         """Send a held head."""

@@ -233,8 +233,10 @@ class ConnectionLimits:
         ``linger_s``. Closing a socket with unread bytes makes the kernel answer with a reset
         that can overtake the last answer: a client still sending a body over
         ``max_body_bytes`` (Python's ``http.client``, ``requests``) would get a reset, not the
-        413. A lingering connection counts towards ``max_connections`` and is the first one
-        closed for a new connection. At most an hour; 0: close at once.
+        413. A lingering connection takes no slot of ``max_connections`` or
+        ``health_connections``; the longest-lingering ones are closed while the sockets are
+        over both together. A stopping server does not linger. At most an hour; 0: close at
+        once.
     """
 
     header_timeout_s: float = 10.0

@@ -25,7 +25,7 @@ def test_the_closing_scenarios_pieces_read_what_the_server_answers():
     with probe_hostile.Server(cost=0.0) as server:
         assert probe_hostile.post_big_body(server, 4 << 20) == "413"
         rate, cpu_ms = probe_hostile.closing_requests(server, 5)
-        assert rate > 0 and cpu_ms > 0
+        assert rate > 0 and cpu_ms >= 0  # (/proc counts CPU in 10 ms ticks: 5 cost less)
     flags = ("--max-connections", "1", "--health-connections", "0")
     with probe_hostile.Server(*flags, cost=0.0) as server:
         answers, sockets = probe_hostile.refused_over_capacity(server, 2)
