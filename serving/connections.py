@@ -20,10 +20,11 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   progress on one connection aborts it (uvicorn's httptools protocol queued every request of
   each read, so one client sending requests back to back grew the server by a gigabyte in
   five seconds);
-- a **connection bound**: beyond ``max_connections`` open connections, a new one closes the
+- a **connection bound**: beyond ``max_connections`` full connections, a new one closes the
   longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
-  connections when it runs out), else the one whose answer has drained nothing for longest
-  (at least :data:`STALL_EVICT_S`, 5 s);
+  connections when it runs out; one whose buffered answer its client does not read is
+  aborted), else the one whose answer has drained nothing for longest (at least
+  :data:`STALL_EVICT_S`, 5 s);
   when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server (an idle one makes room for
@@ -218,7 +219,7 @@ class _GuardedProtocol:
         )
         excess = len(self.connections) - limits.max_connections - limits.health_connections
         for other in lingering[: max(excess, 0)]:
-            other.transport.close()
+            _end(other.transport)
             self.connections.discard(other)  # connection_lost follows on the next loop turn
         full = [other for other in others if not other._lingering and not other._health_only]
         if len(full) < limits.max_connections or self._close_an_idle_connection(full):
@@ -299,9 +300,9 @@ class _GuardedProtocol:
         """Close the lingering connection once its client has been silent for
         :data:`LINGER_IDLE_S` or ``linger_s`` has passed (bytes still unread then are reset)."""
         end = min(self._linger_end, self._heard_at + LINGER_IDLE_S)
-        if self.loop.time() >= end:
+        if self.loop.time() >= end - 0.001:  # (uvloop's timers run on whole milliseconds)
             self._linger_timer = None
-            self.transport.close()
+            _end(self.transport)
         else:
             self._linger_timer = self.loop.call_at(end, self._check_linger)
 
@@ -634,16 +635,16 @@ class _GuardedProtocol:
         return answered and not (self._awaiting_headers and self._header_bytes)
 
     def _close_an_idle_connection(self, others: list[_GuardedProtocol]) -> bool:
-        """Close the longest-idle connection of ``others`` (one whose answer is all sent
-        first), else abort the one whose answer has drained nothing for longest, at least
-        :data:`STALL_EVICT_S` as TCP's acknowledgements show it (a client that stopped reading,
-        or reads slower than about a receive window in that time); False when there is
-        neither."""
+        """Close the longest-idle connection of ``others`` (one whose writes are not paused
+        first; what its buffer still holds is dropped), else abort the one whose answer has
+        drained nothing for longest, at least :data:`STALL_EVICT_S` as TCP's acknowledgements
+        show it (a client that stopped reading, or reads slower than about a receive window in
+        that time); False when there is neither."""
         idle = [other for other in others if other._idle()]
-        if idle:  # (one whose answer still drains finishes it, or the send timeout ends it)
+        if idle:
             oldest = min(idle, key=lambda other: (other._paused, other._last_active))
             oldest._cancel_header_timer()
-            oldest.transport.close()
+            _end(oldest.transport)
         else:  # each paused answer's drain read once (a system call each)
             drains = ((other._undrained_s(), other) for other in others)
             undrained, oldest = max(drains, key=operator.itemgetter(0), default=(0.0, None))
@@ -672,6 +673,16 @@ class _GuardedProtocol:
         )
         self.transport.write(head.encode("ascii") + body)
         self._close()
+
+
+def _end(transport: asyncio.Transport) -> None:
+    """Close ``transport`` now: what its buffer still holds is dropped (``close()`` would wait
+    for a client that reads nothing, and writes under the high-water mark never pause, so the
+    send timeout would never end it)."""
+    if transport.get_write_buffer_size():
+        transport.abort()
+    else:
+        transport.close()
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:

@@ -1149,6 +1149,13 @@ def read_431(sock) -> None:
     assert answer.startswith(b"HTTP/1.1 431 ")
 
 
+def wait_until(condition, limit_s: float = 5.0) -> None:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < limit_s, "the server did not get there"
+        time.sleep(0.01)
+
+
 def wait_for_connections(server, count: int, limit_s: float = 5.0) -> float:
     """Seconds until the server holds ``count`` open connections."""
     started = time.monotonic()
@@ -1400,13 +1407,14 @@ def test_an_idle_full_connection_makes_room_beside_a_health_only_one(serve):
     server = serve(runtime, limits=ConnectionLimits(max_connections=2, health_connections=1))
     body = json.dumps(infer_body(["abc"])).encode()
     request = post_head(INFER, len(body)) + body
+    connections = server.server.server_state.connections
     with connect(server) as first, connect(server) as second:
         first.sendall(request)
         second.sendall(request)
         assert runtime.started.acquire(timeout=10)
-        time.sleep(0.3)
+        wait_until(lambda: sum(not other._idle() for other in connections) == 2)
         with connect(server) as health:  # both busy: admitted for health checks only
-            time.sleep(0.2)
+            wait_until(lambda: any(other._health_only for other in connections))
             runtime.release()
             assert read_response(first)[0].startswith(b"HTTP/1.1 200 ")
             assert read_response(second)[0].startswith(b"HTTP/1.1 200 ")
@@ -1436,3 +1444,53 @@ def test_lingering_connections_take_no_slot(serve):
     finally:
         for sock in lingering:
             sock.close()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_lingering_answer_its_client_never_reads_is_dropped_at_linger_s(http_impl):
+    # close() waited for the buffer to drain: under the high-water mark writing never pauses,
+    # so the send timeout never ran, and the connection stayed open for good
+    import threading
+
+    import uvicorn
+
+    from serving.connections import uvicorn_config
+
+    size = 60_000
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-length", b"%d" % size), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"z" * size})
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (accepted sockets too)
+    listener.bind(("127.0.0.1", 0))
+    limits = ConnectionLimits(linger_s=0.5, send_timeout_s=60)
+    config = uvicorn_config(app, limits, http_impl=http_impl, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with client:
+            client.connect(listener.getsockname())
+            client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # and reads nothing
+            started = time.monotonic()
+            while not any(other._lingering for other in server.server_state.connections):
+                assert time.monotonic() - started < 5, "the connection did not linger"
+                time.sleep(0.01)
+            (lingering,) = server.server_state.connections
+            assert lingering.transport.get_write_buffer_size() > 0  # its answer waits, unread
+            while server.server_state.connections:
+                assert time.monotonic() - started < 5, "the lingering connection stayed open"
+                time.sleep(0.05)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
