@@ -1288,16 +1288,20 @@ def test_a_lingering_connection_outlasts_the_keep_alive_timeout(serve, http_impl
     wait_for_connections(server, 0)
 
 
+#: A request refused (400) part-way through its chunked body: it is never answered.
+BROKEN_CHUNKED = (
+    b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nnot a chunk size\r\n"
+)
+
+
 @pytest.mark.parametrize("http_impl", IMPLS)
 def test_a_connection_refused_part_way_through_a_body_lingers_idle(serve, http_impl):
     # its request was never answered, and it is as idle as any lingering connection
     limits = ConnectionLimits(max_connections=1, health_connections=0)
     server = serve(limits=limits, http_impl=http_impl)
     with connect(server) as broken:
-        broken.sendall(
-            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nnot a chunk size\r\n"
-        )
+        broken.sendall(BROKEN_CHUNKED)
         answer, _ = read_until_closed(broken)
         assert answer.startswith(b"HTTP/1.1 400 ")
         assert open_connections(server) == 1  # it lingers
@@ -1315,10 +1319,7 @@ def test_a_stopping_server_does_not_wait_for_its_clients_to_close(http_impl):
     server = RunningServer(runtime, ServerSettings(), ConnectionLimits(), http_impl)
     with server, connect(server) as lingering, connect(server) as in_flight:
         # refused part-way through a body: its request unanswered, the connection lingering
-        lingering.sendall(
-            b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nnot a chunk size\r\n"
-        )
+        lingering.sendall(BROKEN_CHUNKED)
         assert read_until_closed(lingering)[0].startswith(b"HTTP/1.1 400 ")
         body = json.dumps(infer_body(["ab"])).encode()
         in_flight.sendall(post_head(INFER, len(body)) + body)
