@@ -292,7 +292,7 @@ class _GuardedProtocol:
         now, and one whose answer is in progress closes at once after it."""
         self._stopping = True
         if self._lingering:
-            self.transport.close()
+            _end(self.transport)
         else:
             super().shutdown()
 

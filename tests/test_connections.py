@@ -2,6 +2,7 @@
 size limit, and a bound on connections that leaves room for health checks. Every server listens
 on 127.0.0.1; the timeouts are shortened to fractions of a second."""
 
+import contextlib
 import gzip
 import json
 import logging
@@ -1447,10 +1448,11 @@ def test_lingering_connections_take_no_slot(serve):
             sock.close()
 
 
-@pytest.mark.parametrize("http_impl", IMPLS)
-def test_a_lingering_answer_its_client_never_reads_is_dropped_at_linger_s(http_impl):
-    # close() waited for the buffer to drain: under the high-water mark writing never pauses,
-    # so the send timeout never ran, and the connection stayed open for good
+@contextlib.contextmanager
+def lingering_unread_answer(http_impl: str, limits: ConnectionLimits):
+    """A server whose one connection lingers with a 60 kB ``Connection: close`` answer in its
+    buffer, unread by its client (under the high-water mark: writing never pauses, so the send
+    timeout never runs); yields the uvicorn server and the time the request was sent."""
     import threading
 
     import uvicorn
@@ -1469,7 +1471,6 @@ def test_a_lingering_answer_its_client_never_reads_is_dropped_at_linger_s(http_i
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (accepted sockets too)
     listener.bind(("127.0.0.1", 0))
-    limits = ConnectionLimits(linger_s=0.5, send_timeout_s=60)
     config = uvicorn_config(app, limits, http_impl=http_impl, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
@@ -1488,10 +1489,32 @@ def test_a_lingering_answer_its_client_never_reads_is_dropped_at_linger_s(http_i
                 time.sleep(0.01)
             (lingering,) = server.server_state.connections
             assert lingering.transport.get_write_buffer_size() > 0  # its answer waits, unread
-            while server.server_state.connections:
-                assert time.monotonic() - started < 5, "the lingering connection stayed open"
-                time.sleep(0.05)
+            yield server, started
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         listener.close()
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_lingering_answer_its_client_never_reads_is_dropped_at_linger_s(http_impl):
+    # close() waited for the buffer to drain: under the high-water mark writing never pauses,
+    # so the send timeout never ran, and the connection stayed open for good
+    limits = ConnectionLimits(linger_s=0.5, send_timeout_s=60)
+    with lingering_unread_answer(http_impl, limits) as (server, started):
+        while server.server_state.connections:
+            assert time.monotonic() - started < 5, "the lingering connection stayed open"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_stopping_server_drops_a_lingering_answer_its_client_never_reads(http_impl):
+    # the stop closed a lingering connection with close(), which waited for the drain: the
+    # stop waited for the linger's idle wait (5 s)
+    limits = ConnectionLimits(linger_s=30, send_timeout_s=60)
+    with lingering_unread_answer(http_impl, limits) as (server, _):
+        started = time.monotonic()
+        server.should_exit = True  # uvicorn waits for its connections to close
+        while server.server_state.connections:
+            assert time.monotonic() - started < 3, "the stop waited for the unread answer"
+            time.sleep(0.05)
