@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from serving.app import check_instances
+from serving.connections import LINGER_IDLE_S
 from serving.interface import Runtime
 from serving.layout import default_intra_op_threads
 from serving.packaged import packaged_model_dir, packaged_models
 from serving.process import LOG_LEVELS, configure_logging, serve
 from serving.settings import (
     BATCHING,
+    MAX_CONNECTION_AGE_S,
     MAX_TIMEOUT_S,
     ConnectionLimits,
     ServerSettings,
@@ -307,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=connections.max_connection_age_s,
         help="a connection's first answer after this long (within 10%%) says Connection: close "
         "and closes it, so kept-alive clients reconnect and spread over replicas started since "
-        "(at most 86400; default: none, no limit)",
+        f"(at most {MAX_CONNECTION_AGE_S:g}; default: none, no limit)",
     )
     parser.add_argument(
         "--linger-s",
@@ -315,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=connections.linger_s,
         help="how long a connection the server closes reads and drops what its client still "
         "sends, so that the client reads its last answer (a 413 to a long body) rather than a "
-        "reset; it closes sooner when the client closes or is silent for 5 s (nginx's "
-        "lingering_close; 0: close at once; default: %(default)s)",
+        f"reset; it closes sooner when the client closes or is silent for {LINGER_IDLE_S:g} s "
+        "(nginx's lingering_close; 0: close at once; default: %(default)s)",
     )
     parser.add_argument(
         "--device",
