@@ -52,11 +52,14 @@ sockets are over them.
 It also answers **malformed HTTP** (a request line or header the parser refuses, two
 Content-Lengths, broken chunked encoding) with the server's JSON error body
 (``{"error": "malformed HTTP request: ..."}``) instead of uvicorn's plain-text 400, then
-closes the connection; a ``Transfer-Encoding`` other than ``chunked`` gets 501 (compression
-is ``Content-Encoding``'s). uvicorn runs without WebSocket support (``ws="none"``: no route
-uses it), so an ``Upgrade`` request is an HTTP request behind the same checks; httptools stops
-reading at its headers, so its connection closes after the answer, and one that declares a body
-is refused (400): that body would otherwise be dropped, or read as a request of its own.
+closes the connection. The 400 follows the answers to the requests received before the
+malformed one, as h11 has it (httptools parses a whole read at once, and uvicorn wrote its 400
+at once: into an answer under way, ahead of a pipelined request's, which was lost). A
+``Transfer-Encoding`` other than ``chunked`` gets 501 (compression is ``Content-Encoding``'s).
+uvicorn runs without WebSocket support (``ws="none"``: no route uses it), so an ``Upgrade``
+request is an HTTP request behind the same checks; httptools stops reading at its headers, so
+its connection closes after the answer, and one that declares a body is refused (400): that
+body would otherwise be dropped, or read as a request of its own.
 
 The body's read timeout is the app's (``ServerSettings.body_timeout_s``): the protocol cannot
 tell a slow body from a slow handler. A request answered before its body was read (an unknown
@@ -142,6 +145,11 @@ except (ImportError, AttributeError):
 #: slow reader's window reopens in steps, and at 10 kB/s a step took 5 s on the loopback.
 STALL_EVICT_S = 5.0
 
+MALFORMED = (
+    "malformed HTTP request: its request line, a header, the Content-Length or the chunked "
+    "body does not parse"
+)
+
 
 class _GuardedProtocol:
     """The mixin of the guarded protocols: put before uvicorn's H11Protocol or
@@ -172,7 +180,8 @@ class _GuardedProtocol:
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_deadline = 0.0  # (the loop's clock)
         self._awaiting_headers = False
-        self._parser_stopped = False  # httptools stopped at an Upgrade request's headers
+        self._parser_stopped = False  # httptools stopped: an Upgrade request's headers, or
+        self._malformed_after = False  # a malformed request, refused after the earlier answers
         super().__init__(*args, **kwargs)
         self._header_bytes = 0
         self._discarded = 0  # bytes of a body dropped after its early answer
@@ -289,12 +298,17 @@ class _GuardedProtocol:
 
     def shutdown(self) -> None:
         """The server stops (uvicorn, once for each connection): a lingering connection closes
-        now, and one whose answer is in progress closes at once after it."""
+        now, and one whose answer is in progress closes at once after it, its head saying
+        ``Connection: close`` (uvicorn's h11 protocol leaves it out, and a head held for its
+        body was written before)."""
         self._stopping = True
         if self._lingering:
             _end(self.transport)
-        else:
-            super().shutdown()
+            return
+        super().shutdown()
+        cycle = self.cycle  # (httptools: the last one pipelined; those before it keep on)
+        if cycle is not None and not cycle.response_complete:
+            cycle.transport.say_close()
 
     def _check_linger(self) -> None:
         """Close the lingering connection once its client has been silent for
@@ -316,6 +330,10 @@ class _GuardedProtocol:
             cycle.transport.flush()
         if self._lingering:
             self.server_state.total_requests += 1  # (what uvicorn counts first)
+            return
+        if self._malformed_after and not self.pipeline and not self.transport.is_closing():
+            self.server_state.total_requests += 1
+            self._refuse(400, MALFORMED)  # every request before the malformed one is answered
             return
         super().on_response_complete()
 
@@ -409,11 +427,28 @@ class _GuardedProtocol:
         if over and self.cycle is self._read_began_with:  # (else the body did not parse)
             self._refuse(431, self._too_large_message())
             return
-        self._refuse(
-            400,
-            "malformed HTTP request: its request line, a header, the Content-Length or the "
-            "chunked body does not parse",
-        )
+        if self._answers_ahead_of_malformed():
+            self._parser_stopped = self._malformed_after = True  # (what comes is dropped)
+            return
+        self._refuse(400, MALFORMED)
+
+    def _answers_ahead_of_malformed(self) -> bool:
+        """httptools: whether an answer must be sent before the 400: one to a request received
+        before the malformed one, or the malformed request's own early answer, under way (h11
+        parses a request only once the one before it is answered). A request whose own body
+        does not parse is the one the 400 answers: dropped from the queue if it waits there."""
+        pipeline = getattr(self, "pipeline", None)
+        if pipeline is None:  # h11
+            return False
+        own_body = self._reading_body  # (else a new request's line or headers)
+        if own_body and pipeline and pipeline[0][0] is self.cycle:
+            pipeline.popleft()  # (never started)
+        running = self._running
+        if running is None or running.response_complete:
+            return False
+        if own_body and running is self.cycle:
+            return running.response_started
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:

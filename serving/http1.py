@@ -1,7 +1,8 @@
 """HTTP/1.1 framing that :mod:`serving.connections` needs beside uvicorn's parsers: an answer's
 head held for its body (:class:`HeadWithBody`), the ``Connection: close`` of an answer
-(:func:`closing`), a count of the requests buffered in bytes not yet parsed
-(:func:`requests_in`), and the transfer codings a request names (:func:`transfer_codings`)."""
+(:func:`closing`; :func:`with_close` for a head already written), a count of the requests
+buffered in bytes not yet parsed (:func:`requests_in`), and the transfer codings a request
+names (:func:`transfer_codings`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from typing import Any
 
 import h11
 
-__all__ = ["COUNT_EVENTS", "HeadWithBody", "closing", "requests_in", "transfer_codings"]
+__all__ = [
+    "COUNT_EVENTS",
+    "HeadWithBody",
+    "closing",
+    "requests_in",
+    "transfer_codings",
+    "with_close",
+]
 
 _INTERIM = b"HTTP/1.1 1"  # an interim 1xx answer (uvicorn: 100 Continue, before a body)
 
@@ -27,10 +35,11 @@ class HeadWithBody:
     other than an interim ``1xx`` response (``100 Continue``) is its head; it is held until
     the next write, and sent at the latest when the response completes (a HEAD answer writes
     no body) or the cycle closes the connection: through ``close``, the connection's own close
-    (which may linger), where given.
+    (which may linger), where given. A head held or written after :meth:`say_close` says
+    ``Connection: close``.
     """
 
-    __slots__ = ("_close", "_head", "_state", "_transport")
+    __slots__ = ("_close", "_closes", "_head", "_state", "_transport")
 
     _BEFORE, _HOLDING, _SENT, _DISCARDED = 0, 1, 2, 3
 
@@ -41,15 +50,23 @@ class HeadWithBody:
         self._close = transport.close if close is None else close  # (the connection's close)
         self._head: bytes | None = None
         self._state = self._BEFORE
+        self._closes = False
 
     def write(self, data: bytes) -> None:
         if self._state == self._HOLDING:
             head, self._head, self._state = self._head, None, self._SENT
             self._transport.writelines((head, data))  # one writev
         elif self._state == self._BEFORE and not data.startswith(_INTERIM):
-            self._head, self._state = data, self._HOLDING
+            self._head, self._state = with_close(data) if self._closes else data, self._HOLDING
         elif self._state != self._DISCARDED:
             self._transport.write(data)
+
+    def say_close(self) -> None:
+        """The connection closes after this answer: its head says so, unless it has left
+        (uvicorn's h11 protocol closes without saying it when the server stops)."""
+        self._closes = True
+        if self._state == self._HOLDING:
+            self._head = with_close(self._head)
 
     def discard(self) -> None:
         """The answer will not be sent (its client has gone, or the connection closed for
@@ -76,6 +93,19 @@ def closing(start: dict) -> dict:
     close`` in place of any ``Connection`` header the app set."""
     headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
     return {**start, "headers": [*headers, (b"connection", b"close")]}
+
+
+def with_close(head: bytes) -> bytes:
+    """An answer's ``head`` (its status line and headers, to the blank line) saying
+    ``Connection: close`` in place of any other ``Connection`` header."""
+    if not head.endswith(b"\r\n\r\n"):
+        return head  # (not a whole head: left as it is)
+    status, *fields = head[:-4].split(b"\r\n")
+    kept = [field for field in fields if field.split(b":")[0].strip().lower() != b"connection"]
+    said = b",".join(field.partition(b":")[2] for field in fields if field not in kept)
+    if b"close" in (token.strip().lower() for token in said.split(b",")):
+        return head
+    return b"\r\n".join([status, *kept, b"connection: close"]) + b"\r\n\r\n"
 
 
 #: The most parser events :func:`requests_in` reads.
