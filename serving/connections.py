@@ -24,7 +24,7 @@ uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
   longest-idle connection that has no request in progress (as nginx reuses idle keep-alive
   connections when it runs out; one whose buffered answer its client does not read is
   aborted), else the one whose answer has drained nothing for longest (at least
-  :data:`STALL_EVICT_S`, 5 s);
+  ``STALL_EVICT_S``, 5 s: :mod:`serving.connection_bound`, with the send timeout);
   when every connection is busy, up to
   ``health_connections`` more are admitted for ``/v2/health/*`` only (other requests on them
   get 503), so that a load balancer can still see the server (an idle one makes room for
@@ -82,9 +82,7 @@ import asyncio
 import http
 import logging
 import math
-import operator
 import random
-import struct
 import time
 from typing import Any
 
@@ -92,6 +90,7 @@ import h11
 import uvicorn
 
 from serving import protocol
+from serving.connection_bound import BoundedConnection, end_now
 from serving.http1 import HeadWithBody, closing, requests_in, transfer_codings
 
 # ConnectionLimits, fit_to_file_limit and MAX_TIMEOUT_S lived here until 2026-12-06: the
@@ -131,27 +130,13 @@ DISCARD_BYTES = 1 << 20
 #: pipelining: clients that use it send a few); beyond it the connection is aborted.
 MAX_PIPELINED = 64
 
-try:  # the kernel's unsent bytes of a socket (Linux: SIOCOUTQ)
-    import fcntl
-    import termios
-
-    _OUTQ: int | None = termios.TIOCOUTQ
-except (ImportError, AttributeError):
-    fcntl = None  # type: ignore[assignment]
-    _OUTQ = None
-
-#: How long a connection's answer must have drained nothing, as TCP's acknowledgements show
-#: it (or ``send_timeout_s``, if shorter), before it may be evicted for a new connection: a
-#: slow reader's window reopens in steps, and at 10 kB/s a step took 5 s on the loopback.
-STALL_EVICT_S = 5.0
-
 MALFORMED = (
     "malformed HTTP request: its request line, a header, the Content-Length or the chunked "
     "body does not parse"
 )
 
 
-class _GuardedProtocol:
+class _GuardedProtocol(BoundedConnection):
     """The mixin of the guarded protocols: put before uvicorn's H11Protocol or
     HttpToolsProtocol (it relies only on their ``cycle``, ``transport``, ``connections`` and
     ``data_received``)."""
@@ -187,12 +172,6 @@ class _GuardedProtocol:
         self._discarded = 0  # bytes of a body dropped after its early answer
         self._reading_body = False  # httptools: a request's headers came, its end did not
         self._began = False  # httptools: a request's first bytes came, its end did not
-        self._health_only = False
-        self._last_active = time.monotonic()
-        self._paused = False  # writes paused: its answer waits in the buffers
-        self._buffered = 0  # the write buffer's size when it last drained some
-        self._drained_at = 0.0  # when it last drained some (or writing paused)
-        self._send_timer: asyncio.TimerHandle | None = None
         self._running: Any = None  # httptools: the cycle in progress (self.cycle is the newest)
         self._read_began_with: Any = None  # self.cycle when the read in progress began
         self._close_at = math.inf  # (the loop's clock) when its age limit is reached
@@ -213,31 +192,7 @@ class _GuardedProtocol:
         if limits.max_connection_age_s is not None:
             age = limits.max_connection_age_s * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
             self._close_at = self.loop.time() + age
-        if len(self.connections) <= limits.max_connections:
-            return
-        # A lingering connection holds a socket but no slot: the longest-lingering ones are
-        # closed while the sockets are over max_connections + health_connections, and the slots
-        # are counted without them.
-        others = [
-            other
-            for other in self.connections
-            if other is not self and isinstance(other, _GuardedProtocol)
-        ]
-        lingering = sorted(
-            (other for other in others if other._lingering), key=lambda other: other._linger_end
-        )
-        excess = len(self.connections) - limits.max_connections - limits.health_connections
-        for other in lingering[: max(excess, 0)]:
-            _end(other.transport)
-            self.connections.discard(other)  # connection_lost follows on the next loop turn
-        full = [other for other in others if not other._lingering and not other._health_only]
-        if len(full) < limits.max_connections or self._close_an_idle_connection(full):
-            return
-        health = [other for other in others if not other._lingering and other._health_only]
-        if len(health) < limits.health_connections or self._close_an_idle_connection(health):
-            self._health_only = True
-            return
-        self._refuse(503, "too many connections; retry later", self._retry_after())
+        self._admit()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -303,7 +258,7 @@ class _GuardedProtocol:
         body was written before)."""
         self._stopping = True
         if self._lingering:
-            _end(self.transport)
+            end_now(self.transport)
             return
         super().shutdown()
         cycle = self.cycle  # (httptools: the last one pipelined; those before it keep on)
@@ -316,7 +271,7 @@ class _GuardedProtocol:
         end = min(self._linger_end, self._heard_at + LINGER_IDLE_S)
         if self.loop.time() >= end - 0.001:  # (uvloop's timers run on whole milliseconds)
             self._linger_timer = None
-            _end(self.transport)
+            end_now(self.transport)
         else:
             self._linger_timer = self.loop.call_at(end, self._check_linger)
 
@@ -340,65 +295,6 @@ class _GuardedProtocol:
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools' (h11 has none)
         self._running = cycle
         super()._start_asgi_task(cycle, app)
-
-    def pause_writing(self) -> None:
-        """The buffers are full: the send timeout runs while the answer drains nothing."""
-        super().pause_writing()
-        self._paused = True
-        self._buffered = self._pending_bytes()
-        self._drained_at = time.monotonic()
-        self._arm_send_timer()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        self._paused = False
-        self._cancel_send_timer()
-
-    def _pending_bytes(self) -> int:
-        """What the answer has still to deliver: the transport's buffer and the kernel's send
-        queue (which takes megabytes on a fast link and drains as the client reads, while the
-        transport's buffer moves into it only in large steps)."""
-        size = self.transport.get_write_buffer_size()
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and _OUTQ is not None:
-            try:
-                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0]
-            except (OSError, ValueError):  # closed, or not a TCP socket
-                pass
-        return size
-
-    def _undrained_s(self) -> float:
-        """Seconds since the paused answer last drained some (0 when not paused)."""
-        if not self._paused:
-            return 0.0
-        size = self._pending_bytes()
-        if size < self._buffered:  # the client read some: progress
-            self._buffered, self._drained_at = size, time.monotonic()
-        return time.monotonic() - self._drained_at
-
-    def _arm_send_timer(self) -> None:
-        self._cancel_send_timer()
-        left = self.limits.send_timeout_s - self._undrained_s()
-        self._send_timer = self.loop.call_later(min(max(left, 0.0), 1.0), self._check_send)
-
-    def _check_send(self) -> None:
-        """Every second while paused: abort once the answer drained nothing for the timeout."""
-        self._send_timer = None
-        if not self._paused:
-            return
-        if self._undrained_s() < self.limits.send_timeout_s:
-            self._arm_send_timer()
-            return
-        logger.info(
-            "connection aborted: its answer drained nothing",
-            extra={"send_timeout_s": self.limits.send_timeout_s},
-        )
-        self.transport.abort()  # (close() would wait to send what it cannot)
-
-    def _cancel_send_timer(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
 
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn's note on an ``Upgrade`` request (``ws="none"``), which told an operator to
@@ -661,38 +557,6 @@ class _GuardedProtocol:
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _idle(self) -> bool:
-        """No request in progress: the last one (if any) was answered, and no byte of the next
-        one's request line or headers has come (a request part-way through its headers is
-        not idle, however long ago its last byte came)."""
-        cycle = self.cycle
-        answered = cycle is None or cycle.response_complete
-        return answered and not (self._awaiting_headers and self._header_bytes)
-
-    def _close_an_idle_connection(self, others: list[_GuardedProtocol]) -> bool:
-        """Close the longest-idle connection of ``others`` (one whose writes are not paused
-        first; what its buffer still holds is dropped), else abort the one whose answer has
-        drained nothing for longest, at least :data:`STALL_EVICT_S` as TCP's acknowledgements
-        show it (a client that stopped reading, or reads slower than about a receive window in
-        that time); False when there is neither."""
-        idle = [other for other in others if other._idle()]
-        if idle:
-            oldest = min(idle, key=lambda other: (other._paused, other._last_active))
-            oldest._cancel_header_timer()
-            _end(oldest.transport)
-        else:  # each paused answer's drain read once (a system call each)
-            drains = ((other._undrained_s(), other) for other in others)
-            undrained, oldest = max(drains, key=operator.itemgetter(0), default=(0.0, None))
-            if oldest is None or undrained < min(STALL_EVICT_S, self.limits.send_timeout_s):
-                return False
-            oldest._cancel_header_timer()
-            oldest.transport.abort()
-        self.connections.discard(oldest)  # connection_lost follows on the next loop turn
-        return True
-
-    def _retry_after(self) -> dict[str, str]:
-        return {"Retry-After": str(self.limits.retry_after_s)}
-
     def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         """Answer ``{"error": message}`` with ``status`` (and ``headers``) and close, outside
         any request."""
@@ -708,16 +572,6 @@ class _GuardedProtocol:
         )
         self.transport.write(head.encode("ascii") + body)
         self._close()
-
-
-def _end(transport: asyncio.Transport) -> None:
-    """Close ``transport`` now: what its buffer still holds is dropped (``close()`` would wait
-    for a client that reads nothing, and writes under the high-water mark never pause, so the
-    send timeout would never end it)."""
-    if transport.get_write_buffer_size():
-        transport.abort()
-    else:
-        transport.close()
 
 
 def protocol_class(limits: ConnectionLimits, http_impl: str = "auto") -> type[asyncio.Protocol]:
