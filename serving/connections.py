@@ -323,28 +323,33 @@ class _GuardedProtocol(BoundedConnection):
         if over and self.cycle is self._read_began_with:  # (else the body did not parse)
             self._refuse(431, self._too_large_message())
             return
-        if self._answers_ahead_of_malformed():
+        answers = self._answers_before_malformed()
+        if answers == "none":
+            self._refuse(400, MALFORMED)
+        elif answers == "its own":
+            self._close()  # (a 400 would land inside it: the client reads it cut short)
+        else:
             self._parser_stopped = self._malformed_after = True  # (what comes is dropped)
-            return
-        self._refuse(400, MALFORMED)
 
-    def _answers_ahead_of_malformed(self) -> bool:
-        """httptools: whether an answer must be sent before the 400: one to a request received
-        before the malformed one, or the malformed request's own early answer, under way (h11
-        parses a request only once the one before it is answered). A request whose own body
-        does not parse is the one the 400 answers: dropped from the queue if it waits there."""
+    def _answers_before_malformed(self) -> str:
+        """httptools: which answer is under way that the 400 must not land in: ``"earlier"``,
+        one to a request received before the malformed one (sent first, then the 400, as h11
+        does: it parses a request only once the one before it is answered); ``"its own"``, the
+        malformed request's early answer, which cannot end well (its body will not come); or
+        ``"none"``. A request whose own body does not parse is the one the 400 answers: it is
+        dropped from the queue if it waits there."""
         pipeline = getattr(self, "pipeline", None)
         if pipeline is None:  # h11
-            return False
-        own_body = self._reading_body  # (else a new request's line or headers)
+            return "none"
+        own_body = self._reading_body  # (else a new request's line, headers or URL)
         if own_body and pipeline and pipeline[0][0] is self.cycle:
             pipeline.popleft()  # (never started)
         running = self._running
         if running is None or running.response_complete:
-            return False
+            return "none"
         if own_body and running is self.cycle:
-            return running.response_started
-        return True
+            return "its own" if running.response_started else "none"
+        return "earlier"
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -401,8 +406,8 @@ class _GuardedProtocol(BoundedConnection):
     # httptools' parser callbacks (h11's parser state is read from its connection instead)
 
     def on_headers_complete(self) -> None:
-        self._reading_body = True
         super().on_headers_complete()
+        self._reading_body = True  # (not when uvicorn refused the URL: no request was made)
 
     def on_message_complete(self) -> None:
         self._reading_body = False

@@ -97,7 +97,8 @@ def closing(start: dict) -> dict:
 
 def with_close(head: bytes) -> bytes:
     """An answer's ``head`` (its status line and headers, to the blank line) saying
-    ``Connection: close`` in place of any other ``Connection`` header."""
+    ``Connection: close`` in place of its ``Connection`` headers (a head that says ``close``
+    already is left as it is)."""
     if not head.endswith(b"\r\n\r\n"):
         return head  # (not a whole head: left as it is)
     status, *fields = head[:-4].split(b"\r\n")

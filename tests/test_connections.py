@@ -327,6 +327,66 @@ def test_requests_before_a_malformed_one_are_answered_first(serve, http_impl, ma
     assert json.loads(responses[2][1])["error"] == MALFORMED_ERROR
 
 
+@pytest.mark.parametrize("url", [b"http://h:/", b"http://host:99999/", b"http://@/"])
+def test_a_url_uvicorn_cannot_split_is_refused_after_the_requests_before_it(serve, url):
+    # httptools' parser takes these; uvicorn's URL split refuses them in the headers' callback:
+    # that was read as the previous request's broken body, which was dropped unanswered
+    server = serve(http_impl="httptools")
+    with connect(server) as sock:
+        sock.sendall(HEALTH + HEALTH + b"GET " + url + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer, _ = read_until_closed(sock)
+    responses = split_responses(answer)
+    assert [head.split()[1] for head, _ in responses] == [b"200", b"200", b"400"], answer
+    assert json.loads(responses[2][1])["error"] == MALFORMED_ERROR
+
+
+def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_400():
+    # the 400 would land inside the answer; deferred, it left the connection open for good,
+    # the app waiting for a body that would never come
+    import asyncio
+
+    from uvicorn.server import ServerState
+
+    from serving.connections import uvicorn_config
+
+    received = []
+
+    async def answer_then_read(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"early", "more_body": True})
+        while (message := await receive())["type"] == "http.request":
+            received.append(message)
+        received.append(message)  # http.disconnect
+
+    async def scenario():
+        config = uvicorn_config(
+            answer_then_read, ConnectionLimits(), http_impl="httptools", log_level="error"
+        )
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n"
+        )
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.data_received(b"zz\r\n")  # a chunk size that does not parse
+        for _ in range(20):
+            await asyncio.sleep(0)
+        stopped = transport.eof or transport.closed
+        protocol.connection_lost(None)
+        return b"".join(transport.writes), stopped
+
+    written, stopped = asyncio.run(scenario())
+    assert statuses(written) == [b"200"] and b"early" in written and b"400" not in written
+    assert stopped and received[-1]["type"] == "http.disconnect", received
+
+
 @pytest.mark.parametrize("http_impl", IMPLS)
 @pytest.mark.parametrize("together", [True, False], ids=["one-read", "during-the-answer"])
 def test_a_malformed_request_during_an_answer_is_refused_after_it(http_impl, together):
