@@ -31,6 +31,9 @@ scenario bounded in count and time:
   ``Connection: close``, one after another, to both servers in turns of 250, the servers on
   one core and the client on the other: requests a second and the server's CPU time per
   request (``/proc``), medians;
+- ``malformed``: two inference requests and a malformed one in one write, on 20 new
+  connections for each kind (a request line, two Content-Lengths, a chunk size, a header
+  without a colon, a URL uvicorn cannot split): the statuses read, in order;
 - the small ones: ``Content-Type: text/plain``, a foreign ``Host``, ``HEAD
   /v2/health/ready``, ``/openapi.json``, gzip with trailing garbage, two-member gzip, a lone
   surrogate in a source and in ``id``.
@@ -520,6 +523,55 @@ def broken_model() -> None:
         server.close()
 
 
+#: Requests that do not parse (a request line, two lengths, a chunk size, a header, a URL
+#: uvicorn cannot split), each sent behind two valid ones in one write by ``malformed``.
+MALFORMED = {
+    "request line": b"GET /v2/health/ready HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+    "two lengths": b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}" % INFER.encode(),
+    "chunk size": b"POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"zz\r\n{}\r\n0\r\n\r\n" % INFER.encode(),
+    "header": b"GET /v2/health/ready HTTP/1.1\r\nHost x\r\n\r\n",
+    "URL": b"GET http://h:/ HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+def pipelined_with_malformed(server: Server, malformed: bytes) -> str:
+    """Two inference requests and ``malformed`` in one write on a new connection: the statuses
+    read, in order, until the server closes (``+`` joins them; ``reset`` or ``open`` if so)."""
+    requests = b""
+    for sources in (["abc"], ["hello", "xy"]):
+        payload = json.dumps(body(sources)).encode()
+        requests += b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % (INFER.encode(), server.port)
+        requests += b"Content-Type: application/json\r\n"
+        requests += b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+    data, end = b"", ""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(requests + malformed)
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            end = "+reset"
+        except TimeoutError:
+            end = "+open"
+    statuses = []
+    while data.startswith(b"HTTP/1.1 "):  # each answer by its Content-Length
+        head, _, rest = data.partition(b"\r\n\r\n")
+        statuses.append(head.split()[1].decode())
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        data = rest[length:]
+    return "+".join(statuses) + end
+
+
+def malformed(connections: int = 20) -> None:
+    """``connections`` of ``pipelined_with_malformed`` for each kind of malformed request."""
+    with Server() as server:
+        for kind, request in MALFORMED.items():
+            reads = [pipelined_with_malformed(server, request) for _ in range(connections)]
+            report(f"2 requests, then a malformed {kind}", counted(reads))
+
+
 def small_ones() -> None:
     with Server() as server, httpx.Client(base_url=server.url, timeout=10) as client:
         plain = json.dumps(body(["123"]))
@@ -570,6 +622,7 @@ def main() -> None:
         "broken": broken_model,
         "small": small_ones,
         "closing": lambda: closing(args.closing_requests),
+        "malformed": malformed,
     }
     with Server() as server:
         print(f"server's serving package: {Path(server.where.read_text()).parent}")

@@ -30,3 +30,9 @@ def test_the_closing_scenarios_pieces_read_what_the_server_answers():
     with probe_hostile.Server(*flags, cost=0.0) as server:
         answers, sockets = probe_hostile.refused_over_capacity(server, 2)
     assert answers == "2 503" and sockets >= 2  # the held one, the lingering one
+
+
+def test_the_malformed_scenario_reads_each_answer_in_order():
+    with probe_hostile.Server(cost=0.0) as server:
+        for request in probe_hostile.MALFORMED.values():
+            assert probe_hostile.pipelined_with_malformed(server, request) == "200+200+400"
