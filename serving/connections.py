@@ -6,11 +6,13 @@ and with enough of them the process runs out of file descriptors. :func:`uvicorn
 uvicorn an HTTP protocol (its own httptools or h11 one, subclassed) that adds:
 
 - a **header timeout**: from the connection's start, or from the first byte of a request on a
-  kept-alive one, until that request's headers are complete: 408 and close (a connection that
-  sent nothing is closed silently);
+  kept-alive one (from the end of the answer before it, for a request begun while that answer
+  ran), until that request's headers are complete: 408 and close (a connection that sent
+  nothing is closed silently);
 - a **header size limit**: past ``max_header_bytes`` of request line (its query string too)
   and headers, 431 and close, whether the headers are still arriving or came in one read, and
-  for each pipelined request;
+  for each pipelined request (one that comes while an answer runs is refused after it:
+  httptools parses it at once, and its bytes are counted as they come);
 - a **send timeout**: a connection whose answer stops draining (its client reads nothing,
   so the buffers are full and writing paused) for ``send_timeout_s`` is aborted, with what it
   had queued, as nginx's ``send_timeout`` (a client that reads slowly keeps its connection);
@@ -91,7 +93,7 @@ import uvicorn
 
 from serving import protocol
 from serving.connection_bound import BoundedConnection, end_now
-from serving.http1 import HeadWithBody, closing, requests_in, transfer_codings
+from serving.http1 import HeadWithBody, closing, origin_form, requests_in, transfer_codings
 
 # ConnectionLimits, fit_to_file_limit and MAX_TIMEOUT_S lived here until 2026-12-06: the
 # old import path still works.
@@ -166,7 +168,9 @@ class _GuardedProtocol(BoundedConnection):
         self._header_deadline = 0.0  # (the loop's clock)
         self._awaiting_headers = False
         self._parser_stopped = False  # httptools stopped: an Upgrade request's headers, or
-        self._malformed_after = False  # a malformed request, refused after the earlier answers
+        self._refusal_after: tuple[int, str] | None = None  # sent after the earlier answers
+        self._ahead_bytes = 0  # httptools: a next request's head, read while an answer runs
+        self._read = b""  # the read being parsed
         super().__init__(*args, **kwargs)
         self._header_bytes = 0
         self._discarded = 0  # bytes of a body dropped after its early answer
@@ -286,11 +290,26 @@ class _GuardedProtocol(BoundedConnection):
         if self._lingering:
             self.server_state.total_requests += 1  # (what uvicorn counts first)
             return
-        if self._malformed_after and not self.pipeline and not self.transport.is_closing():
+        if self._refusal_after and not self.pipeline and not self.transport.is_closing():
             self.server_state.total_requests += 1
-            self._refuse(400, MALFORMED)  # every request before the malformed one is answered
+            self._refuse(*self._refusal_after)  # every request before the refused one answered
             return
         super().on_response_complete()
+        cycle = self.cycle
+        answered = cycle is None or cycle.response_complete
+        if answered and not self.transport.is_closing() and self._next_request_begun():
+            # the next request began while this answer ran: its header deadline runs from now,
+            # not uvicorn's keep-alive timeout (which closed it, part-way, without an answer)
+            if self.timeout_keep_alive_task is not None:
+                self.timeout_keep_alive_task.cancel()
+                self.timeout_keep_alive_task = None
+            self._await_headers()
+            conn = getattr(self, "conn", None)  # h11 holds its bytes unparsed
+            known = self._ahead_bytes if conn is None else len(conn.trailing_data[0])
+            # (at least 1: its first bytes may have come in the read of the request before it)
+            self._header_bytes, self._ahead_bytes = max(known, 1), 0
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._refuse(431, self._too_large_message())
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools' (h11 has none)
         self._running = cycle
@@ -319,7 +338,7 @@ class _GuardedProtocol(BoundedConnection):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what its HTTP parser refuses, in the server's JSON; 431 where
         the head was already over the limit (httptools refuses a very long request line)."""
-        over = self._awaiting_headers and self._header_bytes > self.limits.max_header_bytes
+        over = self._awaiting_headers and self._head_bytes() > self.limits.max_header_bytes
         if over and self.cycle is self._read_began_with:  # (else the body did not parse)
             self._refuse(431, self._too_large_message())
             return
@@ -329,7 +348,21 @@ class _GuardedProtocol(BoundedConnection):
         elif answers == "its own":
             self._close()  # (a 400 would land inside it: the client reads it cut short)
         else:
-            self._parser_stopped = self._malformed_after = True  # (what comes is dropped)
+            self._refuse_after_answers(400, MALFORMED)
+
+    def _refuse_after_answers(self, status: int, message: str) -> None:
+        """Refuse the request being read once the answers under way are sent; nothing more is
+        parsed (what comes is dropped)."""
+        self._parser_stopped = True
+        self._refusal_after = (status, message)
+
+    def _head_bytes(self) -> int:
+        """The bytes of the head being read: those before this read, and this read's up to the
+        head's end (all of it when the end did not come; its body and what follows are not
+        counted)."""
+        data = self._read
+        end = data.find(b"\r\n\r\n")
+        return self._header_bytes - len(data) + (len(data) if end < 0 else end + 4)
 
     def _answers_before_malformed(self) -> str:
         """httptools: which answer is under way that the 400 must not land in: ``"earlier"``,
@@ -339,8 +372,10 @@ class _GuardedProtocol(BoundedConnection):
         ``"none"``. A request whose own body does not parse is the one the 400 answers: it is
         dropped from the queue if it waits there."""
         pipeline = getattr(self, "pipeline", None)
-        if pipeline is None:  # h11
-            return "none"
+        if pipeline is None:  # h11: the newest request's own body, or a request after its answer
+            cycle = self.cycle
+            under_way = cycle is not None and cycle.response_started
+            return "its own" if under_way and not cycle.response_complete else "none"
         own_body = self._reading_body  # (else a new request's line, headers or URL)
         if own_body and pipeline and pipeline[0][0] is self.cycle:
             pipeline.popleft()  # (never started)
@@ -377,7 +412,16 @@ class _GuardedProtocol(BoundedConnection):
             self._await_headers(arm=False)
         if self._awaiting_headers:
             self._header_bytes += len(data)
-        super().data_received(data)
+        # httptools parses a next request's head while an answer runs (h11 holds it unparsed,
+        # and stops reading): it is bounded too, its 431 sent after the answers
+        ahead = not answered and hasattr(self, "pipeline") and not self._reading_body
+        if ahead:
+            self._ahead_bytes += len(data)
+        self._read = data
+        try:
+            super().data_received(data)
+        finally:
+            self._read = b""
         if self._lingering:  # refused in this read (400, 431): nothing more is read or armed
             return
         if getattr(self, "conn", None) is not None:  # h11: its request's end came in this read
@@ -402,6 +446,8 @@ class _GuardedProtocol(BoundedConnection):
             and not self.transport.is_closing()
         ):
             self._refuse(431, self._too_large_message())
+        elif ahead and self._began and self._ahead_bytes > self.limits.max_header_bytes:
+            self._refuse_after_answers(431, self._too_large_message())
 
     # httptools' parser callbacks (h11's parser state is read from its connection instead)
 
@@ -520,6 +566,8 @@ class _GuardedProtocol(BoundedConnection):
         self._cancel_header_timer()
         self._awaiting_headers = False
         self._discarded = 0
+        self._ahead_bytes = 0
+        origin_form(scope)
         size = (
             len(scope.get("raw_path", b""))
             + len(scope.get("query_string", b""))

@@ -1,12 +1,13 @@
 """HTTP/1.1 framing that :mod:`serving.connections` needs beside uvicorn's parsers: an answer's
 head held for its body (:class:`HeadWithBody`), the ``Connection: close`` of an answer
 (:func:`closing`; :func:`with_close` for a head already written), a count of the requests
-buffered in bytes not yet parsed (:func:`requests_in`), and the transfer codings a request
-names (:func:`transfer_codings`)."""
+buffered in bytes not yet parsed (:func:`requests_in`), the transfer codings a request names
+(:func:`transfer_codings`), and an absolute-form target's path (:func:`origin_form`)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = [
     "COUNT_EVENTS",
     "HeadWithBody",
     "closing",
+    "origin_form",
     "requests_in",
     "transfer_codings",
     "with_close",
@@ -107,6 +109,26 @@ def with_close(head: bytes) -> bytes:
     if b"close" in (token.strip().lower() for token in said.split(b",")):
         return head
     return b"\r\n".join([status, *kept, b"connection: close"]) + b"\r\n\r\n"
+
+
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
+
+
+def origin_form(scope: dict) -> None:
+    """Give a request made with an absolute-form target (``GET http://host/path``, RFC 9112
+    section 3.2.2, which a server must accept) the ``path`` and ``raw_path`` of its origin
+    form, as uvicorn's httptools protocol does; its h11 protocol left the scheme and host in
+    them, so that no route matched."""
+    raw_path = scope.get("raw_path") or b""
+    if raw_path[:1] == b"/":
+        return
+    prefix = _ABSOLUTE.match(raw_path.decode("latin-1"))
+    if prefix is None:
+        return
+    scope["raw_path"] = raw_path[prefix.end() :] or b"/"
+    path = _ABSOLUTE.match(scope.get("path", ""))
+    if path is not None:
+        scope["path"] = scope["path"][path.end() :] or "/"
 
 
 #: The most parser events :func:`requests_in` reads.

@@ -340,9 +340,10 @@ def test_a_url_uvicorn_cannot_split_is_refused_after_the_requests_before_it(serv
     assert json.loads(responses[2][1])["error"] == MALFORMED_ERROR
 
 
-def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_400():
-    # the 400 would land inside the answer; deferred, it left the connection open for good,
-    # the app waiting for a body that would never come
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_400(http_impl):
+    # the 400 landed inside the answer (h11, and httptools before); deferred, it left the
+    # connection open for good, the app waiting for a body that would never come
     import asyncio
 
     from uvicorn.server import ServerState
@@ -362,7 +363,7 @@ def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_
 
     async def scenario():
         config = uvicorn_config(
-            answer_then_read, ConnectionLimits(), http_impl="httptools", log_level="error"
+            answer_then_read, ConnectionLimits(), http_impl=http_impl, log_level="error"
         )
         config.load()
         protocol = config.http_protocol_class(
@@ -385,6 +386,115 @@ def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_
     written, stopped = asyncio.run(scenario())
     assert statuses(written) == [b"200"] and b"early" in written and b"400" not in written
     assert stopped and received[-1]["type"] == "http.disconnect", received
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_head_read_during_an_answer_is_bounded_and_refused_after_it(http_impl):
+    # httptools parses a next request's head while an answer runs: it was not counted, and
+    # 200 MiB of one header grew the server by 203 MB (h11 holds it unparsed in its buffer)
+    import asyncio
+
+    from uvicorn.server import ServerState
+
+    from serving.connections import uvicorn_config
+
+    chunk, chunks = b"b" * (1 << 16), 1024 if http_impl == "httptools" else 4  # 64 MiB
+
+    async def scenario():
+        release = asyncio.Event()
+        limits = ConnectionLimits(max_header_bytes=8192)
+        config = uvicorn_config(
+            await _stream_until(release), limits, http_impl=http_impl, log_level="error"
+        )
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(HEALTH)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        before = rss_mb()
+        protocol.data_received(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        for _ in range(chunks):
+            protocol.data_received(chunk)
+        grown = rss_mb() - before
+        assert b"431" not in b"".join(transport.writes)  # not inside the answer
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        stopped = transport.eof or transport.closed
+        protocol.connection_lost(None)
+        return b"".join(transport.writes), stopped, grown
+
+    written, stopped, grown = asyncio.run(scenario())
+    answer, _, refusal = written.partition(b"0\r\n\r\n")  # the chunked answer's end
+    assert b"last" in answer and statuses(answer) == [b"200"], written[:300]
+    assert statuses(refusal) == [b"431"] and stopped, written[-300:]
+    assert grown < 16, f"the server grew by {grown:.0f} MB"
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_request_begun_during_an_answer_has_the_header_timeout_not_the_keep_alive(
+    serve, http_impl
+):
+    # uvicorn armed its keep-alive timer when the answer ended, and closed the connection,
+    # part-way through that request, without an answer
+    runtime = ReverseRuntime(gated=True)
+    limits = ConnectionLimits(keep_alive_s=0.3, header_timeout_s=3)
+    server = serve(runtime, limits=limits, http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(infer_request(["abc"]) + b"GET /v2/health/ready HTTP/1.1\r\nHo")
+        assert runtime.started.acquire(timeout=10)
+        runtime.release()
+        time.sleep(1.0)  # past the keep-alive timeout, within the header timeout
+        sock.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+        answer, _ = read_until_closed(sock)
+    responses = split_responses(answer)
+    assert [head.split()[1] for head, _ in responses] == [b"200", b"200"], answer
+    with connect(server) as sock:  # and the header timeout still runs for it: 408
+        sock.sendall(infer_request(["abc"]) + b"GET /v2/health/ready HTTP/1.1\r\nHo")
+        assert runtime.started.acquire(timeout=10)
+        runtime.release()
+        answer, elapsed = read_until_closed(sock, limit_s=10)
+    assert [head.split()[1] for head, _ in split_responses(answer)] == [b"200", b"408"]
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_malformed_head_in_a_read_longer_than_the_header_limit_gets_400(serve, http_impl):
+    # the whole read (its body too) was counted as the head: 431
+    server = serve(limits=ConnectionLimits(max_header_bytes=8192), http_impl=http_impl)
+    with connect(server) as sock:
+        try:
+            sock.sendall(
+                b"POST " + INFER + b" HTTP/1.1\r\nHost: x\r\nX-Bad header\r\n"
+                b"Content-Length: 40000\r\n\r\n" + b"a" * 40_000
+            )
+        except OSError:
+            pass
+        answer, _ = read_until_closed(sock)
+    assert statuses(answer) == [b"400"], answer[:200]
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_an_absolute_form_target_is_served_as_its_path(serve, http_impl):
+    # RFC 9112 section 3.2.2: a server must accept it; uvicorn's h11 protocol left the scheme
+    # and host in the path, and no route matched (404)
+    server = serve(http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(
+            b"GET http://127.0.0.1:%d/v2/health/ready HTTP/1.1\r\nHost: x\r\n"
+            b"Connection: close\r\n\r\n" % server.port
+        )
+        answer, _ = read_until_closed(sock)
+    assert statuses(answer) == [b"200"], answer[:200]
 
 
 @pytest.mark.parametrize("http_impl", IMPLS)
