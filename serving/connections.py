@@ -297,7 +297,8 @@ class _GuardedProtocol(BoundedConnection):
         super().on_response_complete()
         cycle = self.cycle
         answered = cycle is None or cycle.response_complete
-        if answered and not self.transport.is_closing() and self._next_request_begun():
+        closing = self._lingering or self.transport.is_closing()  # (h11 may refuse the next)
+        if answered and not closing and self._next_request_begun():
             # the next request began while this answer ran: its header deadline runs from now,
             # not uvicorn's keep-alive timeout (which closed it, part-way, without an answer)
             if self.timeout_keep_alive_task is not None:
@@ -361,8 +362,8 @@ class _GuardedProtocol(BoundedConnection):
         head's end (all of it when the end did not come; its body and what follows are not
         counted)."""
         data = self._read
-        end = data.find(b"\r\n\r\n")
-        return self._header_bytes - len(data) + (len(data) if end < 0 else end + 4)
+        ends = [at + len(end) for end in (b"\r\n\r\n", b"\n\n") if (at := data.find(end)) >= 0]
+        return self._header_bytes - len(data) + min(ends, default=len(data))
 
     def _answers_before_malformed(self) -> str:
         """httptools: which answer is under way that the 400 must not land in: ``"earlier"``,
@@ -446,7 +447,12 @@ class _GuardedProtocol(BoundedConnection):
             and not self.transport.is_closing()
         ):
             self._refuse(431, self._too_large_message())
-        elif ahead and self._began and self._ahead_bytes > self.limits.max_header_bytes:
+        elif (
+            ahead
+            and self._began
+            and self._refusal_after is None  # (a 400 of this read's stands)
+            and self._ahead_bytes > self.limits.max_header_bytes
+        ):
             self._refuse_after_answers(431, self._too_large_message())
 
     # httptools' parser callbacks (h11's parser state is read from its connection instead)

@@ -484,6 +484,58 @@ def test_a_malformed_head_in_a_read_longer_than_the_header_limit_gets_400(serve,
 
 
 @pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_malformed_head_read_during_an_answer_in_a_long_read_gets_400(serve, http_impl):
+    # the size check of the next request's head overwrote the 400 with 431 (httptools)
+    runtime = ReverseRuntime(gated=True)
+    server = serve(runtime, limits=ConnectionLimits(max_header_bytes=1024), http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(infer_request(["abc"]))
+        assert runtime.started.acquire(timeout=10)
+        sock.sendall(b"G@T /b HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 1500)
+        time.sleep(0.1)
+        runtime.release()
+        answer, _ = read_until_closed(sock)
+    assert [head.split()[1] for head, _ in split_responses(answer)] == [b"200", b"400"], answer
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+def test_a_head_ending_in_bare_line_feeds_is_measured_to_its_end(serve, http_impl):
+    # httptools refuses bare LFs; the head's end was looked for as CRLF CRLF only, so the
+    # whole read (its body too) was counted: 431 for a 50-byte head
+    server = serve(limits=ConnectionLimits(max_header_bytes=1024), http_impl=http_impl)
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST " + INFER + b" HTTP/1.1\nHost: x\nContent-Length: 2000\n\n" + b"x" * 2000
+        )
+        answer, _ = read_until_closed(sock)
+    assert statuses(answer) == [b"400"], answer[:200]
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
+@pytest.mark.parametrize("big", [False, True], ids=["short", "over-the-limit"])
+def test_a_request_refused_behind_an_answer_arms_nothing_on_the_lingering_connection(
+    serve, http_impl, big, caplog
+):
+    # h11 refuses the malformed request while the answer before it completes, and the
+    # connection lingers; a request begun behind it was then given a header deadline (a 408
+    # written after the FIN: RuntimeError), or refused at once for its size (431, likewise)
+    caplog.set_level(logging.ERROR)
+    limits = ConnectionLimits(header_timeout_s=0.5, max_header_bytes=1024)
+    server = serve(limits=limits, http_impl=http_impl)
+    begun = b"GET /v2/health/ready HTTP/1.1\r\n" + (b"X-Big: " + b"b" * 1100 if big else b"")
+    with connect(server) as sock:
+        sock.sendall(
+            HEALTH + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+            b"Content-Length: 2\r\n\r\n" + begun
+        )
+        answer, _ = read_until_closed(sock)  # to the server's FIN; the socket stays open
+        time.sleep(1.0)  # past the header timeout
+    assert statuses(answer) == [b"200", b"400"], answer
+    time.sleep(0.2)
+    assert server_errors(caplog) == []
+
+
+@pytest.mark.parametrize("http_impl", IMPLS)
 def test_an_absolute_form_target_is_served_as_its_path(serve, http_impl):
     # RFC 9112 section 3.2.2: a server must accept it; uvicorn's h11 protocol left the scheme
     # and host in the path, and no route matched (404)
