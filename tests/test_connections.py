@@ -346,10 +346,6 @@ def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_
     # connection open for good, the app waiting for a body that would never come
     import asyncio
 
-    from uvicorn.server import ServerState
-
-    from serving.connections import uvicorn_config
-
     received = []
 
     async def answer_then_read(scope, receive, send):
@@ -362,23 +358,13 @@ def test_a_body_broken_under_its_own_early_answer_ends_the_connection_without_a_
         received.append(message)  # http.disconnect
 
     async def scenario():
-        config = uvicorn_config(
-            answer_then_read, ConnectionLimits(), http_impl=http_impl, log_level="error"
-        )
-        config.load()
-        protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
+        protocol, transport = connected_protocol(answer_then_read, ConnectionLimits(), http_impl)
         protocol.data_received(
             b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n"
         )
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         protocol.data_received(b"zz\r\n")  # a chunk size that does not parse
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         stopped = transport.eof or transport.closed
         protocol.connection_lost(None)
         return b"".join(transport.writes), stopped
@@ -400,39 +386,21 @@ def test_a_head_read_during_an_answer_is_bounded_and_refused_after_it(http_impl)
     # 200 MiB of one header grew the server by 203 MB (h11 holds it unparsed in its buffer)
     import asyncio
 
-    from uvicorn.server import ServerState
-
-    from serving.connections import uvicorn_config
-
     chunk, chunks = b"b" * (1 << 16), 1024 if http_impl == "httptools" else 4  # 64 MiB
 
     async def scenario():
         release = asyncio.Event()
         limits = ConnectionLimits(max_header_bytes=8192)
-        config = uvicorn_config(
-            await _stream_until(release), limits, http_impl=http_impl, log_level="error"
-        )
-        config.load()
-        protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
+        protocol, transport = connected_protocol(await _stream_until(release), limits, http_impl)
         protocol.data_received(HEALTH)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         before = rss_mb()
         protocol.data_received(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: ")
         for _ in range(chunks):
             protocol.data_received(chunk)
         grown = rss_mb() - before
         assert b"431" not in b"".join(transport.writes)  # not inside the answer
-        release.set()
-        for _ in range(20):
-            await asyncio.sleep(0)
-        stopped = transport.eof or transport.closed
-        protocol.connection_lost(None)
-        return b"".join(transport.writes), stopped, grown
+        return *(await release_and_end(release, protocol, transport)), grown
 
     written, stopped, grown = asyncio.run(scenario())
     answer, _, refusal = written.partition(b"0\r\n\r\n")  # the chunked answer's end
@@ -556,39 +524,19 @@ def test_a_malformed_request_during_an_answer_is_refused_after_it(http_impl, tog
     # the request, instead of it)
     import asyncio
 
-    from uvicorn.server import ServerState
-
-    from serving.connections import uvicorn_config
-
     async def scenario():
         release = asyncio.Event()
-        config = uvicorn_config(
-            await _stream_until(release),
-            ConnectionLimits(),
-            http_impl=http_impl,
-            log_level="error",
+        protocol, transport = connected_protocol(
+            await _stream_until(release), ConnectionLimits(), http_impl
         )
-        config.load()
-        protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
         protocol.data_received(HEALTH + b"garbage\r\n\r\n" if together else HEALTH)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         if not together:
             protocol.data_received(b"garbage\r\n\r\n")  # while the answer streams
             protocol.data_received(HEALTH)  # (dropped: nothing after a malformed request)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         assert b"400" not in b"".join(transport.writes)
-        release.set()
-        for _ in range(20):
-            await asyncio.sleep(0)
-        stopped = transport.eof or transport.closed
-        protocol.connection_lost(None)
-        return b"".join(transport.writes), stopped
+        return await release_and_end(release, protocol, transport)
 
     written, stopped = asyncio.run(scenario())
     answer, _, refusal = written.partition(b"0\r\n\r\n")  # the chunked answer's end
@@ -1243,35 +1191,18 @@ def test_a_request_sent_during_a_closing_answer_is_not_read(http_impl):
     # 400 was written into the middle of that (chunked) answer
     import asyncio
 
-    from uvicorn.server import ServerState
-
-    from serving.connections import uvicorn_config
-
     async def scenario():
         release = asyncio.Event()
         limits = ConnectionLimits(max_connection_age_s=0.001)
-        config = uvicorn_config(
-            await _stream_until(release), limits, http_impl=http_impl, log_level="warning"
+        protocol, transport = connected_protocol(
+            await _stream_until(release), limits, http_impl, "warning"
         )
-        config.load()
-        protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
         await asyncio.sleep(0.01)  # past the age
         protocol.data_received(HEALTH)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await loop_turns()
         protocol.data_received(HEALTH)  # while the answer streams
-        for _ in range(20):
-            await asyncio.sleep(0)
-        release.set()
-        for _ in range(20):
-            await asyncio.sleep(0)
-        closed = transport.closed or transport.eof
-        protocol.connection_lost(None)
-        return b"".join(transport.writes), closed
+        await loop_turns()
+        return await release_and_end(release, protocol, transport)
 
     written, closed = asyncio.run(scenario())
     assert written.count(b"HTTP/1.1 ") == 1 and b"400" not in written, written
@@ -1327,27 +1258,50 @@ class RecordingTransport:
         pass
 
 
+async def loop_turns(count: int = 20) -> None:
+    """Let the event loop run ``count`` turns (the app's tasks, uvicorn's callbacks)."""
+    import asyncio
+
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def release_and_end(release, protocol, transport) -> tuple[bytes, bool]:
+    """Let a streaming answer (:func:`_stream_until`) end, then lose the connection: what was
+    written, and whether the connection had stopped (closed, or its writing shut down)."""
+    release.set()
+    await loop_turns()
+    stopped = transport.closed or transport.eof
+    protocol.connection_lost(None)
+    return b"".join(transport.writes), stopped
+
+
+def connected_protocol(app, limits, http_impl: str, log_level: str = "error"):
+    """The guarded protocol that ``uvicorn_config`` makes for ``app`` (with ``limits``) and a
+    new :class:`RecordingTransport`, its connection made (inside a running event loop)."""
+    from uvicorn.server import ServerState
+
+    from serving.connections import uvicorn_config
+
+    config = uvicorn_config(app, limits, http_impl=http_impl, log_level=log_level)
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
 def drive_protocol(request: bytes, app, http_impl: str, limits=None) -> RecordingTransport:
     """Feed ``request`` to the guarded protocol over a recording transport, with ``app`` (and
     ``limits``)."""
     import asyncio
 
     import uvicorn
-    from uvicorn.server import ServerState
-
-    from serving.connections import uvicorn_config
 
     async def scenario():
-        config = uvicorn_config(app, limits, http_impl=http_impl, log_level="warning")
-        config.load()
-        protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}
-        )
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
+        protocol, transport = connected_protocol(app, limits, http_impl, "warning")
         protocol.data_received(request)
-        for _ in range(50):
-            await asyncio.sleep(0)
+        await loop_turns(50)
         protocol.connection_lost(None)
         return transport
 
