@@ -167,7 +167,7 @@ class _GuardedProtocol(BoundedConnection):
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_deadline = 0.0  # (the loop's clock)
         self._awaiting_headers = False
-        self._parser_stopped = False  # httptools stopped: an Upgrade request's headers, or
+        self._parser_stopped = False  # httptools stopped (an Upgrade request's headers; a refusal)
         self._refusal_after: tuple[int, str] | None = None  # sent after the earlier answers
         self._ahead_bytes = 0  # httptools: a next request's head, read while an answer runs
         self._read = b""  # the read being parsed
@@ -366,12 +366,12 @@ class _GuardedProtocol(BoundedConnection):
         return self._header_bytes - len(data) + min(ends, default=len(data))
 
     def _answers_before_malformed(self) -> str:
-        """httptools: which answer is under way that the 400 must not land in: ``"earlier"``,
-        one to a request received before the malformed one (sent first, then the 400, as h11
-        does: it parses a request only once the one before it is answered); ``"its own"``, the
-        malformed request's early answer, which cannot end well (its body will not come); or
-        ``"none"``. A request whose own body does not parse is the one the 400 answers: it is
-        dropped from the queue if it waits there."""
+        """Which answer is under way that the 400 must not land in: ``"earlier"``, one to a
+        request received before the malformed one (httptools only: sent first, then the 400, as
+        h11 has it, which parses a request only once the one before it is answered); ``"its
+        own"``, the malformed request's early answer, which cannot end well (its body will not
+        come); or ``"none"``. A request whose own body does not parse is the one the 400
+        answers: it is dropped from httptools' queue if it waits there."""
         pipeline = getattr(self, "pipeline", None)
         if pipeline is None:  # h11: the newest request's own body, or a request after its answer
             cycle = self.cycle
