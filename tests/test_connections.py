@@ -295,15 +295,26 @@ def test_malformed_http_gets_a_json_400_and_the_server_stays_up(serve, http_impl
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
 
 
+def content_length(head: bytes) -> int:
+    """A response head's Content-Length."""
+    return int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+
+
 def split_responses(data: bytes) -> list[tuple[bytes, bytes]]:
     """Each response's head and body (by its Content-Length) in what a connection received."""
     responses = []
     while data:
         head, _, rest = data.partition(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        length = content_length(head)
         responses.append((head, rest[:length]))
         data = rest[length:]
     return responses
+
+
+def response_statuses(data: bytes) -> list[bytes]:
+    """The status of each response in what a connection received (answers framed by their
+    Content-Length, one after another; :func:`statuses` reads status lines alone)."""
+    return [head.split()[1] for head, _ in split_responses(data)]
 
 
 def infer_request(sources: list[str]) -> bytes:
@@ -425,14 +436,13 @@ def test_a_request_begun_during_an_answer_has_the_header_timeout_not_the_keep_al
         time.sleep(1.0)  # past the keep-alive timeout, within the header timeout
         sock.sendall(b"st: x\r\nConnection: close\r\n\r\n")
         answer, _ = read_until_closed(sock)
-    responses = split_responses(answer)
-    assert [head.split()[1] for head, _ in responses] == [b"200", b"200"], answer
+    assert response_statuses(answer) == [b"200", b"200"], answer
     with connect(server) as sock:  # and the header timeout still runs for it: 408
         sock.sendall(infer_request(["abc"]) + b"GET /v2/health/ready HTTP/1.1\r\nHo")
         assert runtime.started.acquire(timeout=10)
         runtime.release()
         answer, elapsed = read_until_closed(sock, limit_s=10)
-    assert [head.split()[1] for head, _ in split_responses(answer)] == [b"200", b"408"]
+    assert response_statuses(answer) == [b"200", b"408"]
 
 
 @pytest.mark.parametrize("http_impl", IMPLS)
@@ -463,7 +473,7 @@ def test_a_malformed_head_read_during_an_answer_in_a_long_read_gets_400(serve, h
         time.sleep(0.1)
         runtime.release()
         answer, _ = read_until_closed(sock)
-    assert [head.split()[1] for head, _ in split_responses(answer)] == [b"200", b"400"], answer
+    assert response_statuses(answer) == [b"200", b"400"], answer
 
 
 @pytest.mark.parametrize("http_impl", IMPLS)
@@ -580,7 +590,7 @@ def read_response(sock) -> tuple[bytes, bytes]:
     while b"\r\n\r\n" not in data:
         data += sock.recv(65536)
     head, _, body = data.partition(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    length = content_length(head)
     while len(body) < length:
         body += sock.recv(65536)
     return head, body
@@ -787,12 +797,7 @@ def test_a_client_that_reads_slowly_keeps_its_answer_past_the_send_timeout(serve
 
 def _length(response: bytes) -> int:
     head, _, _ = response.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length")
-    )
-    return len(head) + 4 + length
+    return len(head) + 4 + content_length(head)
 
 
 def test_a_pipelining_abort_tells_the_request_in_progress_its_client_left(serve):
@@ -1112,8 +1117,7 @@ def test_a_client_that_always_keeps_a_request_queued_is_closed_too(serve, http_i
                 assert chunk, f"closed without an answer saying so after {heads}"
                 buffered += chunk
             head, buffered = buffered.split(b"\r\n\r\n", 1)
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            buffered = buffered[length:]  # (health answers have no body)
+            buffered = buffered[content_length(head) :]  # (health answers have no body)
             heads.append(head)
             assert head.startswith(b"HTTP/1.1 200"), head
             if not closes(head):
