@@ -290,9 +290,10 @@ class _GuardedProtocol(BoundedConnection):
         if self._lingering:
             self.server_state.total_requests += 1  # (what uvicorn counts first)
             return
-        if self._refusal_after and not self.pipeline and not self.transport.is_closing():
+        refusal = self._refusal_after  # (set on httptools alone: h11 has no pipeline)
+        if refusal and not getattr(self, "pipeline", ()) and not self.transport.is_closing():
             self.server_state.total_requests += 1
-            self._refuse(*self._refusal_after)  # every request before the refused one answered
+            self._refuse(*refusal)  # every request before the refused one answered
             return
         super().on_response_complete()
         cycle = self.cycle
